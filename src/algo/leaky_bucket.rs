@@ -1,0 +1,157 @@
+//! `leaky_bucket`: a queue draining at `rate` per `period`, as a meter or as a shaper.
+//!
+//! The nginx `limit_req` semantics, exactly. With T = period / rate, nginx keeps an `excess`
+//! per key: `excess := max(0, excess − rate·elapsed + 1)`; a request is rejected when
+//! `excess > burst`, and otherwise delayed by `(excess − delay) / rate` when `excess > delay`.
+//! In virtual-scheduling form (the same packed TAT as `token_bucket`) excess after a request
+//! is `(TAT' − now) / T − 1`, so:
+//!
+//! ```text
+//! TAT' = max(TAT, now) + n·T
+//! reject       ⟺ TAT' − now > (burst + 1)·T                (nothing is recorded)
+//! delay        = max(0, TAT' − now − (delay + 1)·T)           (shaper only)
+//! ```
+//!
+//! * Meter: `delay = burst` (nginx `nodelay`): never delays, rejects when full. As a meter the
+//!   leaky bucket is the token bucket with capacity `burst + 1` (GCRA is both).
+//! * Shaper: the first `delay + 1` requests of a burst pass at once, the next `burst − delay`
+//!   are admitted with a wait that spaces them T apart; beyond that they are rejected.
+//!
+//! # Packed state
+//! Identical to `token_bucket`: one 63-bit TAT in ns.
+
+use super::token_bucket::{advance, MAX_TAT, MAX_TAU};
+use crate::decision::{ConfigError, Decision};
+
+/// Meter or shaper.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// Reject when full, never delay (nginx `nodelay`).
+    Meter,
+    /// Admit with a delay (nginx `delay=N`; the first N excess requests pass undelayed).
+    Shaper {
+        /// Excess requests that pass without a delay (0..=burst).
+        delay: u64,
+    },
+}
+
+/// Parameters, validated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Params {
+    /// T: ns per request drained.
+    pub interval: u64,
+    /// nginx `burst`: excess requests the queue holds.
+    pub burst: u64,
+    /// Excess requests admitted undelayed (= burst for a meter).
+    pub delay: u64,
+    /// (burst + 1) · T.
+    pub tau: u64,
+    /// (delay + 1) · T.
+    pub free: u64,
+    /// Meter or shaper.
+    pub mode: Mode,
+}
+
+impl Params {
+    /// Drains `rate` per `period` ns, queueing `burst` excess requests.
+    pub fn new(rate: u64, period: u64, burst: u64, mode: Mode) -> Result<Self, ConfigError> {
+        if rate == 0 {
+            return Err(ConfigError::new("limit", "the drain rate must be at least 1 request per period"));
+        }
+        if period == 0 {
+            return Err(ConfigError::new("window", "the period must be at least 1 ns"));
+        }
+        let interval = period.div_ceil(rate);
+        let delay = match mode {
+            Mode::Meter => burst,
+            Mode::Shaper { delay } if delay <= burst => delay,
+            Mode::Shaper { delay } => {
+                return Err(ConfigError::new("delay", format!("delay ({delay}) must be at most burst ({burst}): it counts the excess requests that pass undelayed")))
+            }
+        };
+        let tau = burst.checked_add(1).and_then(|b| b.checked_mul(interval)).filter(|&t| t <= MAX_TAU);
+        let Some(tau) = tau else {
+            return Err(ConfigError::new("burst", "burst × interval exceeds the 2^61 ns a bucket can span; lower the burst"));
+        };
+        Ok(Self { interval, burst, delay, tau, free: (delay + 1) * interval, mode })
+    }
+
+    /// Requests the bucket holds: burst + 1.
+    pub fn capacity(&self) -> u64 {
+        self.burst + 1
+    }
+}
+
+/// The transition. Cost 0 peeks.
+#[inline]
+pub fn decide(tat: u64, now: u64, p: &Params, cost: u64) -> (u64, Decision) {
+    let cap = p.capacity();
+    let backlog = tat.saturating_sub(now);
+    let rem = |b: u64| p.tau.saturating_sub(b) / p.interval;
+    if cost == 0 {
+        return (tat, Decision::allow(cap, rem(backlog), backlog));
+    }
+    let (new, after) = advance(tat, now, p.interval, cost);
+    if after <= p.tau && new < MAX_TAT {
+        let mut d = Decision::allow(cap, rem(after), after);
+        d.delay_ns = after.saturating_sub(p.free);
+        return (new, d);
+    }
+    let retry = if cost > cap { None } else { Some(after - p.tau) };
+    (tat, Decision::deny(cap, rem(backlog), backlog, retry))
+}
+
+/// Gives `n` back.
+#[inline]
+pub fn refund(tat: u64, now: u64, p: &Params, n: u64) -> u64 {
+    if tat <= now {
+        return tat;
+    }
+    tat.saturating_sub(n.saturating_mul(p.interval)).max(now)
+}
+
+/// Nanoseconds until empty.
+#[inline]
+pub fn idle_in(tat: u64, now: u64, _p: &Params) -> u64 {
+    tat.saturating_sub(now)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    const MS: u64 = 1_000_000;
+
+    /// nginx `limit_req zone rate=10r/s burst=5 delay=2`: 8 back-to-back requests → 3 pass at
+    /// once, 3 are delayed 100, 200, 300 ms, 2 are rejected.
+    #[test]
+    fn nginx_delay_semantics() {
+        let p = Params::new(10, 1000 * MS, 5, Mode::Shaper { delay: 2 }).unwrap();
+        let mut tat = 0;
+        let mut out = vec![];
+        for _ in 0..8 {
+            let (t, d) = decide(tat, 1000 * MS, &p, 1);
+            tat = t;
+            out.push(if d.allowed() { Some(d.delay_ns / MS) } else { None });
+        }
+        assert_eq!(out, vec![Some(0), Some(0), Some(0), Some(100), Some(200), Some(300), None, None]);
+    }
+
+    #[test]
+    fn meter_never_delays() {
+        let p = Params::new(10, 1000 * MS, 5, Mode::Meter).unwrap();
+        let mut tat = 0;
+        let mut admitted = 0;
+        for _ in 0..10 {
+            let (t, d) = decide(tat, 0, &p, 1);
+            tat = t;
+            assert_eq!(d.delay_ns, 0);
+            admitted += d.allowed() as u32;
+        }
+        assert_eq!(admitted, 6);
+    }
+
+    #[test]
+    fn delay_must_fit_burst() {
+        assert!(Params::new(10, 1000, 2, Mode::Shaper { delay: 3 }).is_err());
+    }
+}

@@ -1,0 +1,1 @@
+//! The keyed store (see issue: keyed store).
