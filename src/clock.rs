@@ -49,7 +49,9 @@ pub struct MonotonicClock {
 impl MonotonicClock {
     /// A clock whose epoch is now.
     pub fn new() -> Self {
-        Self { start: Instant::now() }
+        Self {
+            start: Instant::now(),
+        }
     }
 }
 
@@ -74,10 +76,15 @@ pub struct CoarseClock;
 impl Clock for CoarseClock {
     #[inline]
     fn now(&self) -> Nanos {
-        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
         // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC_COARSE exists on Linux.
         unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-        (ts.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(ts.tv_nsec as u64)
+        (ts.tv_sec as u64)
+            .wrapping_mul(1_000_000_000)
+            .wrapping_add(ts.tv_nsec as u64)
     }
 }
 
@@ -90,7 +97,9 @@ pub struct ManualClock {
 impl ManualClock {
     /// A clock at `start` nanoseconds.
     pub fn new(start: Nanos) -> Self {
-        Self { now: AtomicU64::new(start) }
+        Self {
+            now: AtomicU64::new(start),
+        }
     }
     /// Moves the clock forward by `d`.
     pub fn advance(&self, d: Duration) {

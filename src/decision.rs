@@ -71,9 +71,18 @@ impl Decision {
         }
     }
     #[inline]
-    pub(crate) fn deny(limit: u64, remaining: u64, reset_after_ns: u64, retry: Option<u64>) -> Self {
+    pub(crate) fn deny(
+        limit: u64,
+        remaining: u64,
+        reset_after_ns: u64,
+        retry: Option<u64>,
+    ) -> Self {
         Self {
-            outcome: if retry.is_some() { Outcome::Limited } else { Outcome::NeverFits },
+            outcome: if retry.is_some() {
+                Outcome::Limited
+            } else {
+                Outcome::NeverFits
+            },
             limit,
             remaining,
             reset_after_ns,
@@ -94,7 +103,10 @@ pub struct ConfigError {
 
 impl ConfigError {
     pub(crate) fn new(field: &'static str, message: impl Into<String>) -> Self {
-        Self { field, message: message.into() }
+        Self {
+            field,
+            message: message.into(),
+        }
     }
 }
 

@@ -19,7 +19,10 @@ use crossbeam_utils::CachePadded;
 enum State {
     One(CachePadded<AtomicU64>),
     Two(CachePadded<AtomicU128>),
-    Words { seq: CachePadded<AtomicU64>, words: Box<[AtomicU64]> },
+    Words {
+        seq: CachePadded<AtomicU64>,
+        words: Box<[AtomicU64]>,
+    },
 }
 
 /// A rate limiter for one key (or for everything at once).
@@ -32,7 +35,10 @@ pub struct Limiter<C: Clock = MonotonicClock> {
 impl Limiter<MonotonicClock> {
     /// One limit, on the monotonic clock.
     pub fn new(limit: Limit) -> Self {
-        Self::with_limits(Limits::new(vec![limit]).expect("one limit is valid"), MonotonicClock::new())
+        Self::with_limits(
+            Limits::new(vec![limit]).expect("one limit is valid"),
+            MonotonicClock::new(),
+        )
     }
 }
 
@@ -48,7 +54,11 @@ impl<C: Clock> Limiter<C> {
                 words: (0..limits.words()).map(|_| AtomicU64::new(0)).collect(),
             },
         };
-        Self { limits, state, clock }
+        Self {
+            limits,
+            state,
+            clock,
+        }
     }
 
     /// The limits.
@@ -110,7 +120,9 @@ impl<C: Clock> Limiter<C> {
                     }
                 }
             }
-            State::Words { seq, words } => record::write(seq, words, |c| self.limits.decide(c, now, cost)),
+            State::Words { seq, words } => {
+                record::write(seq, words, |c| self.limits.decide(c, now, cost))
+            }
         }
     }
 
@@ -152,7 +164,9 @@ impl<C: Clock> Limiter<C> {
                     }
                 }
             }
-            State::Words { seq, words } => record::write(seq, words, |c: &mut AtomicCells<'_>| f(c)),
+            State::Words { seq, words } => {
+                record::write(seq, words, |c: &mut AtomicCells<'_>| f(c))
+            }
         }
     }
 
@@ -163,15 +177,37 @@ impl<C: Clock> Limiter<C> {
         let now = self.clock.now();
         let (limit, State::Words { seq, words }) = (&self.limits.limits()[0], &self.state) else {
             let d = self.check_at(cost, now);
-            return if d.allowed() { Ok(Permit { limiter: self, stamp: None, decision: d }) } else { Err(d) };
+            return if d.allowed() {
+                Ok(Permit {
+                    limiter: self,
+                    stamp: None,
+                    decision: d,
+                })
+            } else {
+                Err(d)
+            };
         };
         let Limit::Concurrency(p) = limit else {
             let d = self.check_at(cost, now);
-            return if d.allowed() { Ok(Permit { limiter: self, stamp: None, decision: d }) } else { Err(d) };
+            return if d.allowed() {
+                Ok(Permit {
+                    limiter: self,
+                    stamp: None,
+                    decision: d,
+                })
+            } else {
+                Err(d)
+            };
         };
-        let (d, stamp) = record::write(seq, words, |c| crate::algo::concurrency::acquire(c, now, p, cost, true));
+        let (d, stamp) = record::write(seq, words, |c| {
+            crate::algo::concurrency::acquire(c, now, p, cost, true)
+        });
         if d.allowed() {
-            Ok(Permit { limiter: self, stamp, decision: d })
+            Ok(Permit {
+                limiter: self,
+                stamp,
+                decision: d,
+            })
         } else {
             Err(d)
         }
@@ -194,10 +230,14 @@ impl<C: Clock> Permit<'_, C> {
 
 impl<C: Clock> Drop for Permit<'_, C> {
     fn drop(&mut self) {
-        if let (Some(stamp), State::Words { seq, words }, Limit::Concurrency(p)) =
-            (self.stamp, &self.limiter.state, &self.limiter.limits.limits()[0])
-        {
-            record::write(seq, words, |c| crate::algo::concurrency::release(c, p, stamp));
+        if let (Some(stamp), State::Words { seq, words }, Limit::Concurrency(p)) = (
+            self.stamp,
+            &self.limiter.state,
+            &self.limiter.limits.limits()[0],
+        ) {
+            record::write(seq, words, |c| {
+                crate::algo::concurrency::release(c, p, stamp)
+            });
         }
     }
 }

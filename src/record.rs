@@ -34,7 +34,11 @@ impl Cells for AtomicCells<'_> {
 
 /// Runs `f` as the exclusive writer of `words`, guarded by `seq`.
 #[inline]
-pub(crate) fn write<R>(seq: &AtomicU64, words: &[AtomicU64], f: impl FnOnce(&mut AtomicCells<'_>) -> R) -> R {
+pub(crate) fn write<R>(
+    seq: &AtomicU64,
+    words: &[AtomicU64],
+    f: impl FnOnce(&mut AtomicCells<'_>) -> R,
+) -> R {
     let s = lock(seq);
     let r = f(&mut AtomicCells(words));
     // Release: publishes the words written above to the next writer's Acquire and to readers.
@@ -50,7 +54,10 @@ pub(crate) fn lock(seq: &AtomicU64) -> u64 {
         let s = seq.load(Ordering::Relaxed);
         if s & 1 == 0 {
             // Acquire: sees every word the previous writer published with its Release.
-            if seq.compare_exchange_weak(s, s + 1, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+            if seq
+                .compare_exchange_weak(s, s + 1, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+            {
                 return s;
             }
         }

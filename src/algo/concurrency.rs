@@ -35,10 +35,16 @@ impl Params {
     /// At most `limit` in flight, each lease expiring after `lease` ns.
     pub fn new(limit: u64, lease: u64) -> Result<Self, ConfigError> {
         if limit == 0 || limit > MAX_LIMIT {
-            return Err(ConfigError::new("limit", format!("concurrency takes 1..={MAX_LIMIT} requests in flight, got {limit}")));
+            return Err(ConfigError::new(
+                "limit",
+                format!("concurrency takes 1..={MAX_LIMIT} requests in flight, got {limit}"),
+            ));
         }
         if lease == 0 {
-            return Err(ConfigError::new("window", "the lease TTL must be at least 1 ns; set it above your slowest request"));
+            return Err(ConfigError::new(
+                "window",
+                "the lease TTL must be at least 1 ns; set it above your slowest request",
+            ));
         }
         Ok(Self { limit, lease })
     }
@@ -64,7 +70,13 @@ fn live<C: Cells + ?Sized>(c: &C, p: &Params, now: u64) -> (u64, u64, u64) {
 
 /// Takes `cost` leases if they fit; returns the decision and, when allowed with `apply`, the
 /// permit's stamp. Cost 0 peeks.
-pub fn acquire<C: Cells + ?Sized>(c: &mut C, now: u64, p: &Params, cost: u64, apply: bool) -> (Decision, Option<u64>) {
+pub fn acquire<C: Cells + ?Sized>(
+    c: &mut C,
+    now: u64,
+    p: &Params,
+    cost: u64,
+    apply: bool,
+) -> (Decision, Option<u64>) {
     let (active, max, latest) = live(c, p, now);
     if cost == 0 {
         return (Decision::allow(p.limit, p.limit - active, latest), None);
@@ -91,7 +103,10 @@ pub fn acquire<C: Cells + ?Sized>(c: &mut C, now: u64, p: &Params, cost: u64, ap
             }
             Some(after - now)
         };
-        return (Decision::deny(p.limit, p.limit - active, latest, retry), None);
+        return (
+            Decision::deny(p.limit, p.limit - active, latest, retry),
+            None,
+        );
     }
     let stamp = now.saturating_add(p.lease).max(max.saturating_add(1));
     if apply {

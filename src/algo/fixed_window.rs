@@ -53,9 +53,16 @@ impl Params {
             ));
         }
         if window == 0 {
-            return Err(ConfigError::new("window", "the window must be at least 1 ns"));
+            return Err(ConfigError::new(
+                "window",
+                "the window must be at least 1 ns",
+            ));
         }
-        Ok(Self { limit, window, count_denied })
+        Ok(Self {
+            limit,
+            window,
+            count_denied,
+        })
     }
 }
 
@@ -76,7 +83,10 @@ fn current(s: u64, now: u64, p: &Params) -> (u64, u64, u64) {
     let (idx, count) = unpack(s);
     let d = cur.wrapping_sub(idx) & INDEX_MASK;
     let end_of = |windows_ahead: u64| {
-        full.saturating_add(windows_ahead).saturating_add(1).saturating_mul(p.window).saturating_sub(now)
+        full.saturating_add(windows_ahead)
+            .saturating_add(1)
+            .saturating_mul(p.window)
+            .saturating_sub(now)
     };
     if d == 0 {
         (cur, count, end_of(0))
@@ -94,16 +104,30 @@ pub fn decide(s: u64, now: u64, p: &Params, cost: u64) -> (u64, Decision) {
     let (idx, count, ends_in) = current(s, now, p);
     let reset = |c: u64| if c == 0 { 0 } else { ends_in };
     if cost == 0 {
-        return (s, Decision::allow(p.limit, p.limit.saturating_sub(count), reset(count)));
+        return (
+            s,
+            Decision::allow(p.limit, p.limit.saturating_sub(count), reset(count)),
+        );
     }
     if count.saturating_add(cost) <= p.limit {
         let c = count + cost;
         return (pack(idx, c), Decision::allow(p.limit, p.limit - c, ends_in));
     }
     let retry = if cost > p.limit { None } else { Some(ends_in) };
-    let ns = if p.count_denied { pack(idx, count.saturating_add(cost).min(COUNT_MASK)) } else { s };
-    let c = if p.count_denied { count.saturating_add(cost).min(COUNT_MASK) } else { count };
-    (ns, Decision::deny(p.limit, p.limit.saturating_sub(c), reset(c), retry))
+    let ns = if p.count_denied {
+        pack(idx, count.saturating_add(cost).min(COUNT_MASK))
+    } else {
+        s
+    };
+    let c = if p.count_denied {
+        count.saturating_add(cost).min(COUNT_MASK)
+    } else {
+        count
+    };
+    (
+        ns,
+        Decision::deny(p.limit, p.limit.saturating_sub(c), reset(c), retry),
+    )
 }
 
 /// Gives `n` back to the current window (nothing to give back once the window has passed).

@@ -56,10 +56,16 @@ impl Params {
     /// Drains `rate` per `period` ns, queueing `burst` excess requests.
     pub fn new(rate: u64, period: u64, burst: u64, mode: Mode) -> Result<Self, ConfigError> {
         if rate == 0 {
-            return Err(ConfigError::new("limit", "the drain rate must be at least 1 request per period"));
+            return Err(ConfigError::new(
+                "limit",
+                "the drain rate must be at least 1 request per period",
+            ));
         }
         if period == 0 {
-            return Err(ConfigError::new("window", "the period must be at least 1 ns"));
+            return Err(ConfigError::new(
+                "window",
+                "the period must be at least 1 ns",
+            ));
         }
         let interval = period.div_ceil(rate);
         let delay = match mode {
@@ -69,11 +75,24 @@ impl Params {
                 return Err(ConfigError::new("delay", format!("delay ({delay}) must be at most burst ({burst}): it counts the excess requests that pass undelayed")))
             }
         };
-        let tau = burst.checked_add(1).and_then(|b| b.checked_mul(interval)).filter(|&t| t <= MAX_TAU);
+        let tau = burst
+            .checked_add(1)
+            .and_then(|b| b.checked_mul(interval))
+            .filter(|&t| t <= MAX_TAU);
         let Some(tau) = tau else {
-            return Err(ConfigError::new("burst", "burst × interval exceeds the 2^61 ns a bucket can span; lower the burst"));
+            return Err(ConfigError::new(
+                "burst",
+                "burst × interval exceeds the 2^61 ns a bucket can span; lower the burst",
+            ));
         };
-        Ok(Self { interval, burst, delay, tau, free: (delay + 1) * interval, mode })
+        Ok(Self {
+            interval,
+            burst,
+            delay,
+            tau,
+            free: (delay + 1) * interval,
+            mode,
+        })
     }
 
     /// Requests the bucket holds: burst + 1.
@@ -97,7 +116,11 @@ pub fn decide(tat: u64, now: u64, p: &Params, cost: u64) -> (u64, Decision) {
         d.delay_ns = after.saturating_sub(p.free);
         return (new, d);
     }
-    let retry = if cost > cap { None } else { Some(after - p.tau) };
+    let retry = if cost > cap {
+        None
+    } else {
+        Some(after - p.tau)
+    };
     (tat, Decision::deny(cap, rem(backlog), backlog, retry))
 }
 
@@ -131,9 +154,25 @@ mod tests {
         for _ in 0..8 {
             let (t, d) = decide(tat, 1000 * MS, &p, 1);
             tat = t;
-            out.push(if d.allowed() { Some(d.delay_ns / MS) } else { None });
+            out.push(if d.allowed() {
+                Some(d.delay_ns / MS)
+            } else {
+                None
+            });
         }
-        assert_eq!(out, vec![Some(0), Some(0), Some(0), Some(100), Some(200), Some(300), None, None]);
+        assert_eq!(
+            out,
+            vec![
+                Some(0),
+                Some(0),
+                Some(0),
+                Some(100),
+                Some(200),
+                Some(300),
+                None,
+                None
+            ]
+        );
     }
 
     #[test]

@@ -105,7 +105,13 @@ impl Algorithm {
 
     /// Whether the whole state packs into one `u64` (lock-free 16-byte keyed slots).
     pub const fn is_packed(self) -> bool {
-        matches!(self, Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::TokenBucket | Algorithm::LeakyBucket)
+        matches!(
+            self,
+            Algorithm::FixedWindow
+                | Algorithm::SlidingWindow
+                | Algorithm::TokenBucket
+                | Algorithm::LeakyBucket
+        )
     }
 }
 
@@ -118,10 +124,16 @@ impl fmt::Display for Algorithm {
 impl FromStr for Algorithm {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        Algorithm::ALL.into_iter().find(|a| a.name() == s).ok_or_else(|| {
-            let names: Vec<_> = Algorithm::ALL.iter().map(|a| a.name()).collect();
-            format!("unknown algorithm `{s}`; expected one of {}", names.join(", "))
-        })
+        Algorithm::ALL
+            .into_iter()
+            .find(|a| a.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<_> = Algorithm::ALL.iter().map(|a| a.name()).collect();
+                format!(
+                    "unknown algorithm `{s}`; expected one of {}",
+                    names.join(", ")
+                )
+            })
     }
 }
 
@@ -155,16 +167,32 @@ pub struct LimitSpec {
 impl LimitSpec {
     /// `limit` per `window` with the algorithm's defaults.
     pub fn new(algorithm: Algorithm, limit: u64, window: Duration) -> Self {
-        Self { algorithm, limit, window, burst: None, buckets: None, delay: None, count_denied: false }
+        Self {
+            algorithm,
+            limit,
+            window,
+            burst: None,
+            buckets: None,
+            delay: None,
+            count_denied: false,
+        }
     }
 
     /// Validates and compiles.
     pub fn build(&self) -> Result<Limit, ConfigError> {
         let w = nanos(self.window);
         let no = |field: &'static str, what: &str| -> Result<Limit, ConfigError> {
-            Err(ConfigError::new(field, format!("`{field}` does not apply to {}: {what}", self.algorithm)))
+            Err(ConfigError::new(
+                field,
+                format!("`{field}` does not apply to {}: {what}", self.algorithm),
+            ))
         };
-        if self.burst.is_some() && !matches!(self.algorithm, Algorithm::TokenBucket | Algorithm::LeakyBucket) {
+        if self.burst.is_some()
+            && !matches!(
+                self.algorithm,
+                Algorithm::TokenBucket | Algorithm::LeakyBucket
+            )
+        {
             return no("burst", "only token_bucket and leaky_bucket have a burst");
         }
         if self.buckets.is_some() && self.algorithm != Algorithm::WindowRing {
@@ -173,21 +201,54 @@ impl LimitSpec {
         if self.delay.is_some() && self.algorithm != Algorithm::LeakyBucket {
             return no("delay", "only a shaping leaky_bucket delays requests");
         }
-        if self.count_denied && !matches!(self.algorithm, Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::SlidingLog | Algorithm::WindowRing) {
-            return no("count_denied", "only window counters and logs count denied requests");
+        if self.count_denied
+            && !matches!(
+                self.algorithm,
+                Algorithm::FixedWindow
+                    | Algorithm::SlidingWindow
+                    | Algorithm::SlidingLog
+                    | Algorithm::WindowRing
+            )
+        {
+            return no(
+                "count_denied",
+                "only window counters and logs count denied requests",
+            );
         }
         Ok(match self.algorithm {
-            Algorithm::FixedWindow => Limit::FixedWindow(fixed_window::Params::new(self.limit, w, self.count_denied)?),
-            Algorithm::SlidingWindow => Limit::SlidingWindow(sliding_window::Params::new(self.limit, w, self.count_denied)?),
-            Algorithm::SlidingLog => Limit::SlidingLog(sliding_log::Params::new(self.limit, w, self.count_denied)?),
-            Algorithm::WindowRing => Limit::WindowRing(window_ring::Params::new(self.limit, w, self.buckets.unwrap_or(60), self.count_denied)?),
-            Algorithm::TokenBucket => Limit::TokenBucket(token_bucket::Params::new(self.burst.unwrap_or(self.limit), self.limit, w)?),
+            Algorithm::FixedWindow => {
+                Limit::FixedWindow(fixed_window::Params::new(self.limit, w, self.count_denied)?)
+            }
+            Algorithm::SlidingWindow => Limit::SlidingWindow(sliding_window::Params::new(
+                self.limit,
+                w,
+                self.count_denied,
+            )?),
+            Algorithm::SlidingLog => {
+                Limit::SlidingLog(sliding_log::Params::new(self.limit, w, self.count_denied)?)
+            }
+            Algorithm::WindowRing => Limit::WindowRing(window_ring::Params::new(
+                self.limit,
+                w,
+                self.buckets.unwrap_or(60),
+                self.count_denied,
+            )?),
+            Algorithm::TokenBucket => Limit::TokenBucket(token_bucket::Params::new(
+                self.burst.unwrap_or(self.limit),
+                self.limit,
+                w,
+            )?),
             Algorithm::LeakyBucket => {
                 let mode = match self.delay {
                     None => leaky_bucket::Mode::Meter,
                     Some(delay) => leaky_bucket::Mode::Shaper { delay },
                 };
-                Limit::LeakyBucket(leaky_bucket::Params::new(self.limit, w, self.burst.unwrap_or(0), mode)?)
+                Limit::LeakyBucket(leaky_bucket::Params::new(
+                    self.limit,
+                    w,
+                    self.burst.unwrap_or(0),
+                    mode,
+                )?)
             }
             Algorithm::Concurrency => Limit::Concurrency(concurrency::Params::new(self.limit, w)?),
         })
@@ -228,15 +289,33 @@ impl Limit {
     }
     /// `limit` per `window` counted in `buckets` sub-windows.
     pub fn window_ring(limit: u64, window: Duration, buckets: u64) -> Result<Self, ConfigError> {
-        LimitSpec { buckets: Some(buckets), ..LimitSpec::new(Algorithm::WindowRing, limit, window) }.build()
+        LimitSpec {
+            buckets: Some(buckets),
+            ..LimitSpec::new(Algorithm::WindowRing, limit, window)
+        }
+        .build()
     }
     /// Refill `rate` per `period`, holding at most `capacity`.
     pub fn token_bucket(capacity: u64, rate: u64, period: Duration) -> Result<Self, ConfigError> {
-        LimitSpec { burst: Some(capacity), ..LimitSpec::new(Algorithm::TokenBucket, rate, period) }.build()
+        LimitSpec {
+            burst: Some(capacity),
+            ..LimitSpec::new(Algorithm::TokenBucket, rate, period)
+        }
+        .build()
     }
     /// Drain `rate` per `period` with nginx `burst`; `delay: None` is a meter.
-    pub fn leaky_bucket(rate: u64, period: Duration, burst: u64, delay: Option<u64>) -> Result<Self, ConfigError> {
-        LimitSpec { burst: Some(burst), delay, ..LimitSpec::new(Algorithm::LeakyBucket, rate, period) }.build()
+    pub fn leaky_bucket(
+        rate: u64,
+        period: Duration,
+        burst: u64,
+        delay: Option<u64>,
+    ) -> Result<Self, ConfigError> {
+        LimitSpec {
+            burst: Some(burst),
+            delay,
+            ..LimitSpec::new(Algorithm::LeakyBucket, rate, period)
+        }
+        .build()
     }
     /// At most `limit` in flight, leases expiring after `lease`.
     pub fn concurrency(limit: u64, lease: Duration) -> Result<Self, ConfigError> {
@@ -253,6 +332,19 @@ impl Limit {
             Limit::SlidingLog(_) => Algorithm::SlidingLog,
             Limit::WindowRing(_) => Algorithm::WindowRing,
             Limit::Concurrency(_) => Algorithm::Concurrency,
+        }
+    }
+
+    /// The headline number: requests per window, bucket capacity, or in-flight maximum.
+    pub fn capacity(&self) -> u64 {
+        match self {
+            Limit::FixedWindow(p) => p.limit,
+            Limit::SlidingWindow(p) => p.limit,
+            Limit::TokenBucket(p) => p.capacity,
+            Limit::LeakyBucket(p) => p.capacity(),
+            Limit::SlidingLog(p) => p.limit,
+            Limit::WindowRing(p) => p.limit,
+            Limit::Concurrency(p) => p.limit,
         }
     }
 
@@ -365,7 +457,11 @@ impl Limits {
         if limits.is_empty() {
             return Err(ConfigError::new("limits", "give at least one limit"));
         }
-        if limits.len() > 1 && limits.iter().any(|l| l.algorithm() == Algorithm::Concurrency) {
+        if limits.len() > 1
+            && limits
+                .iter()
+                .any(|l| l.algorithm() == Algorithm::Concurrency)
+        {
             return Err(ConfigError::new("limits", "a concurrency limit takes permits and stands alone; give it its own limiter or rule"));
         }
         let mut offsets = Vec::with_capacity(limits.len());
@@ -374,7 +470,11 @@ impl Limits {
             offsets.push(words);
             words += l.words();
         }
-        Ok(Self { limits: limits.into(), offsets: offsets.into(), words })
+        Ok(Self {
+            limits: limits.into(),
+            offsets: offsets.into(),
+            words,
+        })
     }
 
     /// The limits.
@@ -402,7 +502,10 @@ impl Limits {
         }
         let mut all = true;
         for (l, &off) in self.limits.iter().zip(self.offsets.iter()) {
-            if !l.step(&mut Sub { c: &mut *c, off }, now, cost, false).allowed() {
+            if !l
+                .step(&mut Sub { c: &mut *c, off }, now, cost, false)
+                .allowed()
+            {
                 all = false;
                 break;
             }
@@ -456,7 +559,11 @@ fn combine(a: Decision, b: Decision) -> Decision {
                 (Some(x), Some(y)) => Some(x.max(y)),
                 _ => None,
             };
-            d.outcome = if d.retry_after_ns.is_some() { Outcome::Limited } else { Outcome::NeverFits };
+            d.outcome = if d.retry_after_ns.is_some() {
+                Outcome::Limited
+            } else {
+                Outcome::NeverFits
+            };
             d
         }
     };

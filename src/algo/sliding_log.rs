@@ -52,9 +52,17 @@ impl Params {
             return Err(ConfigError::new("limit", format!("sliding_log keeps 1..={MAX_LIMIT} timestamps (4 bytes each), got {limit}; use window_ring or sliding_window for large limits")));
         }
         if window == 0 {
-            return Err(ConfigError::new("window", "the window must be at least 1 ns"));
+            return Err(ConfigError::new(
+                "window",
+                "the window must be at least 1 ns",
+            ));
         }
-        Ok(Self { limit, window, tick: window.div_ceil(TICK_SPAN).max(1), count_denied })
+        Ok(Self {
+            limit,
+            window,
+            tick: window.div_ceil(TICK_SPAN).max(1),
+            count_denied,
+        })
     }
 
     /// Words in a record.
@@ -85,7 +93,11 @@ struct View {
 #[inline]
 fn view<C: Cells + ?Sized>(c: &C) -> View {
     let h = c.get(1);
-    View { base: c.get(0), head: h & 0xffff_ffff, count: h >> 32 }
+    View {
+        base: c.get(0),
+        head: h & 0xffff_ffff,
+        count: h >> 32,
+    }
 }
 
 impl View {
@@ -117,12 +129,19 @@ impl View {
         if self.count == 0 {
             return 0;
         }
-        self.expiry(c, p, self.pos(p, self.count - 1)).saturating_sub(now)
+        self.expiry(c, p, self.pos(p, self.count - 1))
+            .saturating_sub(now)
     }
 }
 
 /// The transition, in place. Cost 0 peeks; `apply = false` evaluates without recording.
-pub fn decide<C: Cells + ?Sized>(c: &mut C, now: u64, p: &Params, cost: u64, apply: bool) -> Decision {
+pub fn decide<C: Cells + ?Sized>(
+    c: &mut C,
+    now: u64,
+    p: &Params,
+    cost: u64,
+    apply: bool,
+) -> Decision {
     let v = view(c);
     let live = v.live(c, p, now);
     if cost == 0 {
@@ -133,7 +152,11 @@ pub fn decide<C: Cells + ?Sized>(c: &mut C, now: u64, p: &Params, cost: u64, app
     }
     // The k-th oldest entry would be overwritten by the last of the `cost` new ones.
     let k = (v.count + cost).saturating_sub(p.limit);
-    let blocker = if k == 0 { None } else { Some(v.expiry(c, p, v.pos(p, k - 1))) };
+    let blocker = if k == 0 {
+        None
+    } else {
+        Some(v.expiry(c, p, v.pos(p, k - 1)))
+    };
     let fits = blocker.is_none_or(|e| e <= now);
     if fits || p.count_denied {
         let mut d = if fits {
@@ -153,12 +176,21 @@ pub fn decide<C: Cells + ?Sized>(c: &mut C, now: u64, p: &Params, cost: u64, app
         }
         return d;
     }
-    Decision::deny(p.limit, p.limit - live, v.newest_expiry(c, p, now), blocker.map(|e| e - now))
+    Decision::deny(
+        p.limit,
+        p.limit - live,
+        v.newest_expiry(c, p, now),
+        blocker.map(|e| e - now),
+    )
 }
 
 fn record<C: Cells + ?Sized>(c: &mut C, p: &Params, v: &View, now: u64, cost: u64) {
     let mut base = v.base;
-    let newest = if v.count == 0 { 0 } else { base + entry(c, v.pos(p, v.count - 1)) - 1 };
+    let newest = if v.count == 0 {
+        0
+    } else {
+        base + entry(c, v.pos(p, v.count - 1)) - 1
+    };
     let t = now.div_ceil(p.tick).max(newest);
     if v.count == 0 {
         base = t;
@@ -218,7 +250,7 @@ mod tests {
             let r = d.retry_after_ns.unwrap();
             assert!((59 * S..59 * S + p.tick).contains(&r), "{r}");
         }
-        assert!(decide(&mut rec[..], 119 * S, &p, 3, true).allowed());
+        assert!(decide(&mut rec[..], 119 * S + p.tick, &p, 3, true).allowed());
     }
 
     #[test]

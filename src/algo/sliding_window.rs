@@ -54,19 +54,32 @@ impl Params {
             ));
         }
         if window == 0 {
-            return Err(ConfigError::new("window", "the window must be at least 1 ns"));
+            return Err(ConfigError::new(
+                "window",
+                "the window must be at least 1 ns",
+            ));
         }
-        Ok(Self { limit, window, count_denied })
+        Ok(Self {
+            limit,
+            window,
+            count_denied,
+        })
     }
 }
 
 #[inline]
 fn unpack(s: u64) -> (u64, u64, u64) {
-    ((s >> (2 * COUNT_BITS)) & INDEX_MASK, (s >> COUNT_BITS) & COUNT_MASK, s & COUNT_MASK)
+    (
+        (s >> (2 * COUNT_BITS)) & INDEX_MASK,
+        (s >> COUNT_BITS) & COUNT_MASK,
+        s & COUNT_MASK,
+    )
 }
 #[inline]
 fn pack(idx: u64, prev: u64, cur: u64) -> u64 {
-    ((idx & INDEX_MASK) << (2 * COUNT_BITS)) | ((prev & COUNT_MASK) << COUNT_BITS) | (cur & COUNT_MASK)
+    ((idx & INDEX_MASK) << (2 * COUNT_BITS))
+        | ((prev & COUNT_MASK) << COUNT_BITS)
+        | (cur & COUNT_MASK)
 }
 
 /// (index, previous, current, elapsed in the window) as seen at `now`.
@@ -121,14 +134,21 @@ pub fn decide(s: u64, now: u64, p: &Params, cost: u64) -> (u64, Decision) {
         }
     };
     if cost == 0 {
-        return (s, Decision::allow(p.limit, p.limit.saturating_sub(est), reset_of(prev, cur)));
+        return (
+            s,
+            Decision::allow(p.limit, p.limit.saturating_sub(est), reset_of(prev, cur)),
+        );
     }
     if est.saturating_add(cost) <= p.limit {
         let cur2 = cur + cost;
         let d = Decision::allow(p.limit, p.limit - est - cost, reset_of(prev, cur2));
         return (pack(idx, prev, cur2), d);
     }
-    let cur2 = if p.count_denied { cur.saturating_add(cost).min(COUNT_MASK) } else { cur };
+    let cur2 = if p.count_denied {
+        cur.saturating_add(cost).min(COUNT_MASK)
+    } else {
+        cur
+    };
     let retry = if cost > p.limit {
         None
     } else if cur + cost <= p.limit {
@@ -140,9 +160,21 @@ pub fn decide(s: u64, now: u64, p: &Params, cost: u64) -> (u64, Decision) {
         let x = first_elapsed_fitting(cur2, w, p.limit - cost);
         Some(w - e + x)
     };
-    let new = if p.count_denied { pack(idx, prev, cur2) } else { s };
+    let new = if p.count_denied {
+        pack(idx, prev, cur2)
+    } else {
+        s
+    };
     let est2 = weighted(prev, w, e) + cur2;
-    (new, Decision::deny(p.limit, p.limit.saturating_sub(est2), reset_of(prev, cur2), retry))
+    (
+        new,
+        Decision::deny(
+            p.limit,
+            p.limit.saturating_sub(est2),
+            reset_of(prev, cur2),
+            retry,
+        ),
+    )
 }
 
 /// Gives `n` back to the current window's count.

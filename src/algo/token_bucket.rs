@@ -50,10 +50,16 @@ impl Params {
     /// `rate` tokens per `period` ns, holding at most `capacity`.
     pub fn new(capacity: u64, rate: u64, period: u64) -> Result<Self, ConfigError> {
         if rate == 0 {
-            return Err(ConfigError::new("limit", "the refill rate must be at least 1 token per period"));
+            return Err(ConfigError::new(
+                "limit",
+                "the refill rate must be at least 1 token per period",
+            ));
         }
         if period == 0 {
-            return Err(ConfigError::new("window", "the refill period must be at least 1 ns"));
+            return Err(ConfigError::new(
+                "window",
+                "the refill period must be at least 1 ns",
+            ));
         }
         if rate > period {
             return Err(ConfigError::new("limit", format!("{rate} tokens per {period} ns is more than one per nanosecond, the finest refill step; lower the rate")));
@@ -65,10 +71,16 @@ impl Params {
     /// One token every `interval` ns, holding at most `capacity`.
     pub fn with_interval(capacity: u64, interval: u64) -> Result<Self, ConfigError> {
         if capacity == 0 {
-            return Err(ConfigError::new("burst", "the capacity (burst) must be at least 1 token"));
+            return Err(ConfigError::new(
+                "burst",
+                "the capacity (burst) must be at least 1 token",
+            ));
         }
         if interval == 0 {
-            return Err(ConfigError::new("limit", "more than one token per nanosecond cannot be represented; lower the rate"));
+            return Err(ConfigError::new(
+                "limit",
+                "more than one token per nanosecond cannot be represented; lower the rate",
+            ));
         }
         match capacity.checked_mul(interval) {
             Some(tau) if tau <= MAX_TAU => Ok(Self { capacity, interval, tau }),
@@ -84,7 +96,9 @@ impl Params {
 #[inline]
 pub(crate) fn advance(tat: u64, now: u64, interval: u64, cost: u64) -> (u64, u64) {
     let base = tat.max(now);
-    let new = base.saturating_add(cost.saturating_mul(interval)).min(MAX_TAT);
+    let new = base
+        .saturating_add(cost.saturating_mul(interval))
+        .min(MAX_TAT);
     (new, new - now)
 }
 
@@ -98,9 +112,16 @@ pub fn decide(tat: u64, now: u64, p: &Params, cost: u64) -> (u64, Decision) {
     }
     let (new, after) = advance(tat, now, p.interval, cost);
     if after <= p.tau && new < MAX_TAT {
-        return (new, Decision::allow(p.capacity, (p.tau - after) / p.interval, after));
+        return (
+            new,
+            Decision::allow(p.capacity, (p.tau - after) / p.interval, after),
+        );
     }
-    let retry = if cost > p.capacity { None } else { Some(after - p.tau) };
+    let retry = if cost > p.capacity {
+        None
+    } else {
+        Some(after - p.tau)
+    };
     let rem = p.tau.saturating_sub(backlog) / p.interval;
     (tat, Decision::deny(p.capacity, rem, backlog, retry))
 }

@@ -56,18 +56,34 @@ pub struct Params {
 
 impl Params {
     /// `limit` per `window` ns counted in `buckets` sub-windows.
-    pub fn new(limit: u64, window: u64, buckets: u64, count_denied: bool) -> Result<Self, ConfigError> {
+    pub fn new(
+        limit: u64,
+        window: u64,
+        buckets: u64,
+        count_denied: bool,
+    ) -> Result<Self, ConfigError> {
         if limit == 0 || limit > MAX_LIMIT {
             return Err(ConfigError::new("limit", format!("window_ring holds 1..={MAX_LIMIT} requests per window (16-bit sub-window counters), got {limit}; use sliding_window or token_bucket for larger limits")));
         }
         if buckets == 0 || buckets > MAX_BUCKETS {
-            return Err(ConfigError::new("buckets", format!("window_ring takes 1..={MAX_BUCKETS} sub-windows, got {buckets}")));
+            return Err(ConfigError::new(
+                "buckets",
+                format!("window_ring takes 1..={MAX_BUCKETS} sub-windows, got {buckets}"),
+            ));
         }
         if window == 0 || window % buckets != 0 {
             return Err(ConfigError::new("window", format!("a window of {window} ns does not split into {buckets} sub-windows of whole nanoseconds; pick a window that is a multiple of the bucket count")));
         }
         let width = 64 - limit.leading_zeros();
-        Ok(Self { limit, window, buckets, sub: window / buckets, width, per_word: 64 / width as u64, count_denied })
+        Ok(Self {
+            limit,
+            window,
+            buckets,
+            sub: window / buckets,
+            width,
+            per_word: 64 / width as u64,
+            count_denied,
+        })
     }
 
     /// Words in a record.
@@ -112,10 +128,18 @@ fn view<C: Cells + ?Sized>(c: &C, now: u64, p: &Params) -> View {
     let b = now / p.sub;
     let d = (b & INDEX_MASK).wrapping_sub(idx) & INDEX_MASK;
     if d == 0 || total == 0 && d < BEHIND {
-        return View { cur: b, slid: d.min(p.buckets), total };
+        return View {
+            cur: b,
+            slid: d.min(p.buckets),
+            total,
+        };
     }
     if d >= BEHIND {
-        return View { cur: b + ((1 << INDEX_BITS) - d), slid: 0, total };
+        return View {
+            cur: b + ((1 << INDEX_BITS) - d),
+            slid: 0,
+            total,
+        };
     }
     let slid = d.min(p.buckets);
     let old = b - d;
@@ -123,7 +147,11 @@ fn view<C: Cells + ?Sized>(c: &C, now: u64, p: &Params) -> View {
     for k in 1..=slid {
         t -= get_counter(c, p, (old + k) % p.buckets).min(t);
     }
-    View { cur: b, slid, total: t }
+    View {
+        cur: b,
+        slid,
+        total: t,
+    }
 }
 
 /// Full index of the newest sub-window with a non-zero count, if any (after sliding).
@@ -131,7 +159,9 @@ fn newest_nonzero<C: Cells + ?Sized>(c: &C, p: &Params, v: &View) -> Option<u64>
     if v.total == 0 {
         return None;
     }
-    (0..p.buckets - v.slid.min(p.buckets)).map(|k| v.cur - v.slid - k).find(|&j| get_counter(c, p, j % p.buckets) > 0)
+    (0..p.buckets - v.slid.min(p.buckets))
+        .map(|k| v.cur - v.slid - k)
+        .find(|&j| get_counter(c, p, j % p.buckets) > 0)
 }
 
 fn slide<C: Cells + ?Sized>(c: &mut C, p: &Params, v: &View) {
@@ -144,7 +174,13 @@ fn slide<C: Cells + ?Sized>(c: &mut C, p: &Params, v: &View) {
 
 /// The transition, in place. Cost 0 peeks and changes nothing; `apply = false` evaluates
 /// without recording (the first phase of an all-or-nothing multi-limit check).
-pub fn decide<C: Cells + ?Sized>(c: &mut C, now: u64, p: &Params, cost: u64, apply: bool) -> Decision {
+pub fn decide<C: Cells + ?Sized>(
+    c: &mut C,
+    now: u64,
+    p: &Params,
+    cost: u64,
+    apply: bool,
+) -> Decision {
     let v = view(c, now, p);
     let reset = |total: u64, newest: Option<u64>| match newest {
         Some(j) if total > 0 => (j + p.buckets).saturating_mul(p.sub).saturating_sub(now),
@@ -152,11 +188,17 @@ pub fn decide<C: Cells + ?Sized>(c: &mut C, now: u64, p: &Params, cost: u64, app
     };
     let newest = newest_nonzero(c, p, &v);
     if cost == 0 {
-        return Decision::allow(p.limit, p.limit.saturating_sub(v.total), reset(v.total, newest));
+        return Decision::allow(
+            p.limit,
+            p.limit.saturating_sub(v.total),
+            reset(v.total, newest),
+        );
     }
     let fits = v.total + cost <= p.limit;
     if fits || (p.count_denied && cost <= p.limit) {
-        let ends = (v.cur + p.buckets).saturating_mul(p.sub).saturating_sub(now);
+        let ends = (v.cur + p.buckets)
+            .saturating_mul(p.sub)
+            .saturating_sub(now);
         let mut d = if fits {
             Decision::allow(p.limit, p.limit - v.total - cost, ends)
         } else {
@@ -179,7 +221,14 @@ pub fn decide<C: Cells + ?Sized>(c: &mut C, now: u64, p: &Params, cost: u64, app
     denied(c, now, p, &v, cost, reset(v.total, newest))
 }
 
-fn denied<C: Cells + ?Sized>(c: &C, now: u64, p: &Params, v: &View, cost: u64, reset: u64) -> Decision {
+fn denied<C: Cells + ?Sized>(
+    c: &C,
+    now: u64,
+    p: &Params,
+    v: &View,
+    cost: u64,
+    reset: u64,
+) -> Decision {
     let retry = if cost > p.limit {
         None
     } else {
@@ -196,11 +245,21 @@ fn denied<C: Cells + ?Sized>(c: &C, now: u64, p: &Params, v: &View, cost: u64, r
                 freed += get_counter(c, p, j % p.buckets);
             }
             if v.total - freed.min(v.total) + cost <= p.limit {
-                at = Some((j + p.buckets).saturating_mul(p.sub).saturating_sub(now).max(1));
+                at = Some(
+                    (j + p.buckets)
+                        .saturating_mul(p.sub)
+                        .saturating_sub(now)
+                        .max(1),
+                );
                 break;
             }
         }
-        Some(at.unwrap_or_else(|| (v.cur + p.buckets).saturating_mul(p.sub).saturating_sub(now).max(1)))
+        Some(at.unwrap_or_else(|| {
+            (v.cur + p.buckets)
+                .saturating_mul(p.sub)
+                .saturating_sub(now)
+                .max(1)
+        }))
     };
     Decision::deny(p.limit, p.limit.saturating_sub(v.total), reset, retry)
 }

@@ -1,0 +1,685 @@
+//! One shard's table: buckets of eight 16-byte slots, two choices of home bucket per key with
+//! linear probing from both, a header word per bucket that serializes *insertions* (never
+//! lookups), and reclaim in place.
+//!
+//! # Placement
+//!
+//! A key's probe sequence visits buckets h1, h2, h1 + 1, h2 + 1, ... ([`RANGE`] from each, 64
+//! slots). A new key goes into the emptier of h1 and h2 ("two choices"), or the first empty
+//! slot further on. Measured at 0.87 load (1M keys, `tests/store_fill.rs`): every key placed;
+//! with first-fit linear probing alone 0.6 % of keys found no slot within 64. A hit reads
+//! bucket h1 (two cache lines), then h2.
+//!
+//! # Slot (16 bytes, one `AtomicU128`, updated by 16-byte CAS)
+//!
+//! ```text
+//!  127 126 125                                64 63                         0
+//! +---+---+------------------------------------+----------------------------+
+//! | L | P |  63-bit algorithm state / payload   |  key id (64 bits)          |
+//! +---+---+------------------------------------+----------------------------+
+//! all zero           : empty
+//! L = 1              : live; the rest is the packed state, or the arena index of the record
+//! L = 0, P = 1       : pending insertion: | version (32) | arena index (30) |
+//! ```
+//!
+//! # Bucket header (8 bytes per 8 slots)
+//!
+//! ```text
+//! | version (54) | slot offset in the probe sequence (9) | pending (1) |
+//! ```
+//!
+//! # Protocol
+//!
+//! *Lookup* scans the probe sequence for a live slot
+//! with the key and CASes its 16 bytes from (key, old state) to (key, new state): the key is
+//! part of the compare, so a slot reclaimed and reused by another key in between makes the CAS
+//! fail and the lookup retry. Lookups never touch the header.
+//!
+//! *Insertion* of key K (not found live) goes through the header of K's home bucket:
+//! 1. read the header `h` (if pending, help it finish and retry); scan the range again for K;
+//! 2. claim an empty slot: CAS 0 → (K, pending(version(h) + 1));
+//! 3. commit: CAS the header `h` → (version + 1, offset, pending). On failure another insertion
+//!    into this home committed since step 1 (perhaps of K): undo the claim, retry;
+//! 4. publish: CAS the slot pending → (K, live state), then clear the header's pending bit.
+//!    Anyone who finds the header pending does step 4 for the owner (with a fresh state, or
+//!    the owner's prepared arena record), so a stalled inserter blocks nobody.
+//!
+//! Why K can never be live twice: every commit of a key whose home is H changes H's header
+//! version, and a commit succeeds only if the version is the one read *before* the scan that
+//! found no K. A commit that happened after that read fails the CAS; one before it was
+//! published before the header stopped being pending, so the scan saw K. Loom checks this.
+//!
+//! *Reclaim*: a probe that finds no empty slot CASes a live slot whose state is equivalent to
+//! absent (window passed, bucket full again, log empty — for at least `RECLAIM_GRACE_NS`) back
+//! to zero. No sweeper thread. When none is idle, the store's [`FullPolicy`] decides.
+
+use super::arena::Arena;
+use super::FullPolicy;
+use crate::algo::{Cells, Limits};
+use crate::decision::Outcome;
+use crate::record::{self, AtomicCells};
+use crate::sync::{AtomicU128, AtomicU64, Ordering};
+use crossbeam_utils::CachePadded;
+
+/// Slots per bucket.
+pub const BUCKET: usize = 8;
+/// Buckets in each of a key's two ranges (two independent home buckets, "two choices").
+pub const RANGE: usize = 4;
+
+/// Where a key may live: two ranges of [`RANGE`] buckets; insertions commit through `h1`'s
+/// header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Loc {
+    pub(crate) h1: usize,
+    pub(crate) h2: usize,
+}
+/// Records idle for less than this are not reclaimed: clock readings of concurrent threads
+/// differ by a little, and a record idle at one thread's `now` may still hold state at
+/// another's. 1 ms is far above that skew.
+pub const RECLAIM_GRACE_NS: u64 = 1_000_000;
+
+const LIVE: u64 = 1 << 63;
+const PENDING: u64 = 1 << 62;
+const ARENA_BITS: u32 = 30;
+const ARENA_MASK: u64 = (1 << ARENA_BITS) - 1;
+const VER_MASK: u64 = 0xffff_ffff;
+const HDR_OFF_SHIFT: u32 = 1;
+const HDR_OFF_BITS: u32 = 9;
+const HDR_VER_SHIFT: u32 = HDR_OFF_SHIFT + HDR_OFF_BITS;
+
+/// Eight slots, 128 bytes, aligned to two cache lines.
+#[repr(C, align(128))]
+pub(crate) struct Bucket {
+    slots: [AtomicU128; BUCKET],
+}
+
+#[inline]
+fn join(key: u64, state: u64) -> u128 {
+    (state as u128) << 64 | key as u128
+}
+#[inline]
+fn key_of(v: u128) -> u64 {
+    v as u64
+}
+#[inline]
+fn state_of(v: u128) -> u64 {
+    (v >> 64) as u64
+}
+
+/// Counters of what the store did, per shard (Relaxed: statistics only).
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) live: AtomicU64,
+    pub(crate) inserted: AtomicU64,
+    pub(crate) reclaimed: AtomicU64,
+    pub(crate) evicted: AtomicU64,
+    pub(crate) rejected: AtomicU64,
+    pub(crate) untracked: AtomicU64,
+}
+
+/// How a shard operation ended.
+enum Step<T> {
+    Done(T),
+    Retry,
+}
+
+/// One shard.
+pub(crate) struct Shard {
+    buckets: Box<[Bucket]>,
+    headers: Box<[AtomicU64]>,
+    arena: Option<Arena>,
+    pub(crate) counters: CachePadded<Counters>,
+}
+
+/// Allocates `n` zeroed `AtomicU64` without touching the pages (first touch by the user).
+pub(crate) fn zeroed_u64(n: usize) -> Box<[AtomicU64]> {
+    #[cfg(not(loom))]
+    {
+        if n == 0 {
+            return Box::new([]);
+        }
+        let layout = std::alloc::Layout::array::<AtomicU64>(n).expect("size fits");
+        // SAFETY: the layout has non-zero size; the all-zero bit pattern is a valid AtomicU64
+        // (0); the pointer is checked for null; the Box takes ownership with the same layout
+        // (Layout::array of the element type) that Box<[AtomicU64]> deallocates with.
+        unsafe {
+            let p = std::alloc::alloc_zeroed(layout) as *mut AtomicU64;
+            if p.is_null() {
+                std::alloc::handle_alloc_error(layout);
+            }
+            Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, n))
+        }
+    }
+    #[cfg(loom)]
+    {
+        (0..n).map(|_| AtomicU64::new(0)).collect()
+    }
+}
+
+fn zeroed_buckets(n: usize) -> Box<[Bucket]> {
+    #[cfg(not(loom))]
+    {
+        let layout = std::alloc::Layout::array::<Bucket>(n).expect("size fits");
+        assert!(layout.size() > 0, "a shard has at least one bucket");
+        // SAFETY: non-zero size (asserted); a Bucket is 8 AtomicU128 (portable-atomic's is a
+        // plain u128 in an UnsafeCell), for which all-zero bits are valid (0); null is checked;
+        // Box<[Bucket]> frees with the same Layout::array::<Bucket>(n).
+        unsafe {
+            let p = std::alloc::alloc_zeroed(layout) as *mut Bucket;
+            if p.is_null() {
+                std::alloc::handle_alloc_error(layout);
+            }
+            Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, n))
+        }
+    }
+    #[cfg(loom)]
+    {
+        (0..n)
+            .map(|_| Bucket {
+                slots: std::array::from_fn(|_| AtomicU128::new(0)),
+            })
+            .collect()
+    }
+}
+
+/// What a shard operation needs to know about the store.
+pub(crate) struct Ctx<'a> {
+    pub(crate) limits: &'a Limits,
+    pub(crate) policy: FullPolicy,
+}
+
+impl Shard {
+    pub(crate) fn new(buckets: usize, arena_records: Option<(u32, usize)>) -> Self {
+        Self {
+            buckets: zeroed_buckets(buckets.max(1)),
+            headers: zeroed_u64(buckets.max(1)),
+            arena: arena_records.map(|(n, w)| Arena::new(n, w)),
+            counters: CachePadded::new(Counters::default()),
+        }
+    }
+
+    pub(crate) fn n_buckets(&self) -> usize {
+        self.buckets.len()
+    }
+
+    pub(crate) fn bytes(&self) -> usize {
+        std::mem::size_of_val(&*self.buckets)
+            + self.headers.len() * 8
+            + self.arena.as_ref().map_or(0, |a| a.bytes())
+            + std::mem::size_of::<Self>()
+    }
+
+    /// Writes every page of this shard so that it is resident in the caller's NUMA node (the
+    /// first-touch policy): call it from the thread pinned to the core that owns the shard.
+    pub(crate) fn prefault(&self) {
+        for b in self.buckets.iter() {
+            // Relaxed: an unconditional-failure CAS touches the line without changing it.
+            let _ = b.slots[0].compare_exchange(
+                u128::MAX,
+                u128::MAX,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+        }
+    }
+
+    #[inline]
+    fn probe_len(&self) -> usize {
+        2 * RANGE * BUCKET
+    }
+
+    /// Slot `off` of a key's probe sequence: buckets h1, h2, h1 + 1, h2 + 1, ... alternately.
+    #[inline]
+    fn slot(&self, home: Loc, off: usize) -> &AtomicU128 {
+        let k = off / BUCKET;
+        let start = if k % 2 == 0 { home.h1 } else { home.h2 };
+        let mut b = start + k / 2;
+        if b >= self.buckets.len() {
+            b %= self.buckets.len();
+        }
+        &self.buckets[b].slots[off % BUCKET]
+    }
+
+    /// Hints the CPU to fetch the home bucket (batched checks).
+    #[inline]
+    pub(crate) fn prefetch(&self, home: Loc) {
+        #[cfg(all(target_arch = "x86_64", not(loom)))]
+        {
+            let p = &self.buckets[home.h1] as *const Bucket as *const i8;
+            // SAFETY: prefetch is a hint that never faults; `p` points into a live allocation.
+            unsafe {
+                core::arch::x86_64::_mm_prefetch(p, core::arch::x86_64::_MM_HINT_T0);
+                core::arch::x86_64::_mm_prefetch(p.add(64), core::arch::x86_64::_MM_HINT_T0);
+            }
+        }
+        #[cfg(not(all(target_arch = "x86_64", not(loom))))]
+        let _ = home;
+    }
+
+    /// The live slot holding `key`, with the value read.
+    #[inline]
+    fn find(&self, home: Loc, key: u64) -> Option<(usize, u128)> {
+        for off in 0..self.probe_len() {
+            // Acquire: the state read here is the base of a CAS, or the arena index of a record
+            // whose words were published before the slot went live.
+            let v = self.slot(home, off).load(Ordering::Acquire);
+            if key_of(v) == key && state_of(v) & LIVE != 0 {
+                return Some((off, v));
+            }
+        }
+        None
+    }
+
+    /// Runs `op` on `key`'s live record (inserting a fresh one first if `insert`).
+    /// `packed(state) -> (new_state, R)` is used for one packed limit, `words(cells) -> R` for
+    /// arena records. `absent()` answers for a missing key when not inserting.
+    #[inline]
+    pub(crate) fn with_key<R>(
+        &self,
+        ctx: &Ctx<'_>,
+        key: u64,
+        home: Loc,
+        now: u64,
+        insert: bool,
+        packed: &mut dyn FnMut(u64) -> (u64, R),
+        words: &mut dyn FnMut(&mut AtomicCells<'_>) -> R,
+        absent: &mut dyn FnMut() -> R,
+        full: &mut dyn FnMut(Outcome) -> R,
+    ) -> R {
+        loop {
+            if let Some((off, v)) = self.find(home, key) {
+                let s = self.slot(home, off);
+                match self.apply(s, v, key, packed, words) {
+                    Step::Done(r) => return r,
+                    Step::Retry => continue,
+                }
+            }
+            if !insert {
+                return absent();
+            }
+            match self.insert(ctx, key, home, now, packed, words, full) {
+                Step::Done(r) => return r,
+                Step::Retry => continue,
+            }
+        }
+    }
+
+    fn apply<R>(
+        &self,
+        s: &AtomicU128,
+        mut v: u128,
+        key: u64,
+        packed: &mut dyn FnMut(u64) -> (u64, R),
+        words: &mut dyn FnMut(&mut AtomicCells<'_>) -> R,
+    ) -> Step<R> {
+        match &self.arena {
+            None => loop {
+                let st = state_of(v);
+                if key_of(v) != key || st & LIVE == 0 {
+                    return Step::Retry;
+                }
+                let (ns, r) = packed(st & !LIVE);
+                let nv = join(key, ns | LIVE);
+                if nv == v {
+                    return Step::Done(r);
+                }
+                // AcqRel: the 16 bytes are the whole record; Acquire on failure re-reads the
+                // latest state for the next round of the pure transition.
+                match s.compare_exchange(v, nv, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => return Step::Done(r),
+                    Err(x) => v = x,
+                }
+            },
+            Some(arena) => {
+                let idx = (state_of(v) & ARENA_MASK) as u32;
+                let (seq, cells) = arena.record(idx);
+                let s0 = record::lock(seq);
+                // Acquire: re-check under the writer bit that the slot still maps key → idx
+                // (a reclaimer empties it only while holding this same bit).
+                let r = if s.load(Ordering::Acquire) == v {
+                    Step::Done(words(&mut AtomicCells(cells)))
+                } else {
+                    Step::Retry
+                };
+                // Release: publishes the record's words to the next writer.
+                seq.store(s0 + 2, Ordering::Release);
+                r
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn insert<R>(
+        &self,
+        ctx: &Ctx<'_>,
+        key: u64,
+        home: Loc,
+        now: u64,
+        packed: &mut dyn FnMut(u64) -> (u64, R),
+        words: &mut dyn FnMut(&mut AtomicCells<'_>) -> R,
+        full: &mut dyn FnMut(Outcome) -> R,
+    ) -> Step<R> {
+        let hdr = &self.headers[home.h1];
+        // Acquire: pairs with the header CASes of earlier insertions, so the scan below sees
+        // every slot they published.
+        let h = hdr.load(Ordering::Acquire);
+        if h & 1 != 0 {
+            self.help(home, h);
+            return Step::Retry;
+        }
+        // Two choices: the emptier of the two home buckets, else the first empty slot further on.
+        let (mut first_empty, mut free) = (None, [0usize; 2]);
+        let mut choice = [None; 2];
+        for off in 0..self.probe_len() {
+            // Acquire: as in `find`.
+            let v = self.slot(home, off).load(Ordering::Acquire);
+            if key_of(v) == key && state_of(v) & LIVE != 0 {
+                return Step::Retry;
+            }
+            if v == 0 {
+                if off < 2 * BUCKET {
+                    free[off / BUCKET] += 1;
+                    choice[off / BUCKET].get_or_insert(off);
+                }
+                first_empty.get_or_insert(off);
+            }
+        }
+        let empty = if free[0] == 0 && free[1] == 0 {
+            first_empty
+        } else if free[1] > free[0] {
+            choice[1]
+        } else {
+            choice[0]
+        };
+        let Some(off) = empty else {
+            return self.make_room(ctx, home, now, full);
+        };
+        // Prepare the record with this request applied.
+        let (payload, live_state, r) = match &self.arena {
+            None => {
+                let (ns, r) = packed(0);
+                if ns == 0 {
+                    // Nothing to remember (denied without counting, or a peek).
+                    return Step::Done(r);
+                }
+                (0, LIVE | ns, r)
+            }
+            Some(arena) => {
+                let Some(idx) = arena.alloc() else {
+                    return self.make_room(ctx, home, now, full);
+                };
+                let (seq, cells) = arena.record(idx);
+                let r = record::write(seq, cells, |c| {
+                    for i in 0..cells.len() {
+                        c.set(i, 0);
+                    }
+                    words(c)
+                });
+                (idx as u64, LIVE | idx as u64, r)
+            }
+        };
+        let ver = (h >> HDR_VER_SHIFT).wrapping_add(1);
+        let pending = join(key, PENDING | (ver & VER_MASK) << ARENA_BITS | payload);
+        let s = self.slot(home, off);
+        // AcqRel: claims the slot; Acquire on failure because we go back to scanning.
+        if s.compare_exchange(0, pending, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            self.release_arena(payload);
+            return Step::Retry;
+        }
+        let committed = ver << HDR_VER_SHIFT | (off as u64) << HDR_OFF_SHIFT | 1;
+        // AcqRel: the commit point of the insertion (module docs); Release publishes the claim.
+        if hdr
+            .compare_exchange(h, committed, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            // Not committed, so no helper touches our pending slot: the undo cannot fail.
+            // AcqRel: as for the claim.
+            let undone = s.compare_exchange(pending, 0, Ordering::AcqRel, Ordering::Acquire);
+            debug_assert!(undone.is_ok());
+            self.release_arena(payload);
+            return Step::Retry;
+        }
+        // AcqRel: publishes the record (Release) for lookups' Acquire loads.
+        let published = s
+            .compare_exchange(
+                pending,
+                join(key, live_state),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok();
+        let c = &self.counters;
+        if published {
+            // Relaxed: statistics.
+            c.live.fetch_add(1, Ordering::Relaxed);
+        }
+        // Relaxed: statistics.
+        c.inserted.fetch_add(1, Ordering::Relaxed);
+        // AcqRel: ends the pending phase; later inserters acquire the published slot.
+        let _ = hdr.compare_exchange(
+            committed,
+            committed & !1,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+        if published || self.arena.is_some() {
+            // An arena record published by a helper is the one we prepared: `r` stands.
+            Step::Done(r)
+        } else {
+            // A helper published a fresh state: apply the request through the lookup path.
+            Step::Retry
+        }
+    }
+
+    fn release_arena(&self, payload: u64) {
+        if let Some(a) = &self.arena {
+            a.free(payload as u32);
+        }
+    }
+
+    /// Finishes the pending insertion named by header `h` of bucket `home`.
+    fn help(&self, home: Loc, h: u64) {
+        let off = ((h >> HDR_OFF_SHIFT) & ((1 << HDR_OFF_BITS) - 1)) as usize;
+        let ver = (h >> HDR_VER_SHIFT) & VER_MASK;
+        let s = self.slot(home, off);
+        // Acquire: reads the owner's claim, published by its claim CAS.
+        let v = s.load(Ordering::Acquire);
+        let st = state_of(v);
+        if st & (LIVE | PENDING) == PENDING && (st >> ARENA_BITS) & VER_MASK == ver {
+            let live = LIVE | (st & ARENA_MASK);
+            // AcqRel: publishes the slot as the owner would.
+            if s.compare_exchange(
+                v,
+                join(key_of(v), live),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+            {
+                // Relaxed: statistics.
+                self.counters.live.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        // AcqRel: as the owner's clearing.
+        let _ =
+            self.headers[home.h1].compare_exchange(h, h & !1, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// Nanoseconds until the live slot value `v` is idle, taking its record's writer bit for an
+    /// arena record; `None` if the slot changed meanwhile.
+    fn idle_in(
+        &self,
+        ctx: &Ctx<'_>,
+        s: &AtomicU128,
+        v: u128,
+        now: u64,
+        remove: impl Fn(u64) -> bool,
+    ) -> Option<u64> {
+        let st = state_of(v) & !LIVE;
+        match &self.arena {
+            None => {
+                let l = ctx.limits.single_packed().expect("packed store");
+                let idle = l.idle_in(&[st], now);
+                if remove(idle) {
+                    // AcqRel: empties the slot only if unchanged since it was judged.
+                    s.compare_exchange(v, 0, Ordering::AcqRel, Ordering::Acquire)
+                        .ok()?;
+                    self.removed(None);
+                }
+                Some(idle)
+            }
+            Some(arena) => {
+                let idx = st as u32;
+                let (seq, cells) = arena.record(idx);
+                let s0 = record::lock(seq);
+                // Acquire: as in `apply`.
+                let out = if s.load(Ordering::Acquire) != v {
+                    None
+                } else {
+                    let idle = ctx.limits.idle_in(&mut AtomicCells(cells), now);
+                    if remove(idle) {
+                        // AcqRel: under the writer bit, nobody else empties this slot.
+                        let r = s.compare_exchange(v, 0, Ordering::AcqRel, Ordering::Acquire);
+                        debug_assert!(r.is_ok());
+                        // Release: publish the record's state before it is reused.
+                        seq.store(s0 + 2, Ordering::Release);
+                        self.removed(Some(idx));
+                        return Some(idle);
+                    }
+                    Some(idle)
+                };
+                // Release: ends the writer section.
+                seq.store(s0 + 2, Ordering::Release);
+                out
+            }
+        }
+    }
+
+    fn removed(&self, idx: Option<u32>) {
+        // Relaxed: statistics.
+        self.counters.live.fetch_sub(1, Ordering::Relaxed);
+        if let (Some(a), Some(i)) = (&self.arena, idx) {
+            a.free(i);
+        }
+    }
+
+    /// No empty slot (or arena record) for a new key: reclaim an idle one, else apply the
+    /// policy.
+    fn make_room<R>(
+        &self,
+        ctx: &Ctx<'_>,
+        home: Loc,
+        now: u64,
+        full: &mut dyn FnMut(Outcome) -> R,
+    ) -> Step<R> {
+        let judged = now.saturating_sub(RECLAIM_GRACE_NS);
+        let mut stalest: Option<(u64, usize, u128)> = None;
+        for off in 0..self.probe_len() {
+            let s = self.slot(home, off);
+            // Acquire: as in `find`.
+            let v = s.load(Ordering::Acquire);
+            if state_of(v) & LIVE == 0 {
+                if v == 0 {
+                    return Step::Retry;
+                }
+                continue;
+            }
+            match self.idle_in(ctx, s, v, judged, |idle| idle == 0) {
+                Some(0) => {
+                    // Relaxed: statistics.
+                    self.counters.reclaimed.fetch_add(1, Ordering::Relaxed);
+                    return Step::Retry;
+                }
+                Some(idle) if stalest.is_none_or(|(i, _, _)| idle < i) => {
+                    stalest = Some((idle, off, v))
+                }
+                _ => {}
+            }
+        }
+        // An arena-backed store can have empty slots but no free record: records idle in
+        // other probe ranges are only reclaimed from their own. The policy decides here too.
+        let c = &self.counters;
+        match ctx.policy {
+            FullPolicy::Reject => {
+                // Relaxed: statistics.
+                c.rejected.fetch_add(1, Ordering::Relaxed);
+                Step::Done(full(Outcome::StoreFull))
+            }
+            FullPolicy::AllowUntracked => {
+                // Relaxed: statistics.
+                c.untracked.fetch_add(1, Ordering::Relaxed);
+                Step::Done(full(Outcome::Untracked))
+            }
+            FullPolicy::EvictStalest => {
+                if let Some((_, off, v)) = stalest {
+                    if self
+                        .idle_in(ctx, self.slot(home, off), v, judged, |_| true)
+                        .is_some()
+                    {
+                        // Relaxed: statistics.
+                        c.evicted.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Step::Retry
+                } else if let Some(a) = &self.arena {
+                    // The range holds no live record at all, yet the arena is exhausted: evict
+                    // nothing we cannot see; refuse this one.
+                    let _ = a;
+                    // Relaxed: statistics.
+                    c.rejected.fetch_add(1, Ordering::Relaxed);
+                    Step::Done(full(Outcome::StoreFull))
+                } else {
+                    Step::Retry
+                }
+            }
+        }
+    }
+
+    /// Removes `key`'s record (reset to fresh). Returns whether it was present.
+    pub(crate) fn remove(&self, ctx: &Ctx<'_>, key: u64, home: Loc) -> bool {
+        while let Some((off, v)) = self.find(home, key) {
+            if self
+                .idle_in(ctx, self.slot(home, off), v, 0, |_| true)
+                .is_some()
+            {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Visits every live record's idle time (for tests and reports). Not linearizable.
+    pub(crate) fn for_each_live(&self, mut f: impl FnMut(u64)) {
+        for b in self.buckets.iter() {
+            for s in &b.slots {
+                // Acquire: as in `find`.
+                let v = s.load(Ordering::Acquire);
+                if state_of(v) & LIVE != 0 {
+                    f(key_of(v));
+                }
+            }
+        }
+    }
+
+    /// Decision to give for a missing key when not inserting, over a scratch record.
+    pub(crate) fn fresh<R>(words: usize, f: &mut dyn FnMut(&mut dyn Cells) -> R) -> R {
+        if words <= 64 {
+            let mut w = [0u64; 64];
+            f(&mut SliceCells(&mut w[..words]))
+        } else {
+            let mut w = vec![0u64; words];
+            f(&mut SliceCells(&mut w))
+        }
+    }
+}
+
+struct SliceCells<'a>(&'a mut [u64]);
+impl Cells for SliceCells<'_> {
+    fn get(&self, i: usize) -> u64 {
+        self.0[i]
+    }
+    fn set(&mut self, i: usize, v: u64) {
+        self.0[i] = v
+    }
+}
