@@ -1,0 +1,8 @@
+//! `turnstile accuracy` (not yet implemented).
+
+use super::args::Args;
+
+/// Runs the subcommand.
+pub fn run(_args: Args) -> Result<(), String> {
+    Err("`accuracy` is not implemented yet".into())
+}
