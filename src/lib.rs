@@ -27,6 +27,7 @@ mod decision;
 pub mod keyed;
 mod limiter;
 pub(crate) mod record;
+pub mod rules;
 pub(crate) mod sync;
 
 pub use algo::{Algorithm, Limit, LimitSpec, Limits};
