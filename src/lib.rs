@@ -30,6 +30,11 @@ pub(crate) mod record;
 pub mod rules;
 pub(crate) mod sync;
 
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 pub use algo::{Algorithm, Limit, LimitSpec, Limits};
 pub use clock::{Clock, CoarseClock, ManualClock, MonotonicClock, Nanos};
 pub use decision::{ConfigError, Decision, Outcome};
