@@ -81,7 +81,8 @@ pub fn acquire<C: Cells + ?Sized>(
     if cost == 0 {
         return (Decision::allow(p.limit, p.limit - active, latest), None);
     }
-    if active + cost > p.limit {
+    // Saturating: a huge cost must be refused, not wrap around into an admission.
+    if active.saturating_add(cost) > p.limit {
         let retry = if cost > p.limit {
             None
         } else {

@@ -16,9 +16,12 @@
 //!   With `count_denied`, denied costs are added too and the counter saturates at 2^24 − 1.
 //! * The index is kept mod 2^39 (17 years of 1 ms windows). An index "behind" the stored one
 //!   by less than 2^38 means the caller's time went backwards: the stored window is used, so
-//!   an earlier `now` never finds a fresh window. A record idle for an exact multiple of 2^39
-//!   windows would alias to its old count: a spurious denial, never an over-admission.
-//! * State 0 is the fresh record.
+//!   an earlier `now` never finds a fresh window. A record idle for 2^38 windows or more
+//!   (8.7 years of 1 ms windows) can look the same and then keeps its count until the index
+//!   comes round again (at most 2^38 windows more; an idle time of an exact multiple of 2^39
+//!   windows aliases outright): spurious denials, never an over-admission.
+//! * State 0 is the fresh record. A count of 0 is fresh at any index: an empty record is never
+//!   held in an old window.
 
 use crate::decision::{ConfigError, Decision};
 
@@ -90,8 +93,9 @@ fn current(s: u64, now: u64, p: &Params) -> (u64, u64, u64) {
     };
     if d == 0 {
         (cur, count, end_of(0))
-    } else if d >= BEHIND {
-        // Time went backwards: stay in the stored (later) window.
+    } else if d >= BEHIND && count > 0 {
+        // Time went backwards: stay in the stored (later) window. (An empty record has
+        // nothing to keep: it is fresh whatever its index, e.g. state 0 at any time.)
         (idx, count, end_of((1 << INDEX_BITS) - d))
     } else {
         (cur, 0, end_of(0))

@@ -119,7 +119,8 @@ pub fn decide(tat: u64, now: u64, p: &Params, cost: u64) -> (u64, Decision) {
     let retry = if cost > cap {
         None
     } else {
-        Some(after - p.tau)
+        // after ≤ τ here only if the TAT saturated (`now` near 2^63 ns): still a retry ≥ 1.
+        Some(after.saturating_sub(p.tau).max(1))
     };
     (tat, Decision::deny(cap, rem(backlog), backlog, retry))
 }

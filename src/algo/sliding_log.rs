@@ -170,6 +170,9 @@ pub fn decide<C: Cells + ?Sized>(
             d.reset_after_ns = v2.newest_expiry(c, p, now);
             if !fits {
                 d.remaining = p.limit - v2.live(c, p, now);
+                // The denial is logged too: the retry waits for the log as it is now.
+                let k2 = v2.count + cost - p.limit;
+                d.retry_after_ns = Some(v2.expiry(c, p, v2.pos(p, k2 - 1)) - now);
             }
         } else {
             d.reset_after_ns = p.window;
@@ -214,7 +217,9 @@ fn record<C: Cells + ?Sized>(c: &mut C, p: &Params, v: &View, now: u64, cost: u6
     c.set(1, (count << 32) | head);
 }
 
-/// Gives back the `n` newest admissions.
+/// Gives back the `n` newest admissions. (With `count_denied` the ring holds the newest L
+/// requests, denied ones included: the newest may be denials, and what they displaced from the
+/// ring does not come back.)
 pub fn refund<C: Cells + ?Sized>(c: &mut C, p: &Params, n: u64) {
     let v = view(c);
     let n = n.min(v.count);

@@ -16,10 +16,12 @@
 //!
 //! * Counts ≤ [`MAX_LIMIT`] = 2^20 − 1 (larger limits are refused; with `count_denied` the
 //!   counters saturate there).
-//! * The index is mod 2^23. A stored index ahead of `now`'s (time went backwards) is treated
-//!   as the current window at elapsed 0, the most conservative weighting. A record idle for an
-//!   exact multiple of 2^23 windows aliases to its old counts: spurious denials, never
-//!   over-admission.
+//! * The index is mod 2^23. A stored index ahead of `now`'s by less than 2^22 (time went
+//!   backwards) is treated as the current window at elapsed 0, the most conservative
+//!   weighting. A record idle for 2^22 windows or more (70 minutes of 1 ms windows, 48 days of
+//!   1 s ones) can look the same and then keeps its counts until `now`'s index comes round
+//!   again, at most 2^22 windows later (an exact multiple of 2^23 aliases outright): spurious
+//!   denials, never over-admission. Counts of 0 are fresh at any index (state 0 included).
 
 use crate::decision::{ConfigError, Decision};
 
@@ -94,7 +96,8 @@ fn view(s: u64, now: u64, p: &Params) -> (u64, u64, u64, u64) {
         (idx, prev, cur, elapsed)
     } else if d == 1 {
         (cur_idx, cur, 0, elapsed)
-    } else if d >= BEHIND {
+    } else if d >= BEHIND && (prev | cur) != 0 {
+        // Time went backwards. (Empty counts are fresh whatever the index, e.g. state 0.)
         (idx, prev, cur, 0)
     } else {
         (cur_idx, 0, 0, elapsed)
@@ -151,9 +154,10 @@ pub fn decide(s: u64, now: u64, p: &Params, cost: u64) -> (u64, Decision) {
     };
     let retry = if cost > p.limit {
         None
-    } else if cur + cost <= p.limit {
-        // Fits later in this window, once enough of `prev` has slid out.
-        let x = first_elapsed_fitting(prev, w, p.limit - cur - cost);
+    } else if cur2 + cost <= p.limit {
+        // Fits later in this window, once enough of `prev` has slid out. (`cur2`: a counted
+        // denial is part of what the retry must wait out.)
+        let x = first_elapsed_fitting(prev, w, p.limit - cur2 - cost);
         Some(x.saturating_sub(e).max(1))
     } else {
         // Next window: previous becomes `cur2`, current 0.

@@ -24,8 +24,9 @@
 //! ```
 //!
 //! 2^63 ns is 292 years. TAT saturates at 2^63 − 1 (a request that would push it further is
-//! denied). State 0 (TAT in the past) is a full bucket. An earlier `now` only makes
-//! TAT − now larger: time going backwards admits less, never more.
+//! denied; so is every request once `now` itself is past it, without a panic). State 0 (TAT in
+//! the past) is a full bucket. An earlier `now` only makes TAT − now larger: time going
+//! backwards admits less, never more.
 
 use crate::decision::{ConfigError, Decision};
 
@@ -99,7 +100,8 @@ pub(crate) fn advance(tat: u64, now: u64, interval: u64, cost: u64) -> (u64, u64
     let new = base
         .saturating_add(cost.saturating_mul(interval))
         .min(MAX_TAT);
-    (new, new - now)
+    // Saturating: a `now` past MAX_TAT (292 years) leaves no room; the caller then denies.
+    (new, new.saturating_sub(now))
 }
 
 /// The transition. Cost 0 peeks.
@@ -120,7 +122,8 @@ pub fn decide(tat: u64, now: u64, p: &Params, cost: u64) -> (u64, Decision) {
     let retry = if cost > p.capacity {
         None
     } else {
-        Some(after - p.tau)
+        // after ≤ τ here only if the TAT saturated (`now` near 2^63 ns): still a retry ≥ 1.
+        Some(after.saturating_sub(p.tau).max(1))
     };
     let rem = p.tau.saturating_sub(backlog) / p.interval;
     (tat, Decision::deny(p.capacity, rem, backlog, retry))

@@ -17,8 +17,11 @@
 //! 500/h in 60 buckets: w = 9, 7 counters a word, 9 words + header = 80 bytes (the notes
 //! estimate 1.6 KB). The running total makes a check O(1) (plus the sub-windows that slid out
 //! since the last check). Limits ≤ [`MAX_LIMIT`] = 65 535, N ≤ [`MAX_BUCKETS`] = 1024, and the
-//! window must split into N whole nanoseconds. A stored index ahead of `now`'s (time went
-//! backwards) keeps the stored sub-window current: conservative.
+//! window must split into N whole nanoseconds. A stored index ahead of `now`'s by less than
+//! 2^37 (time went backwards) keeps the stored sub-window current: conservative. A ring idle
+//! for 2^37 sub-windows or more can look the same and then keeps its counts until the index
+//! comes round again: spurious denials, never over-admission. An empty ring (total 0) is
+//! fresh at any index.
 
 use super::Cells;
 use crate::decision::{ConfigError, Decision};
@@ -127,10 +130,12 @@ fn view<C: Cells + ?Sized>(c: &C, now: u64, p: &Params) -> View {
     let (idx, total) = (h >> TOTAL_BITS, h & TOTAL_MASK);
     let b = now / p.sub;
     let d = (b & INDEX_MASK).wrapping_sub(idx) & INDEX_MASK;
-    if d == 0 || total == 0 && d < BEHIND {
+    // An empty ring is fresh whatever its stored index (e.g. state 0 at any time); its
+    // counters are all 0, so nothing needs sliding when the index is behind.
+    if d == 0 || total == 0 {
         return View {
             cur: b,
-            slid: d.min(p.buckets),
+            slid: if d < BEHIND { d.min(p.buckets) } else { 0 },
             total,
         };
     }
@@ -194,7 +199,8 @@ pub fn decide<C: Cells + ?Sized>(
             reset(v.total, newest),
         );
     }
-    let fits = v.total + cost <= p.limit;
+    // Saturating: a huge cost must be refused, not wrap around into an admission.
+    let fits = v.total.saturating_add(cost) <= p.limit;
     if fits || (p.count_denied && cost <= p.limit) {
         let ends = (v.cur + p.buckets)
             .saturating_mul(p.sub)
@@ -214,6 +220,8 @@ pub fn decide<C: Cells + ?Sized>(
             c.set(0, ((v.cur & INDEX_MASK) << TOTAL_BITS) | total);
             if !fits {
                 d.remaining = p.limit.saturating_sub(total);
+                // The denial is counted too: the retry waits for the ring as it is now.
+                d.retry_after_ns = denied(c, now, p, &view(c, now, p), cost, 0).retry_after_ns;
             }
         }
         return d;
