@@ -40,7 +40,11 @@ impl Args {
     {
         let long = format!("--{name}");
         let eq = format!("--{name}=");
-        let Some(i) = self.words.iter().position(|w| *w == long || w.starts_with(&eq)) else {
+        let Some(i) = self
+            .words
+            .iter()
+            .position(|w| *w == long || w.starts_with(&eq))
+        else {
             return Ok(None);
         };
         let w = self.words.remove(i);
@@ -51,7 +55,9 @@ impl Args {
         } else {
             return Err(format!("option --{name} needs a value"));
         };
-        v.parse::<T>().map(Some).map_err(|e| format!("option --{name}: cannot use `{v}`: {e}"))
+        v.parse::<T>()
+            .map(Some)
+            .map_err(|e| format!("option --{name}: cannot use `{v}`: {e}"))
     }
 
     /// Consumes the next positional word.
@@ -79,11 +85,17 @@ pub fn parse_count(s: &str) -> Result<u64, String> {
         _ => (&t[..], 1),
     };
     if let Ok(v) = num.parse::<u64>() {
-        return v.checked_mul(mul).ok_or_else(|| format!("`{s}` is too large"));
+        return v
+            .checked_mul(mul)
+            .ok_or_else(|| format!("`{s}` is too large"));
     }
     match num.parse::<f64>() {
-        Ok(f) if f.is_finite() && f >= 0.0 && f * (mul as f64) < 1.8e19 => Ok((f * mul as f64) as u64),
-        _ => Err(format!("`{s}` is not a count (examples: 1000000, 1M, 10k, 1e6)")),
+        Ok(f) if f.is_finite() && f >= 0.0 && f * (mul as f64) < 1.8e19 => {
+            Ok((f * mul as f64) as u64)
+        }
+        _ => Err(format!(
+            "`{s}` is not a count (examples: 1000000, 1M, 10k, 1e6)"
+        )),
     }
 }
 
@@ -91,6 +103,8 @@ pub fn parse_count(s: &str) -> Result<u64, String> {
 pub fn opt_count(a: &mut Args, name: &str) -> Result<Option<u64>, String> {
     match a.opt::<String>(name)? {
         None => Ok(None),
-        Some(v) => parse_count(&v).map(Some).map_err(|e| format!("option --{name}: {e}")),
+        Some(v) => parse_count(&v)
+            .map(Some)
+            .map_err(|e| format!("option --{name}: {e}")),
     }
 }

@@ -1,8 +1,853 @@
-//! `turnstile bench` (not yet implemented).
+//! `turnstile bench`: checks per second and sampled latency of the embedded engine, side by
+//! side with governor 0.10 in the same run, on the same quota and the same pre-generated keys.
+//!
+//! The default suite (about 30 s on 2 cores): the keyless limiter against governor's direct
+//! limiter, then a keyed store of 1M u64 keys against governor's keyed (DashMap) limiter under
+//! uniform, Zipf (s = 1) and one-hot-key traffic, on 1 and 2 pinned threads, with turnstile's
+//! `check_batch` as a third contender; then the hot-key exactness checks. Other modes:
+//! `--clocks` (cost of each clock, alone and inside a check), `--plot FILE` (checks/s against
+//! key count and threads, as an SVG) and `--callgrind` (a fixed workload to count instructions
+//! per check under valgrind). Results and their caveats: `docs/performance.md`.
 
-use super::args::Args;
+mod clocks;
+mod keys;
+mod limits;
+mod plot;
+mod run;
 
-/// Runs the subcommand.
-pub fn run(_args: Args) -> Result<(), String> {
-    Err("`bench` is not implemented yet".into())
+use super::args::{opt_count, Args};
+use governor::RateLimiter;
+use keys::Distribution;
+pub(crate) use limits::{governor_quota, store_capacity, throughput_limit};
+use run::{Checker, Measured, Mode, Timer};
+use serde::Serialize;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use turnstile::keyed::Store;
+use turnstile::{Algorithm, Clock, Limit, Limiter, Limits, ManualClock};
+
+const HELP: &str = "\
+usage: turnstile bench [options]
+
+Checks/s and latency of turnstile and governor 0.10, side by side, on the same quota and keys.
+Progress goes to stderr; the table (or --json) to stdout.
+
+options:
+  --algorithm NAME      turnstile's algorithm: token_bucket (default), fixed_window,
+                        sliding_window, leaky_bucket, sliding_log, window_ring
+                        (governor always runs its GCRA, on the token bucket's numbers)
+  --keys N              keys in the keyed workloads (default 1M; accepts 10k, 1M, 1e6)
+  --distribution LIST   comma-separated: unkeyed, uniform, zipf, zipf:S, hot
+                        (default unkeyed,uniform,zipf,hot)
+  --threads LIST        worker threads, comma-separated (default 1,2); pinned to cores
+  --seconds S           measured seconds per run (default 1; plus a tenth as warm-up)
+  --batch N             check_batch size for turnstile's batch runs (default 32; 0: none)
+  --engine NAME         turnstile, governor or both (default both)
+  --repeat N            run every configuration N times, interleaved; report medians
+  --json                one JSON document on stdout instead of the table
+  --clocks              cost of each clock, raw and inside a keyed check, and exit
+  --plot FILE           sweep keys (1k..10M) and threads, write an SVG plot to FILE
+  --callgrind           a fixed, untimed workload for `valgrind --tool=callgrind`
+                        (see docs/performance.md); --checks N sets its length (default 1M)";
+
+/// Which engines run.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Engines {
+    Both,
+    Turnstile,
+    Governor,
+}
+
+/// A keyless run, or a keyed one under a distribution.
+#[derive(Clone, Copy, PartialEq)]
+enum Workload {
+    Unkeyed,
+    Keyed(Distribution),
+}
+
+/// Parsed options.
+pub(crate) struct Options {
+    algorithm: Algorithm,
+    keys: u64,
+    workloads: Vec<Workload>,
+    threads: Vec<usize>,
+    seconds: f64,
+    batch: usize,
+    engines: Engines,
+    repeat: usize,
+    json: bool,
+    checks: u64,
+}
+
+fn list<T>(s: &str, name: &str, f: impl Fn(&str) -> Result<T, String>) -> Result<Vec<T>, String> {
+    let v: Result<Vec<T>, String> = s.split(',').map(|w| f(w.trim())).collect();
+    match v {
+        Ok(v) if !v.is_empty() => Ok(v),
+        Ok(_) => Err(format!("option --{name}: give at least one value")),
+        Err(e) => Err(format!("option --{name}: {e}")),
+    }
+}
+
+impl Options {
+    fn parse(a: &mut Args) -> Result<Self, String> {
+        let algorithm = match a.opt::<Algorithm>("algorithm")? {
+            None => Algorithm::TokenBucket,
+            Some(x) => x,
+        };
+        throughput_limit(algorithm).map_err(|e| format!("option --algorithm: {e}"))?;
+        let keys = opt_count(a, "keys")?.unwrap_or(1_000_000);
+        if keys == 0 || keys > 1_000_000_000 {
+            return Err(format!(
+                "option --keys: {keys} keys; give 1 to 1e9 (e.g. 1M)"
+            ));
+        }
+        let workloads = match a.opt::<String>("distribution")? {
+            None => vec![
+                Workload::Unkeyed,
+                Workload::Keyed(Distribution::Uniform),
+                Workload::Keyed(Distribution::Zipf(1.0)),
+                Workload::Keyed(Distribution::Hot),
+            ],
+            Some(s) => list(&s, "distribution", |w| match w {
+                "unkeyed" | "none" => Ok(Workload::Unkeyed),
+                _ => w.parse().map(Workload::Keyed),
+            })?,
+        };
+        let threads = match a.opt::<String>("threads")? {
+            None => vec![1, 2],
+            Some(s) => list(&s, "threads", |w| match w.parse::<usize>() {
+                Ok(t) if (1..=256).contains(&t) => Ok(t),
+                _ => Err(format!("`{w}` is not a thread count from 1 to 256")),
+            })?,
+        };
+        let seconds = a.opt::<f64>("seconds")?.unwrap_or(1.0);
+        if !(seconds.is_finite() && seconds > 0.0 && seconds <= 3600.0) {
+            return Err(format!(
+                "option --seconds: {seconds} is not a duration from 0 to 3600 seconds (e.g. 0.5)"
+            ));
+        }
+        let batch = opt_count(a, "batch")?.unwrap_or(32) as usize;
+        if batch > run::CHUNK {
+            return Err(format!(
+                "option --batch: {batch} is larger than {}; give 0 (no batch runs) to {}",
+                run::CHUNK,
+                run::CHUNK
+            ));
+        }
+        let engines = match a.opt::<String>("engine")?.as_deref() {
+            None | Some("both") => Engines::Both,
+            Some("turnstile") => Engines::Turnstile,
+            Some("governor") => Engines::Governor,
+            Some(o) => {
+                return Err(format!(
+                    "option --engine: unknown engine `{o}`; expected turnstile, governor or both"
+                ))
+            }
+        };
+        let repeat = opt_count(a, "repeat")?.unwrap_or(1);
+        if !(1..=100).contains(&repeat) {
+            return Err(format!("option --repeat: {repeat}; give 1 to 100"));
+        }
+        let checks = opt_count(a, "checks")?.unwrap_or(1 << 20);
+        if checks == 0 || checks > 1 << 32 {
+            return Err(format!("option --checks: {checks}; give 1 to 2^32"));
+        }
+        Ok(Self {
+            algorithm,
+            keys,
+            workloads,
+            threads,
+            seconds,
+            batch,
+            engines,
+            repeat: repeat as usize,
+            json: a.flag("json"),
+            checks,
+        })
+    }
+
+    fn warmup(&self) -> Duration {
+        Duration::from_secs_f64(self.seconds / 10.0)
+    }
+
+    fn window(&self) -> Duration {
+        Duration::from_secs_f64(self.seconds)
+    }
+}
+
+/// One row of results (one JSON object of `results`).
+#[derive(Serialize, Clone, Debug)]
+pub(crate) struct Row {
+    pub engine: &'static str,
+    pub algorithm: String,
+    /// `null` for the keyless limiters.
+    pub keys: Option<u64>,
+    /// uniform, zipf, zipf:S, hot; "unkeyed" for the keyless limiters.
+    pub distribution: String,
+    pub threads: usize,
+    /// "single" or "batch".
+    pub mode: &'static str,
+    /// Keys per `check_batch` (1 for single).
+    pub batch: usize,
+    /// CPU time per check: the workers' CPU ns over the window / checks. What a check costs,
+    /// whether or not the scheduler ran something else on the cores meanwhile.
+    pub ns_per_check: f64,
+    /// Checks per wall-clock second, all threads.
+    pub checks_per_sec: f64,
+    /// Sum over threads of checks per second of that thread's CPU time: the rate with the
+    /// cores to themselves (= checks_per_sec on an idle machine). Ratios use this.
+    pub cpu_checks_per_sec: f64,
+    /// Fraction of the window the workers were on a CPU (1.0 on an idle machine).
+    pub on_cpu: f64,
+    /// Involuntary context switches of the workers during the window.
+    pub preemptions: u64,
+    pub p50_ns: u64,
+    pub p99_ns: u64,
+    pub p999_ns: u64,
+    pub max_ns: u64,
+    pub checks: u64,
+    pub denied: u64,
+    /// Repeats this row is the median of.
+    pub runs: usize,
+}
+
+impl Row {
+    fn workload(&self) -> String {
+        match self.keys {
+            None => "unkeyed".into(),
+            Some(k) => format!("{} {}", fmt_count(k), self.distribution),
+        }
+    }
+
+    fn same_run(&self, o: &Row) -> bool {
+        self.keys == o.keys && self.distribution == o.distribution && self.threads == o.threads
+    }
+}
+
+/// The median of `v` (the upper one of an even count).
+fn median<T: PartialOrd + Copy>(mut v: Vec<T>) -> T {
+    v.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
+    v[v.len() / 2]
+}
+
+/// Rows of the same configuration, one per repeat, folded into their medians.
+fn fold(runs: Vec<Row>) -> Row {
+    let mut r = runs[0].clone();
+    let n = runs.len();
+    r.checks_per_sec = median(runs.iter().map(|x| x.checks_per_sec).collect());
+    r.cpu_checks_per_sec = median(runs.iter().map(|x| x.cpu_checks_per_sec).collect());
+    r.ns_per_check = median(runs.iter().map(|x| x.ns_per_check).collect());
+    r.on_cpu = median(runs.iter().map(|x| x.on_cpu).collect());
+    r.preemptions = median(runs.iter().map(|x| x.preemptions).collect());
+    r.p50_ns = median(runs.iter().map(|x| x.p50_ns).collect());
+    r.p99_ns = median(runs.iter().map(|x| x.p99_ns).collect());
+    r.p999_ns = median(runs.iter().map(|x| x.p999_ns).collect());
+    r.max_ns = median(runs.iter().map(|x| x.max_ns).collect());
+    r.checks = runs.iter().map(|x| x.checks).sum();
+    r.denied = runs.iter().map(|x| x.denied).sum();
+    r.runs = n;
+    r
+}
+
+pub(crate) struct RowSpec {
+    pub engine: &'static str,
+    pub algorithm: String,
+    pub keys: Option<u64>,
+    pub distribution: String,
+    pub threads: usize,
+    pub mode: Mode,
+}
+
+pub(crate) fn row(spec: RowSpec, m: Measured) -> Row {
+    let q = |p: f64| m.hist.value_at_quantile(p);
+    Row {
+        engine: spec.engine,
+        algorithm: spec.algorithm,
+        keys: spec.keys,
+        distribution: spec.distribution,
+        threads: spec.threads,
+        mode: spec.mode.name(),
+        batch: match spec.mode {
+            Mode::Single => 1,
+            Mode::Batch(b) => b,
+        },
+        ns_per_check: m.cpu_ns as f64 / m.checks.max(1) as f64,
+        checks_per_sec: m.checks_per_sec,
+        cpu_checks_per_sec: m.cpu_checks_per_sec,
+        on_cpu: m.cpu_ns as f64 / m.wall_ns.max(1) as f64,
+        preemptions: m.preemptions,
+        p50_ns: q(0.5),
+        p99_ns: q(0.99),
+        p999_ns: q(0.999),
+        max_ns: m.hist.max(),
+        checks: m.checks,
+        denied: m.checks - m.allowed,
+        runs: 1,
+    }
+}
+
+/// `n` key sequences of `len` keys, one per thread, carved from one draw.
+pub(crate) fn sequences(d: Distribution, keys: u64, threads: usize, len: usize) -> Vec<u64> {
+    keys::sequence(d, keys, len * threads, 0x0be7_c4ec_5eed ^ keys)
+}
+
+/// Keys each thread walks through (8 MB of u64): long enough that a run does not replay a
+/// cache-resident subset of a large key set.
+pub(crate) const SEQ_LEN: usize = 1 << 20;
+
+/// A progress line on stderr.
+pub(crate) fn progress(msg: impl AsRef<str>) {
+    eprintln!("bench: {}", msg.as_ref());
+}
+
+/// What every run of one key sequence shares: the keys (one slice of `len` per thread), the
+/// timer and the warm-up and measured durations.
+pub(crate) struct Runner<'a> {
+    pub seq: &'a [u64],
+    pub len: usize,
+    pub timer: &'a Timer,
+    pub warmup: Duration,
+    pub window: Duration,
+}
+
+impl Runner<'_> {
+    /// Runs `c` as `spec` says and returns its row; `label` names it in the progress line.
+    pub(crate) fn row<C: Checker>(&self, c: &C, spec: RowSpec, label: &str) -> Row {
+        let seqs: Vec<&[u64]> = (0..spec.threads)
+            .map(|t| &self.seq[t * self.len..(t + 1) * self.len])
+            .collect();
+        let m = run::measure(c, spec.mode, &seqs, self.warmup, self.window, self.timer);
+        let r = row(spec, m);
+        progress(format!(
+            "{label}: {} checks/s ({:.0}% on CPU), {:.1} CPU-ns/check, p99.9 {}",
+            fmt_rate(r.checks_per_sec),
+            r.on_cpu * 100.0,
+            r.ns_per_check,
+            fmt_ns(r.p999_ns)
+        ));
+        r
+    }
+}
+
+/// Runs the command.
+pub fn run(mut args: Args) -> Result<(), String> {
+    if args.help() {
+        println!("{HELP}");
+        return Ok(());
+    }
+    let o = Options::parse(&mut args)?;
+    let clocks = args.flag("clocks");
+    let callgrind = args.flag("callgrind");
+    let plot_file = args.opt::<String>("plot")?;
+    args.finish()?;
+    if [clocks, callgrind, plot_file.is_some()]
+        .iter()
+        .filter(|x| **x)
+        .count()
+        > 1
+    {
+        return Err("--clocks, --plot and --callgrind are separate modes: give one".into());
+    }
+    if clocks {
+        return clocks::run(&o.keys_and_seconds());
+    }
+    if callgrind {
+        return clocks::callgrind(o.algorithm, o.keys, o.checks, o.batch.max(1));
+    }
+    if let Some(f) = plot_file {
+        return plot::run(&f, o.algorithm, &o.threads, o.seconds, o.batch, o.json);
+    }
+    suite(&o)
+}
+
+impl Options {
+    fn keys_and_seconds(&self) -> clocks::ClockOptions {
+        clocks::ClockOptions {
+            algorithm: self.algorithm,
+            keys: self.keys,
+            seconds: self.seconds,
+            json: self.json,
+        }
+    }
+}
+
+fn suite(o: &Options) -> Result<(), String> {
+    let timer = Timer::calibrate();
+    let limit = throughput_limit(o.algorithm)?;
+    let limits = Limits::new(vec![limit]).map_err(|e| e.to_string())?;
+    let max_t = *o.threads.iter().max().expect("at least one");
+    let (turn, gov) = (
+        o.engines != Engines::Governor,
+        o.engines != Engines::Turnstile,
+    );
+    let keyed = o.workloads.iter().any(|w| matches!(w, Workload::Keyed(_)));
+    load_warning();
+    progress(format!(
+        "{} on {} core(s), {:.1} s per run; timer overhead {:.0} ns (in every latency)",
+        o.algorithm,
+        core_affinity::get_core_ids().map_or(0, |c| c.len()),
+        o.seconds,
+        timer.overhead_ns
+    ));
+
+    // Build and fill both keyed engines once: every keyed workload draws from the same keys.
+    let store = if keyed && turn {
+        progress(format!(
+            "turnstile store: {} keys, inserting all",
+            fmt_count(o.keys)
+        ));
+        let s = Store::builder(limits.clone())
+            .capacity(store_capacity(o.algorithm, o.keys))
+            .seed(0x7475_726e)
+            .build()
+            .map_err(|e| e.to_string())?;
+        for r in 0..o.keys {
+            s.check(&keys::key_id(r), 1);
+        }
+        Some(s)
+    } else {
+        None
+    };
+    let gkeyed = if keyed && gov {
+        progress(format!(
+            "governor keyed: {} keys, inserting all",
+            fmt_count(o.keys)
+        ));
+        let g = RateLimiter::keyed(governor_quota());
+        for r in 0..o.keys {
+            let _ = g.check_key(&keys::key_id(r));
+        }
+        Some(g)
+    } else {
+        None
+    };
+    let alg = o.algorithm.name().to_string();
+
+    let mut rows: Vec<Row> = Vec::new();
+    for w in &o.workloads {
+        let (dist, seq) = match w {
+            Workload::Unkeyed => ("unkeyed".to_string(), vec![0u64; SEQ_LEN * max_t]),
+            Workload::Keyed(d) => {
+                progress(format!(
+                    "drawing {} {d} keys",
+                    fmt_count((SEQ_LEN * max_t) as u64)
+                ));
+                (d.to_string(), sequences(*d, o.keys, max_t, SEQ_LEN))
+            }
+        };
+        let keys_field = matches!(w, Workload::Keyed(_)).then_some(o.keys);
+        let wl = match keys_field {
+            None => "unkeyed".to_string(),
+            Some(k) => format!("{} {dist}", fmt_count(k)),
+        };
+        let r = Runner {
+            seq: &seq,
+            len: SEQ_LEN,
+            timer: &timer,
+            warmup: o.warmup(),
+            window: o.window(),
+        };
+        // reps[i][j]: repeat i, configuration j (the same order every repeat).
+        let mut reps: Vec<Vec<Row>> = Vec::new();
+        for rep in 0..o.repeat {
+            let mut out = Vec::new();
+            let direct = Limiter::with_limits(limits.clone(), turnstile::MonotonicClock::new());
+            let gdirect = RateLimiter::direct(governor_quota());
+            for &t in &o.threads {
+                let spec = |engine, algorithm: &str, mode| RowSpec {
+                    engine,
+                    algorithm: algorithm.to_string(),
+                    keys: keys_field,
+                    distribution: dist.clone(),
+                    threads: t,
+                    mode,
+                };
+                let label = |e: &str| {
+                    let run = if o.repeat > 1 {
+                        format!(" (run {}/{})", rep + 1, o.repeat)
+                    } else {
+                        String::new()
+                    };
+                    format!("{wl}, {e}, {t} thread(s){run}")
+                };
+                let single = Mode::Single;
+                match w {
+                    Workload::Unkeyed => {
+                        if turn {
+                            let c = run::TurnstileDirect(&direct);
+                            out.push(r.row(
+                                &c,
+                                spec("turnstile", &alg, single),
+                                &label("turnstile"),
+                            ));
+                        }
+                        if gov {
+                            let c = run::GovernorDirect(&gdirect);
+                            out.push(r.row(
+                                &c,
+                                spec("governor", "gcra", single),
+                                &label("governor"),
+                            ));
+                        }
+                    }
+                    Workload::Keyed(_) => {
+                        if let Some(s) = &store {
+                            let c = run::TurnstileKeyed(s);
+                            out.push(r.row(
+                                &c,
+                                spec("turnstile", &alg, single),
+                                &label("turnstile"),
+                            ));
+                            if o.batch > 0 {
+                                let l = label(&format!("turnstile batch {}", o.batch));
+                                out.push(r.row(
+                                    &c,
+                                    spec("turnstile", &alg, Mode::Batch(o.batch)),
+                                    &l,
+                                ));
+                            }
+                        }
+                        if let Some(g) = &gkeyed {
+                            let c = run::GovernorKeyed(g);
+                            out.push(r.row(
+                                &c,
+                                spec("governor", "gcra", single),
+                                &label("governor"),
+                            ));
+                        }
+                    }
+                }
+            }
+            reps.push(out);
+        }
+        for j in 0..reps[0].len() {
+            rows.push(fold(reps.iter().map(|r| r[j].clone()).collect()));
+        }
+    }
+    let exact = if turn && o.workloads.contains(&Workload::Keyed(Distribution::Hot)) {
+        hot_key_checks(max_t.max(2))?
+    } else {
+        Vec::new()
+    };
+
+    if o.json {
+        let doc = serde_json::json!({
+            "results": rows,
+            "hot_key": exact,
+            "timer_overhead_ns": timer.overhead_ns,
+            "latency_sampling": format!("1 in {} single checks, 1 in 4 batches (batch time / batch size)", run::SAMPLE),
+        });
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&doc).expect("serializable")
+        );
+    } else {
+        print_table(&rows);
+        print_ratios(&rows);
+        if !exact.is_empty() {
+            println!();
+            println!(
+                "hot key, {} threads, every attempt on one key:",
+                max_t.max(2)
+            );
+            for e in &exact {
+                println!("  {}", e.line());
+            }
+        }
+        println!();
+        println!(
+            "checks/s: wall clock, all threads; cpu: share of the window the workers ran; ns/check: \
+             CPU-ns per check; vs gov and ratios: checks per CPU-second."
+        );
+        println!(
+            "latency: 1 in {} single checks timed (1 in 4 batches, per check); timer overhead {:.0} ns included",
+            run::SAMPLE,
+            timer.overhead_ns
+        );
+    }
+    Ok(())
+}
+
+/// Warns on stderr when the machine is busy (1-minute load average above half the cores).
+pub(crate) fn load_warning() {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<f64>().ok());
+    if let Some(l) = load.filter(|l| *l > cores as f64 / 2.0) {
+        progress(format!(
+            "warning: load average {l:.1} on {cores} cores before the run; other work shares the CPUs and the figures will be noisy"
+        ));
+    }
+}
+
+/// One hot-key exactness check.
+#[derive(Serialize, Debug)]
+pub(crate) struct Exactness {
+    pub limiter: &'static str,
+    pub algorithm: &'static str,
+    pub clock: &'static str,
+    pub threads: usize,
+    pub attempts: u64,
+    pub admitted: u64,
+    /// The most the limit may admit over the run (exact for the frozen clock).
+    pub bound: u64,
+    /// admitted == bound (frozen clock), admitted ≤ bound (real clock: when the threads are
+    /// descheduled the bucket overflows and tokens lapse, so only the upper bound is exact).
+    pub ok: bool,
+}
+
+impl Exactness {
+    fn line(&self) -> String {
+        format!(
+            "{:<8} {:<13} {:<6} clock: admitted {} of {} attempts, bound {} ({}) → {}",
+            self.limiter,
+            self.algorithm,
+            self.clock,
+            self.admitted,
+            self.attempts,
+            self.bound,
+            if self.clock == "frozen" {
+                "exact"
+            } else {
+                "at most"
+            },
+            match (self.ok, self.clock) {
+                (true, "frozen") => "ok, no lost or doubled update",
+                (true, _) => "ok, never over the limit",
+                _ => "MISMATCH",
+            }
+        )
+    }
+}
+
+/// `threads` pinned threads each make `per_thread` checks through `f`; admitted in total.
+fn hammer(threads: usize, per_thread: u64, f: &(dyn Fn() -> bool + Sync)) -> u64 {
+    let cores = core_affinity::get_core_ids().unwrap_or_default();
+    let total = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for i in 0..threads {
+            let (total, cores) = (&total, &cores);
+            s.spawn(move || {
+                if !cores.is_empty() {
+                    core_affinity::set_for_current(cores[i % cores.len()]);
+                }
+                let n = (0..per_thread).filter(|_| f()).count() as u64;
+                // Relaxed: summed after the scope joins every thread.
+                total.fetch_add(n, Ordering::Relaxed);
+            });
+        }
+    });
+    total.load(Ordering::Relaxed)
+}
+
+/// Every thread on one key: a frozen clock must admit exactly the limit (no lost update, no
+/// double admission, including the race to insert the key); the real clock at most
+/// capacity + elapsed / T.
+fn hot_key_checks(threads: usize) -> Result<Vec<Exactness>, String> {
+    const B: u64 = 300_000;
+    let per = B * 2 / threads as u64;
+    let hot = keys::key_id(0);
+    let mut v = Vec::new();
+    let hour = Duration::from_secs(3600);
+    let cfgs: [(&'static str, Limit); 2] = [
+        (
+            "token_bucket",
+            Limit::token_bucket(B, 1, hour).map_err(|e| e.to_string())?,
+        ),
+        (
+            "fixed_window",
+            Limit::fixed_window(B, hour).map_err(|e| e.to_string())?,
+        ),
+    ];
+    for (name, l) in cfgs {
+        let limits = Limits::new(vec![l]).map_err(|e| e.to_string())?;
+        let store = Store::builder(limits.clone())
+            .capacity(1024)
+            .build_with_clock(ManualClock::new(1_000))
+            .map_err(|e| e.to_string())?;
+        let admitted = hammer(threads, per, &|| store.check(&hot, 1).allowed());
+        v.push(Exactness {
+            limiter: "store",
+            algorithm: name,
+            clock: "frozen",
+            threads,
+            attempts: per * threads as u64,
+            admitted,
+            bound: B,
+            ok: admitted == B,
+        });
+        let lim = Limiter::with_limits(limits, ManualClock::new(1_000));
+        let admitted = hammer(threads, per, &|| lim.check(1).allowed());
+        v.push(Exactness {
+            limiter: "limiter",
+            algorithm: name,
+            clock: "frozen",
+            threads,
+            attempts: per * threads as u64,
+            admitted,
+            bound: B,
+            ok: admitted == B,
+        });
+    }
+    // Real clock: capacity 1000, one token per µs; saturated by every thread for ~0.3 s.
+    let cap = 1_000u64;
+    let interval = 1_000u64;
+    let limits = Limits::new(vec![Limit::token_bucket(
+        cap,
+        1_000_000,
+        Duration::from_secs(1),
+    )
+    .map_err(|e| e.to_string())?])
+    .map_err(|e| e.to_string())?;
+    let store = Store::builder(limits)
+        .capacity(1024)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let t0 = store.clock().now();
+    let per = 4_000_000 / threads as u64;
+    let admitted = hammer(threads, per, &|| store.check(&hot, 1).allowed());
+    let t1 = store.clock().now();
+    let bound = cap + (t1 - t0) / interval;
+    v.push(Exactness {
+        limiter: "store",
+        algorithm: "token_bucket",
+        clock: "real",
+        threads,
+        attempts: per * threads as u64,
+        admitted,
+        bound,
+        ok: admitted <= bound,
+    });
+    progress("hot-key exactness checks done");
+    Ok(v)
+}
+
+/// 1000000 → "1M", 10000 → "10k", others as they are.
+pub(crate) fn fmt_count(n: u64) -> String {
+    if n >= 1_000_000 && n % 1_000_000 == 0 {
+        format!("{}M", n / 1_000_000)
+    } else if n >= 1_000 && n % 1_000 == 0 {
+        format!("{}k", n / 1_000)
+    } else {
+        n.to_string()
+    }
+}
+
+/// 4.7e7 → "47.0M".
+pub(crate) fn fmt_rate(r: f64) -> String {
+    if r >= 1e9 {
+        format!("{:.2}G", r / 1e9)
+    } else if r >= 1e6 {
+        format!("{:.1}M", r / 1e6)
+    } else if r >= 1e3 {
+        format!("{:.1}k", r / 1e3)
+    } else {
+        format!("{r:.0}")
+    }
+}
+
+/// Nanoseconds with a readable unit.
+pub(crate) fn fmt_ns(ns: u64) -> String {
+    if ns < 10_000 {
+        format!("{ns}ns")
+    } else if ns < 10_000_000 {
+        format!("{:.1}µs", ns as f64 / 1e3)
+    } else {
+        format!("{:.1}ms", ns as f64 / 1e6)
+    }
+}
+
+pub(crate) fn print_table(rows: &[Row]) {
+    println!(
+        "{:<14} {:<10} {:<9} {:>3} {:>9} {:>5} {:>9} {:>8} {:>8} {:>8} {:>8} {:>7}",
+        "workload",
+        "engine",
+        "mode",
+        "thr",
+        "checks/s",
+        "cpu",
+        "ns/check",
+        "p50",
+        "p99",
+        "p99.9",
+        "max",
+        "vs gov"
+    );
+    for r in rows {
+        let gov = rows
+            .iter()
+            .find(|g| g.engine == "governor" && g.same_run(r))
+            .filter(|_| r.engine == "turnstile")
+            .map(|g| format!("{:.1}×", r.cpu_checks_per_sec / g.cpu_checks_per_sec))
+            .unwrap_or_default();
+        let mode = match r.mode {
+            "batch" => format!("batch {}", r.batch),
+            m => m.to_string(),
+        };
+        println!(
+            "{:<14} {:<10} {:<9} {:>3} {:>9} {:>4.0}% {:>9.1} {:>8} {:>8} {:>8} {:>8} {:>7}",
+            r.workload(),
+            r.engine,
+            mode,
+            r.threads,
+            fmt_rate(r.checks_per_sec),
+            r.on_cpu * 100.0,
+            r.ns_per_check,
+            fmt_ns(r.p50_ns),
+            fmt_ns(r.p99_ns),
+            fmt_ns(r.p999_ns),
+            fmt_ns(r.max_ns),
+            gov
+        );
+    }
+}
+
+fn print_ratios(rows: &[Row]) {
+    let find = |engine: &str, mode: &str, keys: Option<u64>, dist: &str, t: usize| {
+        rows.iter().find(|r| {
+            r.engine == engine
+                && r.mode == mode
+                && r.keys == keys
+                && r.distribution == dist
+                && r.threads == t
+        })
+    };
+    let mut lines = Vec::new();
+    for r in rows
+        .iter()
+        .filter(|r| r.engine == "turnstile" && r.threads > 1)
+    {
+        if let Some(one) = find("turnstile", r.mode, r.keys, &r.distribution, 1) {
+            lines.push(format!(
+                "  turnstile {} {}, {} threads / 1 thread: {:.2}×",
+                r.workload(),
+                r.mode,
+                r.threads,
+                r.cpu_checks_per_sec / one.cpu_checks_per_sec
+            ));
+        }
+    }
+    // The keyed hot key against governor's keyless limiter: the same one-record contention.
+    for r in rows
+        .iter()
+        .filter(|r| r.engine == "turnstile" && r.distribution == "hot" && r.mode == "single")
+    {
+        if let Some(g) = find("governor", "single", None, "unkeyed", r.threads) {
+            lines.push(format!(
+                "  turnstile {} ({} thr) / governor keyless ({} thr): {:.2}×",
+                r.workload(),
+                r.threads,
+                g.threads,
+                r.cpu_checks_per_sec / g.cpu_checks_per_sec
+            ));
+        }
+    }
+    if !lines.is_empty() {
+        println!();
+        println!("ratios (checks per CPU-second, i.e. as on an idle machine):");
+        for l in lines {
+            println!("{l}");
+        }
+    }
 }

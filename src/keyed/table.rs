@@ -25,8 +25,13 @@
 //! # Bucket header (8 bytes per 8 slots)
 //!
 //! ```text
-//! | version (54) | slot offset in the probe sequence (9) | pending (1) |
+//! | version (32) | index of the claimed slot in the shard (31) | pending (1) |
 //! ```
+//!
+//! The claimed slot is named by its index in the shard, not by its offset in the probe
+//! sequence: keys that share a home bucket h1 (and so its header) have different h2, so the
+//! same offset is a different slot in their sequences, and a helper would finish the wrong
+//! one. Hence at most 2^31 slots per shard (32 GiB of slots), asserted in `Shard::new`.
 //!
 //! # Protocol
 //!
@@ -38,7 +43,7 @@
 //! *Insertion* of key K (not found live) goes through the header of K's home bucket:
 //! 1. read the header `h` (if pending, help it finish and retry); scan the range again for K;
 //! 2. claim an empty slot: CAS 0 → (K, pending(version(h) + 1));
-//! 3. commit: CAS the header `h` → (version + 1, offset, pending). On failure another insertion
+//! 3. commit: CAS the header `h` → (version + 1, slot, pending). On failure another insertion
 //!    into this home committed since step 1 (perhaps of K): undo the claim, retry;
 //! 4. publish: CAS the slot pending → (K, live state), then clear the header's pending bit.
 //!    Anyone who finds the header pending does step 4 for the owner (with a fresh state, or
@@ -62,9 +67,20 @@ use crate::sync::{AtomicU128, AtomicU64, Ordering};
 use crossbeam_utils::CachePadded;
 
 /// Slots per bucket.
+#[cfg(not(loom))]
 pub const BUCKET: usize = 8;
 /// Buckets in each of a key's two ranges (two independent home buckets, "two choices").
+#[cfg(not(loom))]
 pub const RANGE: usize = 4;
+// Under loom every slot access is a modelled mutex: a 64-slot probe makes models with two
+// inserting threads too big to explore. Two ranges of one two-slot bucket keep every case of
+// the protocol (two choices, a full range, helping, reclaim) at a size loom can check.
+/// Slots per bucket (loom builds).
+#[cfg(loom)]
+pub const BUCKET: usize = 2;
+/// Buckets in each of a key's two ranges (loom builds).
+#[cfg(loom)]
+pub const RANGE: usize = 1;
 
 /// Where a key may live: two ranges of [`RANGE`] buckets; insertions commit through `h1`'s
 /// header.
@@ -84,7 +100,7 @@ const ARENA_BITS: u32 = 30;
 const ARENA_MASK: u64 = (1 << ARENA_BITS) - 1;
 const VER_MASK: u64 = 0xffff_ffff;
 const HDR_OFF_SHIFT: u32 = 1;
-const HDR_OFF_BITS: u32 = 9;
+const HDR_OFF_BITS: u32 = 31;
 const HDR_VER_SHIFT: u32 = HDR_OFF_SHIFT + HDR_OFF_BITS;
 
 /// Eight slots, 128 bytes, aligned to two cache lines.
@@ -190,6 +206,11 @@ pub(crate) struct Ctx<'a> {
 
 impl Shard {
     pub(crate) fn new(buckets: usize, arena_records: Option<(u32, usize)>) -> Self {
+        assert!(
+            buckets.max(1) * BUCKET <= 1 << HDR_OFF_BITS,
+            "a shard holds at most 2^{HDR_OFF_BITS} slots (its bucket headers name a slot in \
+             {HDR_OFF_BITS} bits); use more shards"
+        );
         Self {
             buckets: zeroed_buckets(buckets.max(1)),
             headers: zeroed_u64(buckets.max(1)),
@@ -231,25 +252,41 @@ impl Shard {
     /// Slot `off` of a key's probe sequence: buckets h1, h2, h1 + 1, h2 + 1, ... alternately.
     #[inline]
     fn slot(&self, home: Loc, off: usize) -> &AtomicU128 {
-        let k = off / BUCKET;
+        &self.bucket(home, off / BUCKET).slots[off % BUCKET]
+    }
+
+    /// Bucket `k` of a key's probe sequence (slots `k * BUCKET ..`).
+    #[inline]
+    fn bucket(&self, home: Loc, k: usize) -> &Bucket {
+        &self.buckets[self.bucket_index(home, k)]
+    }
+
+    /// Index in the shard of bucket `k` of a key's probe sequence.
+    #[inline]
+    fn bucket_index(&self, home: Loc, k: usize) -> usize {
         let start = if k % 2 == 0 { home.h1 } else { home.h2 };
         let mut b = start + k / 2;
         if b >= self.buckets.len() {
             b %= self.buckets.len();
         }
-        &self.buckets[b].slots[off % BUCKET]
+        b
     }
 
-    /// Hints the CPU to fetch the home bucket (batched checks).
+    /// Hints the CPU to fetch both home buckets (batched checks).
     #[inline]
     pub(crate) fn prefetch(&self, home: Loc) {
         #[cfg(all(target_arch = "x86_64", not(loom)))]
         {
-            let p = &self.buckets[home.h1] as *const Bucket as *const i8;
-            // SAFETY: prefetch is a hint that never faults; `p` points into a live allocation.
-            unsafe {
-                core::arch::x86_64::_mm_prefetch(p, core::arch::x86_64::_MM_HINT_T0);
-                core::arch::x86_64::_mm_prefetch(p.add(64), core::arch::x86_64::_MM_HINT_T0);
+            // Both home buckets: a key lives in the emptier of the two when inserted, so half
+            // the keys are found in h2, after a scan of h1 (measured: docs/performance.md).
+            for b in [home.h1, home.h2] {
+                let p = &self.buckets[b] as *const Bucket as *const i8;
+                // SAFETY: prefetch is a hint that never faults; `p` points into a live
+                // allocation (a 128-byte bucket: `p + 64` is its second line).
+                unsafe {
+                    core::arch::x86_64::_mm_prefetch(p, core::arch::x86_64::_MM_HINT_T0);
+                    core::arch::x86_64::_mm_prefetch(p.add(64), core::arch::x86_64::_MM_HINT_T0);
+                }
             }
         }
         #[cfg(not(all(target_arch = "x86_64", not(loom))))]
@@ -259,12 +296,16 @@ impl Shard {
     /// The live slot holding `key`, with the value read.
     #[inline]
     fn find(&self, home: Loc, key: u64) -> Option<(usize, u128)> {
-        for off in 0..self.probe_len() {
-            // Acquire: the state read here is the base of a CAS, or the arena index of a record
-            // whose words were published before the slot went live.
-            let v = self.slot(home, off).load(Ordering::Acquire);
-            if key_of(v) == key && state_of(v) & LIVE != 0 {
-                return Some((off, v));
+        // Bucket by bucket, in `slot`'s order: the bucket index is computed once per eight
+        // slots, not per slot (fewer instructions per check: docs/performance.md).
+        for k in 0..2 * RANGE {
+            for (i, s) in self.bucket(home, k).slots.iter().enumerate() {
+                // Acquire: the state read here is the base of a CAS, or the arena index of a
+                // record whose words were published before the slot went live.
+                let v = s.load(Ordering::Acquire);
+                if key_of(v) == key && state_of(v) & LIVE != 0 {
+                    return Some((k * BUCKET + i, v));
+                }
             }
         }
         None
@@ -273,19 +314,27 @@ impl Shard {
     /// Runs `op` on `key`'s live record (inserting a fresh one first if `insert`).
     /// `packed(state) -> (new_state, R)` is used for one packed limit, `words(cells) -> R` for
     /// arena records. `absent()` answers for a missing key when not inserting.
+    // The four callbacks are the store's whole interface to the table; a struct of boxed
+    // closures would cost an indirection per check.
+    #[allow(clippy::too_many_arguments)]
+    // `packed` is generic (the others are cold): the packed transition then inlines into the
+    // CAS loop of `apply` (fewer instructions per check: docs/performance.md).
     #[inline]
-    pub(crate) fn with_key<R>(
+    pub(crate) fn with_key<R, P: FnMut(u64) -> (u64, R)>(
         &self,
         ctx: &Ctx<'_>,
         key: u64,
         home: Loc,
         now: u64,
         insert: bool,
-        packed: &mut dyn FnMut(u64) -> (u64, R),
+        packed: &mut P,
         words: &mut dyn FnMut(&mut AtomicCells<'_>) -> R,
         absent: &mut dyn FnMut() -> R,
         full: &mut dyn FnMut(Outcome) -> R,
     ) -> R {
+        // Both home buckets at once: half the keys are found in h2, after h1 is scanned, and
+        // a cold key would otherwise wait for two misses in a row (docs/performance.md).
+        self.prefetch(home);
         loop {
             if let Some((off, v)) = self.find(home, key) {
                 let s = self.slot(home, off);
@@ -304,12 +353,13 @@ impl Shard {
         }
     }
 
-    fn apply<R>(
+    #[inline]
+    fn apply<R, P: FnMut(u64) -> (u64, R)>(
         &self,
         s: &AtomicU128,
         mut v: u128,
         key: u64,
-        packed: &mut dyn FnMut(u64) -> (u64, R),
+        packed: &mut P,
         words: &mut dyn FnMut(&mut AtomicCells<'_>) -> R,
     ) -> Step<R> {
         match &self.arena {
@@ -428,7 +478,10 @@ impl Shard {
             self.release_arena(payload);
             return Step::Retry;
         }
-        let committed = ver << HDR_VER_SHIFT | (off as u64) << HDR_OFF_SHIFT | 1;
+        // The header names the slot by its index in the shard (module docs: a helper's probe
+        // sequence may differ from ours past the first bucket).
+        let index = self.bucket_index(home, off / BUCKET) * BUCKET + off % BUCKET;
+        let committed = ver << HDR_VER_SHIFT | (index as u64) << HDR_OFF_SHIFT | 1;
         // AcqRel: the commit point of the insertion (module docs); Release publishes the claim.
         if hdr
             .compare_exchange(h, committed, Ordering::AcqRel, Ordering::Acquire)
@@ -479,11 +532,11 @@ impl Shard {
         }
     }
 
-    /// Finishes the pending insertion named by header `h` of bucket `home`.
+    /// Finishes the pending insertion named by header `h` of bucket `home.h1`.
     fn help(&self, home: Loc, h: u64) {
-        let off = ((h >> HDR_OFF_SHIFT) & ((1 << HDR_OFF_BITS) - 1)) as usize;
+        let index = ((h >> HDR_OFF_SHIFT) & ((1 << HDR_OFF_BITS) - 1)) as usize;
         let ver = (h >> HDR_VER_SHIFT) & VER_MASK;
-        let s = self.slot(home, off);
+        let s = &self.buckets[index / BUCKET].slots[index % BUCKET];
         // Acquire: reads the owner's claim, published by its claim CAS.
         let v = s.load(Ordering::Acquire);
         let st = state_of(v);
@@ -581,7 +634,9 @@ impl Shard {
             // Acquire: as in `find`.
             let v = s.load(Ordering::Acquire);
             if state_of(v) & LIVE == 0 {
-                if v == 0 {
+                // An empty slot is room for a packed store. An arena store also gets here
+                // with empty slots but no free record: retrying would spin forever.
+                if v == 0 && self.arena.is_none() {
                     return Step::Retry;
                 }
                 continue;

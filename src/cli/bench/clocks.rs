@@ -1,0 +1,422 @@
+//! `bench --clocks`: what reading the time costs, alone and inside a check, for each way of
+//! reading it; and `bench --callgrind`: a fixed workload whose instruction counts, divided by
+//! its checks, give instructions per check (noise-free, unlike nanoseconds on a shared VM).
+//!
+//! Clocks compared: `Instant` (= [`MonotonicClock`], the default), [`CoarseClock`]
+//! (`CLOCK_MONOTONIC_COARSE`), governor's quanta clock, a raw TSC read (`rdtsc`, scaled; for
+//! measurement only: a TSC can differ between cores, governor issue 299), a cached clock (an
+//! `AtomicU64` that a background thread refreshes every 100 µs), and `check_batch`'s one
+//! `Instant` read per batch.
+
+use super::keys::{self, Distribution};
+use super::run::{self, Mode, Timer, TurnstileDirect, TurnstileKeyed};
+use super::{fmt_count, fmt_ns, fmt_rate, progress, throughput_limit, SEQ_LEN};
+use governor::clock::Clock as _;
+use serde::Serialize;
+use std::hint::black_box;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use turnstile::keyed::Store;
+use turnstile::{Algorithm, Clock, CoarseClock, Limiter, Limits, MonotonicClock, Nanos};
+
+/// Options of `--clocks`.
+pub struct ClockOptions {
+    pub algorithm: Algorithm,
+    pub keys: u64,
+    pub seconds: f64,
+    pub json: bool,
+}
+
+/// The TSC scaled to nanoseconds by a 32.32 fixed-point multiply (x86-64; `Instant` elsewhere).
+#[derive(Clone, Copy)]
+pub struct TscClock {
+    base: u64,
+    mult: u64,
+}
+
+impl TscClock {
+    fn new(t: &Timer) -> Self {
+        Self {
+            base: t.now(),
+            mult: (t.ns_per_tick() * (1u64 << 32) as f64) as u64,
+        }
+    }
+}
+
+impl Clock for TscClock {
+    #[inline]
+    fn now(&self) -> Nanos {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: rdtsc has no preconditions on x86-64.
+        let t = unsafe { core::arch::x86_64::_rdtsc() };
+        #[cfg(not(target_arch = "x86_64"))]
+        let t = self.base;
+        ((t.wrapping_sub(self.base) as u128 * self.mult as u128) >> 32) as u64
+    }
+}
+
+/// A clock read from an `AtomicU64` that a background thread refreshes every 100 µs.
+#[derive(Clone)]
+pub struct CachedClock {
+    now: Arc<AtomicU64>,
+}
+
+impl Clock for CachedClock {
+    #[inline]
+    fn now(&self) -> Nanos {
+        // Relaxed: the value is the only datum; a slightly stale reading is the design.
+        self.now.load(Ordering::Relaxed)
+    }
+}
+
+/// Starts the refresher; it stops when `stop` is set.
+fn cached_clock(stop: Arc<AtomicBool>) -> (CachedClock, std::thread::JoinHandle<()>) {
+    let mono = MonotonicClock::new();
+    let now = Arc::new(AtomicU64::new(mono.now()));
+    let c = CachedClock { now: now.clone() };
+    let h = std::thread::spawn(move || {
+        // Relaxed: as in `CachedClock::now`.
+        while !stop.load(Ordering::Relaxed) {
+            now.store(mono.now(), Ordering::Relaxed);
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    });
+    (c, h)
+}
+
+/// Median CPU-ns per call of `f` over 21 rounds of 100k calls; and the smallest non-zero
+/// step between two readings (`f` returns a reading in ns), i.e. the resolution.
+fn read_cost(f: &dyn Fn() -> u64) -> (f64, u64) {
+    let mut per = Vec::new();
+    let mut step = u64::MAX;
+    for _ in 0..21 {
+        let t = run::thread_cpu_ns();
+        let mut last = f();
+        for _ in 0..100_000 {
+            let v = black_box(f());
+            if v > last {
+                step = step.min(v - last);
+            }
+            last = v;
+        }
+        per.push((run::thread_cpu_ns() - t) as f64 / 100_000.0);
+    }
+    per.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
+    (per[per.len() / 2], step)
+}
+
+#[derive(Serialize)]
+struct ClockRow {
+    clock: &'static str,
+    read_ns: f64,
+    resolution_ns: u64,
+    /// ns per check on the keyless limiter with this clock, 1 thread.
+    unkeyed_ns_per_check: Option<f64>,
+    /// ns per check on the keyed store (uniform keys), 1 thread.
+    keyed_ns_per_check: Option<f64>,
+}
+
+fn unkeyed<C: Clock>(limits: &Limits, clock: C, o: &ClockOptions, t: &Timer, name: &str) -> f64 {
+    let l = Limiter::with_limits(limits.clone(), clock);
+    let seq = vec![0u64; SEQ_LEN];
+    let m = run::measure(
+        &TurnstileDirect(&l),
+        Mode::Single,
+        &[&seq[..]],
+        Duration::from_secs_f64(o.seconds / 10.0),
+        Duration::from_secs_f64(o.seconds),
+        t,
+    );
+    progress(format!(
+        "unkeyed, {name}: {} checks/s",
+        fmt_rate(m.checks_per_sec)
+    ));
+    m.cpu_ns as f64 / m.checks as f64
+}
+
+fn keyed<C: Clock>(
+    limits: &Limits,
+    clock: C,
+    o: &ClockOptions,
+    seq: &[u64],
+    t: &Timer,
+    name: &str,
+    mode: Mode,
+) -> Result<f64, String> {
+    let s = Store::builder(limits.clone())
+        .capacity(super::store_capacity(o.algorithm, o.keys))
+        .seed(0x7475_726e)
+        .build_with_clock(clock)
+        .map_err(|e| e.to_string())?;
+    for r in 0..o.keys {
+        s.check(&keys::key_id(r), 1);
+    }
+    let m = run::measure(
+        &TurnstileKeyed(&s),
+        mode,
+        &[seq],
+        Duration::from_secs_f64(o.seconds / 10.0),
+        Duration::from_secs_f64(o.seconds),
+        t,
+    );
+    progress(format!(
+        "{} uniform, {name}: {} checks/s",
+        fmt_count(o.keys),
+        fmt_rate(m.checks_per_sec)
+    ));
+    Ok(m.cpu_ns as f64 / m.checks as f64)
+}
+
+/// Runs `--clocks`.
+pub fn run(o: &ClockOptions) -> Result<(), String> {
+    super::load_warning();
+    let t = Timer::calibrate();
+    let limits = Limits::new(vec![throughput_limit(o.algorithm)?]).map_err(|e| e.to_string())?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (cached, refresher) = cached_clock(stop.clone());
+    let mono = MonotonicClock::new();
+    let tsc = TscClock::new(&t);
+    let quanta = governor::clock::QuantaClock::default();
+    let q0 = quanta.now();
+    progress("raw clock reads");
+    let raw: Vec<(&'static str, (f64, u64))> = vec![
+        ("Instant (MonotonicClock)", read_cost(&|| mono.now())),
+        ("CoarseClock", read_cost(&|| CoarseClock.now())),
+        (
+            "quanta (governor's clock)",
+            read_cost(&|| {
+                use governor::clock::Reference;
+                quanta.now().duration_since(q0).as_u64()
+            }),
+        ),
+        ("TSC (rdtsc, scaled)", read_cost(&|| tsc.now())),
+        ("cached AtomicU64 (100 µs)", read_cost(&|| cached.now())),
+    ];
+    let seq = super::sequences(Distribution::Uniform, o.keys, 1, SEQ_LEN);
+    let mut rows = Vec::new();
+    for (i, (name, (read, res))) in raw.into_iter().enumerate() {
+        let (u, k) = match i {
+            0 => (
+                Some(unkeyed(&limits, mono, o, &t, name)),
+                Some(keyed(
+                    &limits,
+                    MonotonicClock::new(),
+                    o,
+                    &seq,
+                    &t,
+                    name,
+                    Mode::Single,
+                )?),
+            ),
+            1 => (
+                Some(unkeyed(&limits, CoarseClock, o, &t, name)),
+                Some(keyed(
+                    &limits,
+                    CoarseClock,
+                    o,
+                    &seq,
+                    &t,
+                    name,
+                    Mode::Single,
+                )?),
+            ),
+            3 => (
+                Some(unkeyed(&limits, tsc, o, &t, name)),
+                Some(keyed(&limits, tsc, o, &seq, &t, name, Mode::Single)?),
+            ),
+            4 => (
+                Some(unkeyed(&limits, cached.clone(), o, &t, name)),
+                Some(keyed(
+                    &limits,
+                    cached.clone(),
+                    o,
+                    &seq,
+                    &t,
+                    name,
+                    Mode::Single,
+                )?),
+            ),
+            _ => (None, None),
+        };
+        rows.push(ClockRow {
+            clock: name,
+            read_ns: read,
+            resolution_ns: res,
+            unkeyed_ns_per_check: u,
+            keyed_ns_per_check: k,
+        });
+    }
+    let b = keyed(
+        &limits,
+        MonotonicClock::new(),
+        o,
+        &seq,
+        &t,
+        "Instant, check_batch 32",
+        Mode::Batch(32),
+    )?;
+    rows.push(ClockRow {
+        clock: "Instant once per check_batch of 32",
+        read_ns: rows[0].read_ns / 32.0,
+        resolution_ns: rows[0].resolution_ns,
+        unkeyed_ns_per_check: None,
+        keyed_ns_per_check: Some(b),
+    });
+    stop.store(true, Ordering::Relaxed);
+    let _ = refresher.join();
+    if o.json {
+        let doc =
+            serde_json::json!({ "clocks": rows, "algorithm": o.algorithm.name(), "keys": o.keys });
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&doc).expect("serializable")
+        );
+        return Ok(());
+    }
+    println!(
+        "{:<36} {:>8} {:>10} {:>14} {:>14}",
+        "clock",
+        "read",
+        "resolution",
+        "unkeyed check",
+        format!("{} keyed", fmt_count(o.keys))
+    );
+    let f = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.1} ns"));
+    for r in &rows {
+        println!(
+            "{:<36} {:>5.1} ns {:>10} {:>14} {:>14}",
+            r.clock,
+            r.read_ns,
+            fmt_ns(r.resolution_ns),
+            f(r.unkeyed_ns_per_check),
+            f(r.keyed_ns_per_check)
+        );
+    }
+    println!(
+        "\n(CPU-ns; 1 thread, {} keys uniform, {} per check)",
+        fmt_count(o.keys),
+        o.algorithm
+    );
+    Ok(())
+}
+
+// ---- callgrind ---------------------------------------------------------------------------
+
+#[inline(never)]
+fn cg_turnstile_insert(s: &Store, n: u64) -> u64 {
+    (0..n)
+        .filter(|&r| s.check(&keys::key_id(r), 1).allowed())
+        .count() as u64
+}
+
+#[inline(never)]
+fn cg_turnstile_single(s: &Store, seq: &[u64]) -> u64 {
+    seq.iter().filter(|k| s.check(*k, 1).allowed()).count() as u64
+}
+
+#[inline(never)]
+fn cg_turnstile_single_at(s: &Store, seq: &[u64], now: Nanos) -> u64 {
+    seq.iter()
+        .filter(|k| s.check_at(*k, 1, black_box(now)).allowed())
+        .count() as u64
+}
+
+#[inline(never)]
+fn cg_turnstile_batch(s: &Store, seq: &[u64], b: usize) -> u64 {
+    let mut out = vec![run::blank(); b];
+    let mut n = 0;
+    for g in seq.chunks_exact(b) {
+        s.check_batch(g, 1, &mut out);
+        n += out.iter().filter(|d| d.allowed()).count() as u64;
+    }
+    n
+}
+
+#[inline(never)]
+fn cg_turnstile_direct(l: &Limiter, n: u64) -> u64 {
+    (0..n).filter(|_| l.check(1).allowed()).count() as u64
+}
+
+#[inline(never)]
+fn cg_governor_insert(g: &governor::DefaultKeyedRateLimiter<u64>, n: u64) -> u64 {
+    (0..n)
+        .filter(|&r| g.check_key(&keys::key_id(r)).is_ok())
+        .count() as u64
+}
+
+#[inline(never)]
+fn cg_governor_keyed(g: &governor::DefaultKeyedRateLimiter<u64>, seq: &[u64]) -> u64 {
+    seq.iter().filter(|k| g.check_key(k).is_ok()).count() as u64
+}
+
+#[inline(never)]
+fn cg_governor_direct(g: &governor::DefaultDirectRateLimiter, n: u64) -> u64 {
+    (0..n).filter(|_| g.check().is_ok()).count() as u64
+}
+
+#[inline(never)]
+fn cg_clock_instant(n: u64) -> u64 {
+    let c = MonotonicClock::new();
+    (0..n).map(|_| black_box(c.now()) & 1).sum()
+}
+
+/// Runs `--callgrind`: every `cg_*` function does a known number of checks; their inclusive
+/// instruction counts divided by that number are instructions per check.
+pub fn callgrind(a: Algorithm, keys: u64, checks: u64, batch: usize) -> Result<(), String> {
+    let limits = Limits::new(vec![throughput_limit(a)?]).map_err(|e| e.to_string())?;
+    let s = Store::builder(limits.clone())
+        .capacity(super::store_capacity(a, keys))
+        .seed(0x7475_726e)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let seq = keys::sequence(
+        Distribution::Uniform,
+        keys,
+        checks as usize,
+        0x0be7_c4ec_5eed,
+    );
+    let g = governor::RateLimiter::keyed(super::governor_quota());
+    let gd = governor::RateLimiter::direct(super::governor_quota());
+    let l = Limiter::with_limits(limits, MonotonicClock::new());
+    let b = batch.min(checks as usize).max(1);
+    let batched = checks as usize / b * b;
+    // In this order: the keys are inserted first, so every later check is a lookup.
+    let mut results = Vec::new();
+    results.push(("cg_turnstile_insert", keys, cg_turnstile_insert(&s, keys)));
+    results.push(("cg_governor_insert", keys, cg_governor_insert(&g, keys)));
+    results.push(("cg_turnstile_single", checks, cg_turnstile_single(&s, &seq)));
+    let now = s.clock().now();
+    results.push((
+        "cg_turnstile_single_at",
+        checks,
+        cg_turnstile_single_at(&s, &seq, now),
+    ));
+    let batch_keys = &seq[..batched];
+    results.push((
+        "cg_turnstile_batch",
+        batched as u64,
+        cg_turnstile_batch(&s, batch_keys, b),
+    ));
+    results.push(("cg_governor_keyed", checks, cg_governor_keyed(&g, &seq)));
+    results.push((
+        "cg_turnstile_direct",
+        checks,
+        cg_turnstile_direct(&l, checks),
+    ));
+    results.push((
+        "cg_governor_direct",
+        checks,
+        cg_governor_direct(&gd, checks),
+    ));
+    results.push(("cg_clock_instant", checks, cg_clock_instant(checks)));
+    println!("# {a}, {} keys, uniform; batch {b}", fmt_count(keys));
+    println!("# function checks admitted");
+    for (f, n, ok) in results {
+        println!("{f} {n} {ok}");
+    }
+    println!("# instructions per check = inclusive Ir of the function / checks:");
+    println!("#   valgrind --tool=callgrind --callgrind-out-file=cg.out target/release/turnstile bench --callgrind");
+    println!("#   callgrind_annotate --inclusive=yes cg.out | grep cg_");
+    Ok(())
+}

@@ -1,0 +1,170 @@
+//! `bench --plot FILE`: checks/s against key count (1k to 10M, uniform) and threads, for
+//! turnstile (single checks and `check_batch`) and governor's keyed limiter, drawn as an SVG
+//! with plotters. The figure in `docs/perf/` is made by this mode.
+
+use super::keys::{self, Distribution};
+use super::run::{GovernorKeyed, Mode, Timer, TurnstileKeyed};
+use super::{
+    fmt_count, governor_quota, progress, sequences, throughput_limit, Row, RowSpec, Runner, SEQ_LEN,
+};
+use plotters::prelude::*;
+use std::time::Duration;
+use turnstile::keyed::Store;
+use turnstile::{Algorithm, Limits};
+
+/// Key counts swept.
+const KEYS: [u64; 5] = [1_000, 10_000, 100_000, 1_000_000, 10_000_000];
+
+/// Runs the sweep and writes `file`.
+pub fn run(
+    file: &str,
+    a: Algorithm,
+    threads: &[usize],
+    seconds: f64,
+    batch: usize,
+    json: bool,
+) -> Result<(), String> {
+    super::load_warning();
+    let timer = Timer::calibrate();
+    let limits = Limits::new(vec![throughput_limit(a)?]).map_err(|e| e.to_string())?;
+    let max_t = *threads.iter().max().expect("at least one");
+    let (warm, win) = (
+        Duration::from_secs_f64(seconds / 10.0),
+        Duration::from_secs_f64(seconds),
+    );
+    let mut rows: Vec<Row> = Vec::new();
+    for &n in &KEYS {
+        progress(format!(
+            "{} keys: building and filling both engines",
+            fmt_count(n)
+        ));
+        let store = Store::builder(limits.clone())
+            .capacity(super::store_capacity(a, n))
+            .seed(0x7475_726e)
+            .build()
+            .map_err(|e| e.to_string())?;
+        let gov = governor::RateLimiter::keyed(governor_quota());
+        for r in 0..n {
+            store.check(&keys::key_id(r), 1);
+            let _ = gov.check_key(&keys::key_id(r));
+        }
+        let seq = sequences(Distribution::Uniform, n, max_t, SEQ_LEN);
+        for &t in threads {
+            let spec = |engine, alg: &str, mode| RowSpec {
+                engine,
+                algorithm: alg.to_string(),
+                keys: Some(n),
+                distribution: "uniform".into(),
+                threads: t,
+                mode,
+            };
+            let label = |e: &str| format!("{} uniform, {e}, {t} thread(s)", fmt_count(n));
+            let r = Runner {
+                seq: &seq,
+                len: SEQ_LEN,
+                timer: &timer,
+                warmup: warm,
+                window: win,
+            };
+            let c = TurnstileKeyed(&store);
+            rows.push(r.row(
+                &c,
+                spec("turnstile", a.name(), Mode::Single),
+                &label("turnstile"),
+            ));
+            if batch > 0 {
+                let m = Mode::Batch(batch);
+                rows.push(r.row(
+                    &c,
+                    spec("turnstile", a.name(), m),
+                    &label("turnstile batch"),
+                ));
+            }
+            let g = GovernorKeyed(&gov);
+            rows.push(r.row(
+                &g,
+                spec("governor", "gcra", Mode::Single),
+                &label("governor"),
+            ));
+        }
+    }
+    draw(file, a, &rows).map_err(|e| format!("cannot write the plot to {file}: {e}"))?;
+    progress(format!("wrote {file}"));
+    if json {
+        let doc = serde_json::json!({ "results": rows });
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&doc).expect("serializable")
+        );
+    } else {
+        super::print_table(&rows);
+    }
+    Ok(())
+}
+
+fn draw(file: &str, a: Algorithm, rows: &[Row]) -> Result<(), Box<dyn std::error::Error>> {
+    let root = SVGBackend::new(file, (960, 600)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let ymax = rows
+        .iter()
+        .map(|r| r.cpu_checks_per_sec)
+        .fold(1e6, f64::max)
+        * 1.15;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!("checks/s against keys (uniform keys, turnstile {a} vs governor keyed)"),
+            ("sans-serif", 20),
+        )
+        .margin(16)
+        .x_label_area_size(44)
+        .y_label_area_size(72)
+        .build_cartesian_2d((500f64..2e7).log_scale(), 0f64..ymax)?;
+    chart
+        .configure_mesh()
+        .x_desc("keys in the store")
+        .y_desc("checks per CPU-second (all threads)")
+        .x_label_formatter(&|x| fmt_count(*x as u64))
+        .y_label_formatter(&|y| super::fmt_rate(*y))
+        .draw()?;
+    // (legend, points, colour, threads)
+    type Series = (String, Vec<(f64, f64)>, RGBColor, usize);
+    let mut series: Vec<Series> = Vec::new();
+    for r in rows {
+        let name = match r.mode {
+            "batch" => format!("{} batch {}, {} thr", r.engine, r.batch, r.threads),
+            _ => format!("{}, {} thr", r.engine, r.threads),
+        };
+        let p = (r.keys.unwrap_or(1) as f64, r.cpu_checks_per_sec);
+        match series.iter_mut().find(|s| s.0 == name) {
+            Some(s) => s.1.push(p),
+            None => {
+                let color = match (r.engine, r.mode) {
+                    ("governor", _) => RGBColor(200, 40, 40),
+                    (_, "batch") => RGBColor(30, 140, 60),
+                    _ => RGBColor(30, 80, 200),
+                };
+                series.push((name, vec![p], color, r.threads));
+            }
+        }
+    }
+    for (name, pts, color, threads) in series {
+        let style = ShapeStyle {
+            color: color.mix(if threads > 1 { 1.0 } else { 0.55 }),
+            filled: true,
+            stroke_width: if threads > 1 { 3 } else { 2 },
+        };
+        chart
+            .draw_series(LineSeries::new(pts.clone(), style))?
+            .label(name)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], style));
+        chart.draw_series(pts.iter().map(|p| Circle::new(*p, 3, style)))?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}

@@ -1,0 +1,852 @@
+//! The engine: compiled rules behind an `ArcSwap`, one `check` per request, hot reload.
+//!
+//! Each rule compiles to its method/priority masks, its key class, and *parts*: keyed stores,
+//! one for the rule's limits, one more for an elastic rule's extra pool, and a one-key store
+//! per override. A part is identified by (rule name, override key id, pool, key class,
+//! compiled limits, capacity, policy); a reload reuses the very same `Arc`'d part when that
+//! identity is unchanged, so checks running on the old rules during the swap and checks on
+//! the new ones update one state. Counters are kept per rule name.
+
+use super::load::{Load, LoadConfig};
+use super::matcher::{key_id, Cand, KeyPlan, RouteTable};
+use super::model::{Mode, Shedding};
+use super::request::{method_bit, Priority, Request};
+use super::validate::{compile_limits, effective, resolve, Loc, Of, Rf};
+use super::{Rules, RulesError};
+use crate::algo::Limits;
+use crate::clock::{Clock, MonotonicClock, Nanos};
+use crate::decision::{Decision, Outcome};
+use crate::keyed::{FullPolicy, KeyHasher, Store};
+use crate::sync::{AtomicU64, Ordering};
+use arc_swap::cache::Cache;
+use arc_swap::ArcSwap;
+use crossbeam_utils::CachePadded;
+use std::collections::HashMap;
+use std::path::Path;
+// arc-swap swaps a std `Arc`; loom does not model arc-swap, so this module uses std's `Arc`
+// (the rules layer is not loom-checked; the stores under it are).
+use std::sync::{Arc, Mutex};
+
+/// What a reload did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReloadReport {
+    /// Rules whose state was kept (same name, key class, limits, capacity).
+    pub kept: Vec<String>,
+    /// Rules that start from fresh state (new, or changed).
+    pub fresh: Vec<String>,
+    /// Rules no longer present.
+    pub removed: Vec<String>,
+}
+
+/// What one rule has done since it was first loaded (kept across reloads by name).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RuleStats {
+    /// Requests it denied.
+    pub denied: u64,
+    /// Requests a shadow rule would have denied (they were allowed).
+    pub would_deny: u64,
+    /// Requests an elastic rule admitted from its extra pool.
+    pub elastic: u64,
+    /// Requests a soft rule admitted over the nominal limit.
+    pub over_nominal: u64,
+}
+
+/// Why a check was answered as it was (see [`Engine::explain`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    /// The answer.
+    pub decision: Decision,
+    /// The rule that denied, if one did.
+    pub rule: Option<Arc<str>>,
+    /// Whether the request was shed (load shedding, before any rule).
+    pub shed: bool,
+    /// Enforcing rules that matched and admitted.
+    pub matched: u32,
+    /// Shadow rules that would have denied.
+    pub would_deny: u32,
+}
+
+const DENIED: usize = 0;
+const WOULD: usize = 1;
+const ELASTIC: usize = 2;
+const OVER: usize = 3;
+
+/// Per-rule counters, sharded like the in-flight counter (a denied flood hits them from
+/// every core).
+struct Counters(Box<[CachePadded<[AtomicU64; 4]>]>);
+
+impl Counters {
+    fn new(shards: usize) -> Self {
+        Self(
+            (0..shards)
+                .map(|_| CachePadded::new(std::array::from_fn(|_| AtomicU64::new(0))))
+                .collect(),
+        )
+    }
+    #[inline]
+    fn add(&self, shard: usize, what: usize) {
+        // Relaxed: statistics; nothing is published through them.
+        self.0[shard % self.0.len()][what].fetch_add(1, Ordering::Relaxed);
+    }
+    fn get(&self) -> RuleStats {
+        // Relaxed: statistics.
+        let sum = |w: usize| self.0.iter().map(|c| c[w].load(Ordering::Relaxed)).sum();
+        RuleStats {
+            denied: sum(DENIED),
+            would_deny: sum(WOULD),
+            elastic: sum(ELASTIC),
+            over_nominal: sum(OVER),
+        }
+    }
+}
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct Ident {
+    rule: String,
+    target: Option<u64>,
+    pool: bool,
+    class: super::KeyClass,
+    limits: Limits,
+    capacity: u64,
+    policy: FullPolicy,
+}
+
+struct Part<C: Clock> {
+    ident: Ident,
+    store: Store<Arc<C>>,
+}
+
+struct Slot<C: Clock> {
+    main: Arc<Part<C>>,
+    pool: Option<Arc<Part<C>>>,
+    /// Soft rules: (scaled capacity, nominal capacity) per limit.
+    nominal: Box<[(u64, u64)]>,
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Hard,
+    Soft,
+    Elastic { below: f64 },
+    Shadow,
+}
+
+struct CRule<C: Clock> {
+    name: Arc<str>,
+    plan: KeyPlan,
+    cost: u64,
+    kind: Kind,
+    main: Slot<C>,
+    override_ids: Box<[u64]>,
+    overrides: Box<[Slot<C>]>,
+    counters: Arc<Counters>,
+}
+
+impl<C: Clock> CRule<C> {
+    #[inline]
+    fn slot(&self, id: u64) -> &Slot<C> {
+        if self.override_ids.is_empty() {
+            return &self.main;
+        }
+        match self.override_ids.binary_search(&id) {
+            Ok(i) => &self.overrides[i],
+            Err(_) => &self.main,
+        }
+    }
+}
+
+struct Compiled<C: Clock> {
+    rules: Box<[CRule<C>]>,
+    routes: RouteTable,
+    needs_load: bool,
+    load: LoadConfig,
+    shedding: Option<Shedding>,
+    summary: String,
+}
+
+/// What [`Engine::explain`] adds to a decision.
+#[derive(Default)]
+struct Why {
+    rule: Option<u32>,
+    shed: bool,
+    matched: u32,
+    would_deny: u32,
+}
+
+/// A request in flight: counted in the load until dropped. From [`Engine::admit`] or
+/// [`Engine::enter`].
+#[must_use = "the request counts as in flight until this guard is dropped"]
+pub struct InFlight<'a> {
+    load: &'a Load,
+    shard: usize,
+    decision: Decision,
+}
+
+impl InFlight<'_> {
+    /// The decision that admitted it.
+    pub fn decision(&self) -> &Decision {
+        &self.decision
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.load.exit(self.shard);
+    }
+}
+
+/// The decision when no rule applies.
+pub const UNLIMITED: Decision = Decision {
+    outcome: Outcome::Allowed,
+    limit: u64::MAX,
+    remaining: u64::MAX,
+    reset_after_ns: 0,
+    retry_after_ns: None,
+    delay_ns: 0,
+};
+
+/// A per-thread handle on an [`Engine`] (from [`Engine::local`]): the same checks, with the
+/// rules cached in the handle, so that a check costs one relaxed load to see whether they were
+/// reloaded instead of arc-swap's per-load bookkeeping. For thread-per-core servers: create
+/// one per worker thread. After a reload, the handle holds on to the old rules (and their
+/// stores' memory) until its next check.
+pub struct LocalEngine<'a, C: Clock> {
+    engine: &'a Engine<C>,
+    cache: Cache<&'a ArcSwap<Compiled<C>>, Arc<Compiled<C>>>,
+}
+
+impl<C: Clock> LocalEngine<'_, C> {
+    /// [`Engine::check`].
+    #[inline]
+    pub fn check(&mut self, req: &Request<'_>) -> Decision {
+        let now = self.engine.clock.now();
+        self.check_at(req, now)
+    }
+
+    /// [`Engine::check_at`].
+    #[inline]
+    pub fn check_at(&mut self, req: &Request<'_>, now: Nanos) -> Decision {
+        let c = self.cache.load();
+        self.engine.eval_in(c, req, now, &mut Why::default())
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &Engine<C> {
+        self.engine
+    }
+}
+
+/// Builds an [`Engine`].
+pub struct EngineBuilder {
+    rules: Rules,
+    seed: Option<u64>,
+}
+
+impl EngineBuilder {
+    /// Fixed hash seed (reproducible key ids and placement); default: random per engine.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+    /// Builds on the monotonic clock.
+    pub fn build(self) -> Result<Engine<MonotonicClock>, RulesError> {
+        self.build_with_clock(MonotonicClock::new())
+    }
+    /// Builds on `clock`.
+    pub fn build_with_clock<C: Clock>(self, clock: C) -> Result<Engine<C>, RulesError> {
+        let clock = Arc::new(clock);
+        let hasher = match self.seed {
+            Some(s) => KeyHasher::with_seed(s, 64),
+            None => KeyHasher::random(64),
+        };
+        let load = Load::new();
+        let (c, _) = compile(&self.rules, None, &clock, &hasher, self.seed, load.shards())?;
+        Ok(Engine {
+            clock,
+            hasher,
+            seed: self.seed,
+            current: ArcSwap::from_pointee(c),
+            load,
+            reload: Mutex::new(()),
+        })
+    }
+}
+
+/// Rules applied to requests. See the [module docs](super).
+pub struct Engine<C: Clock = MonotonicClock> {
+    clock: Arc<C>,
+    hasher: KeyHasher,
+    seed: Option<u64>,
+    current: ArcSwap<Compiled<C>>,
+    load: Load,
+    reload: Mutex<()>,
+}
+
+impl Engine<MonotonicClock> {
+    /// A builder for an engine applying `rules`.
+    pub fn builder(rules: Rules) -> EngineBuilder {
+        EngineBuilder { rules, seed: None }
+    }
+    /// An engine on the monotonic clock.
+    pub fn new(rules: Rules) -> Result<Self, RulesError> {
+        Self::builder(rules).build()
+    }
+}
+
+fn shed_decision(s: &Shedding) -> Decision {
+    let ns = crate::clock::nanos(s.retry_after);
+    Decision {
+        outcome: Outcome::Limited,
+        limit: 0,
+        remaining: 0,
+        reset_after_ns: ns,
+        retry_after_ns: Some(ns),
+        delay_ns: 0,
+    }
+}
+
+/// Two admitting rules' decisions as one: the tighter remainder, the later reset and delay.
+#[inline]
+fn merge(a: Decision, d: Decision) -> Decision {
+    let mut m = if d.remaining < a.remaining { d } else { a };
+    m.reset_after_ns = a.reset_after_ns.max(d.reset_after_ns);
+    m.delay_ns = a.delay_ns.max(d.delay_ns);
+    m
+}
+
+impl<C: Clock> Engine<C> {
+    /// The clock.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    /// Checks `req` now: every matching rule, all-or-nothing.
+    #[inline]
+    pub fn check(&self, req: &Request<'_>) -> Decision {
+        self.check_at(req, self.clock.now())
+    }
+
+    /// [`Engine::check`] at `now`.
+    #[inline]
+    pub fn check_at(&self, req: &Request<'_>, now: Nanos) -> Decision {
+        self.eval(req, now)
+    }
+
+    /// A per-thread handle with cheaper checks (see [`LocalEngine`]).
+    pub fn local(&self) -> LocalEngine<'_, C> {
+        LocalEngine {
+            engine: self,
+            cache: Cache::new(&self.current),
+        }
+    }
+
+    /// [`Engine::check`], saying which rule denied and whether the request was shed.
+    pub fn explain(&self, req: &Request<'_>) -> Verdict {
+        self.explain_at(req, self.clock.now())
+    }
+
+    /// [`Engine::explain`] at `now`.
+    pub fn explain_at(&self, req: &Request<'_>, now: Nanos) -> Verdict {
+        let c = self.current.load();
+        let mut why = Why::default();
+        let decision = self.eval_in(&c, req, now, &mut why);
+        Verdict {
+            decision,
+            rule: why
+                .rule
+                .and_then(|i| c.rules.get(i as usize))
+                .map(|r| r.name.clone()),
+            shed: why.shed,
+            matched: why.matched,
+            would_deny: why.would_deny,
+        }
+    }
+
+    /// Checks `req` and, if admitted, counts it in flight until the returned guard drops
+    /// (the load that shedding and elastic rules read).
+    pub fn admit(&self, req: &Request<'_>) -> Result<InFlight<'_>, Decision> {
+        let d = self.check(req);
+        if !d.allowed() {
+            return Err(d);
+        }
+        let shard = self.load.shard();
+        self.load.enter(shard);
+        Ok(InFlight {
+            load: &self.load,
+            shard,
+            decision: d,
+        })
+    }
+
+    /// Counts a request in flight until the guard drops, without checking it.
+    pub fn enter(&self) -> InFlight<'_> {
+        let shard = self.load.shard();
+        self.load.enter(shard);
+        InFlight {
+            load: &self.load,
+            shard,
+            decision: UNLIMITED,
+        }
+    }
+
+    /// Reports the application's utilization (0..=1: busy workers, CPU, queue fill...). The
+    /// load is the larger of this and in-flight / `max_in_flight`.
+    pub fn report_utilization(&self, u: f64) {
+        self.load.report(u);
+        let c = self.current.load();
+        self.load.refresh(&c.load, c.shedding.as_ref());
+    }
+
+    /// Measures the load now (and updates the shedding state).
+    pub fn load(&self) -> f64 {
+        let c = self.current.load();
+        self.load.refresh(&c.load, c.shedding.as_ref())
+    }
+
+    /// Requests in flight.
+    pub fn in_flight(&self) -> u64 {
+        self.load.in_flight()
+    }
+
+    /// The priorities being shed by their thresholds now.
+    pub fn shedding(&self) -> Vec<Priority> {
+        self.load.shedding()
+    }
+
+    /// Requests shed per priority (indexed by [`Priority::index`]).
+    pub fn shed_counts(&self) -> [u64; 4] {
+        self.load.shed_counts()
+    }
+
+    /// A rule's counters.
+    pub fn rule_stats(&self, name: &str) -> Option<RuleStats> {
+        let c = self.current.load();
+        c.rules
+            .iter()
+            .find(|r| &*r.name == name)
+            .map(|r| r.counters.get())
+    }
+
+    /// The loaded rules' names, in order.
+    pub fn rule_names(&self) -> Vec<String> {
+        self.current
+            .load()
+            .rules
+            .iter()
+            .map(|r| r.name.to_string())
+            .collect()
+    }
+
+    /// A one-line description of the loaded rules.
+    pub fn summary(&self) -> String {
+        self.current.load().summary.clone()
+    }
+
+    /// Live keys in a rule's main store.
+    pub fn rule_keys(&self, name: &str) -> Option<usize> {
+        let c = self.current.load();
+        c.rules
+            .iter()
+            .find(|r| &*r.name == name)
+            .map(|r| r.main.main.store.len())
+    }
+
+    /// Replaces the rules atomically. Stores of rules whose name, key class, limits and
+    /// capacity are unchanged are kept (with their state); on error nothing changes.
+    pub fn reload(&self, rules: Rules) -> Result<ReloadReport, RulesError> {
+        let _g = self.reload.lock().unwrap_or_else(|e| e.into_inner());
+        let old = self.current.load_full();
+        let (c, report) = compile(
+            &rules,
+            Some(&old),
+            &self.clock,
+            &self.hasher,
+            self.seed,
+            self.load.shards(),
+        )?;
+        self.current.store(Arc::new(c));
+        Ok(report)
+    }
+
+    /// Parses `text` and reloads; a bad file changes nothing.
+    pub fn reload_str(&self, text: &str, origin: &str) -> Result<ReloadReport, RulesError> {
+        self.reload(Rules::parse(text, origin)?)
+    }
+
+    /// Reads, parses and reloads a file; a bad file changes nothing.
+    pub fn reload_file(&self, path: impl AsRef<Path>) -> Result<ReloadReport, RulesError> {
+        self.reload(Rules::from_file(path)?)
+    }
+
+    #[inline]
+    fn eval(&self, req: &Request<'_>, now: Nanos) -> Decision {
+        let c = self.current.load();
+        self.eval_in(&c, req, now, &mut Why::default())
+    }
+
+    /// The check: the decision, and in `why` the rule that denied and the counts.
+    #[inline]
+    fn eval_in(&self, c: &Compiled<C>, req: &Request<'_>, now: Nanos, why: &mut Why) -> Decision {
+        let mbit = method_bit(req.method);
+        let prio = match req.priority {
+            Some(p) => p,
+            None => Priority::of_method_bit(mbit),
+        };
+        let mut load = 0.0;
+        if c.needs_load {
+            load = self.load.current(&c.load, c.shedding.as_ref(), now);
+            if let Some(s) = &c.shedding {
+                if self.load.sheds(prio, load, s) {
+                    self.load.count_shed(prio);
+                    why.shed = true;
+                    return shed_decision(s);
+                }
+            }
+        }
+        let pbit = prio.bit();
+        let cands = c.routes.candidates(req.route);
+        let mut acc = UNLIMITED;
+        // Candidates whose elastic pool took the cost (bit k for candidate k; beyond 64 in
+        // `pooled_far`, which allocates only if used), to refund the right store.
+        let mut pooled = 0u64;
+        let mut pooled_far: Vec<usize> = Vec::new();
+        let mut shadow = false;
+        for (k, cand) in cands.iter().enumerate() {
+            if !cand.cond.admit(mbit, pbit) {
+                continue;
+            }
+            if cand.shadow {
+                shadow = true;
+                continue;
+            }
+            let ri = cand.rule;
+            let r = &c.rules[ri as usize];
+            let Some(id) = r.plan.id(req, &self.hasher) else {
+                continue;
+            };
+            let cost = req.cost.saturating_mul(r.cost);
+            match self.decide(r, r.slot(id), id, cost, now, load) {
+                Ok((d, pool)) => {
+                    if pool {
+                        if k < 64 {
+                            pooled |= 1 << k;
+                        } else {
+                            pooled_far.push(k);
+                        }
+                    }
+                    acc = merge(acc, d);
+                    why.matched += 1;
+                }
+                Err(d) => {
+                    self.refund(
+                        c,
+                        req,
+                        &cands[..k],
+                        now,
+                        (pooled, &pooled_far),
+                        (mbit, pbit),
+                    );
+                    r.counters.add(self.load.shard(), DENIED);
+                    why.rule = Some(ri);
+                    return d;
+                }
+            }
+        }
+        if shadow {
+            for cand in cands {
+                if !cand.shadow || !cand.cond.admit(mbit, pbit) {
+                    continue;
+                }
+                let r = &c.rules[cand.rule as usize];
+                let Some(id) = r.plan.id(req, &self.hasher) else {
+                    continue;
+                };
+                let cost = req.cost.saturating_mul(r.cost);
+                if !r.slot(id).main.store.check_at(&id, cost, now).allowed() {
+                    r.counters.add(self.load.shard(), WOULD);
+                    why.would_deny += 1;
+                }
+            }
+        }
+        acc
+    }
+
+    /// Gives the cost back to the enforcing rules among `cands` that took it (all of them: the
+    /// check stopped at the first denial). Re-derives each rule's key and store exactly as the
+    /// check did; `pooled` says which took it from an elastic pool.
+    #[cold]
+    #[inline(never)]
+    fn refund(
+        &self,
+        c: &Compiled<C>,
+        req: &Request<'_>,
+        cands: &[Cand],
+        now: Nanos,
+        pooled: (u64, &[usize]),
+        (mbit, pbit): (u16, u8),
+    ) {
+        for (k, cand) in cands.iter().enumerate().rev() {
+            if cand.shadow || !cand.cond.admit(mbit, pbit) {
+                continue;
+            }
+            let r = &c.rules[cand.rule as usize];
+            let Some(id) = r.plan.id(req, &self.hasher) else {
+                continue;
+            };
+            let slot = r.slot(id);
+            let pool = if k < 64 {
+                pooled.0 >> k & 1 == 1
+            } else {
+                pooled.1.contains(&k)
+            };
+            let store = match (&slot.pool, pool) {
+                (Some(p), true) => &p.store,
+                _ => &slot.main.store,
+            };
+            store.refund_at(&id, req.cost.saturating_mul(r.cost), now);
+        }
+    }
+
+    /// One enforcing rule: `Ok` with the decision and whether the elastic pool took the cost,
+    /// or `Err` with the denial (nothing taken).
+    #[inline]
+    fn decide(
+        &self,
+        r: &CRule<C>,
+        slot: &Slot<C>,
+        id: u64,
+        cost: u64,
+        now: Nanos,
+        load: f64,
+    ) -> Result<(Decision, bool), Decision> {
+        let main = &slot.main.store;
+        let d = main.check_at(&id, cost, now);
+        match r.kind {
+            Kind::Hard | Kind::Shadow => {
+                if d.allowed() {
+                    Ok((d, false))
+                } else {
+                    Err(d)
+                }
+            }
+            Kind::Soft => {
+                let mut d = d;
+                let mut over = false;
+                if let Some(&(scaled, nominal)) = slot.nominal.iter().find(|(s, _)| *s == d.limit) {
+                    let band = scaled - nominal;
+                    over = d.allowed() && d.remaining < band;
+                    d.limit = nominal;
+                    d.remaining = d.remaining.saturating_sub(band);
+                }
+                if !d.allowed() {
+                    return Err(d);
+                }
+                if over {
+                    r.counters.add(self.load.shard(), OVER);
+                }
+                Ok((d, false))
+            }
+            Kind::Elastic { below } => {
+                if d.allowed() {
+                    return Ok((d, false));
+                }
+                if d.outcome == Outcome::Limited && load < below {
+                    if let Some(pool) = &slot.pool {
+                        let e = pool.store.check_at(&id, cost, now);
+                        if e.allowed() {
+                            r.counters.add(self.load.shard(), ELASTIC);
+                            let d = Decision {
+                                outcome: e.outcome,
+                                limit: d.limit,
+                                remaining: 0,
+                                reset_after_ns: d.reset_after_ns.max(e.reset_after_ns),
+                                retry_after_ns: None,
+                                delay_ns: e.delay_ns,
+                            };
+                            return Ok((d, true));
+                        }
+                    }
+                }
+                Err(d)
+            }
+        }
+    }
+}
+
+type Parts<C> = HashMap<Ident, Arc<Part<C>>>;
+
+#[allow(clippy::too_many_arguments)]
+fn part<C: Clock>(
+    old: &Parts<C>,
+    ident: Ident,
+    clock: &Arc<C>,
+    seed: Option<u64>,
+    one_key: bool,
+    err: impl Fn(String) -> RulesError,
+) -> Result<(Arc<Part<C>>, bool), RulesError> {
+    if let Some(p) = old.get(&ident) {
+        return Ok((p.clone(), true));
+    }
+    let mut b = Store::builder(ident.limits.clone())
+        .capacity(ident.capacity)
+        .policy(ident.policy);
+    if one_key {
+        b = b.shards(1);
+    }
+    if let Some(s) = seed {
+        b = b.seed(s);
+    }
+    let store = b
+        .build_with_clock(clock.clone())
+        .map_err(|e| err(e.to_string()))?;
+    Ok((Arc::new(Part { ident, store }), false))
+}
+
+fn compile<C: Clock>(
+    rules: &Rules,
+    old: Option<&Compiled<C>>,
+    clock: &Arc<C>,
+    hasher: &KeyHasher,
+    seed: Option<u64>,
+    shards: usize,
+) -> Result<(Compiled<C>, ReloadReport), RulesError> {
+    super::validate::validate(rules).map_err(|(loc, m)| rules.error_at(loc, m))?;
+    let mut parts: Parts<C> = HashMap::new();
+    let mut counters: HashMap<&str, &Arc<Counters>> = HashMap::new();
+    if let Some(o) = old {
+        for r in o.rules.iter() {
+            counters.insert(&r.name, &r.counters);
+            for s in std::iter::once(&r.main).chain(r.overrides.iter()) {
+                for p in std::iter::once(&s.main).chain(s.pool.iter()) {
+                    parts.insert(p.ident.clone(), p.clone());
+                }
+            }
+        }
+    }
+    let mut report = ReloadReport::default();
+    let mut out = Vec::with_capacity(rules.rules.len());
+    for (i, r) in rules.rules.iter().enumerate() {
+        let at = |f: Rf| Loc::Rule(i, f);
+        let capacity = r.capacity.unwrap_or(rules.settings.capacity);
+        let policy = r.when_full.unwrap_or(rules.settings.when_full);
+        let slot = |target: Option<u64>,
+                    specs: &[crate::LimitSpec],
+                    lim: &dyn Fn(usize, &'static str) -> Loc,
+                    whole: Loc|
+         -> Result<(Slot<C>, bool), RulesError> {
+            let (main, pool) =
+                compile_limits(specs, r.mode, lim, whole).map_err(|(l, m)| rules.error_at(l, m))?;
+            let cap = if target.is_some() { 1 } else { capacity };
+            let ident = |limits: Limits, pool: bool| Ident {
+                rule: r.name.clone(),
+                target,
+                pool,
+                class: r.key,
+                limits,
+                capacity: cap,
+                policy,
+            };
+            let err = |m: String| rules.error_at(at(Rf::Capacity), m);
+            let (main, kept) = part(
+                &parts,
+                ident(main, false),
+                clock,
+                seed,
+                target.is_some(),
+                err,
+            )?;
+            let pool = match pool {
+                Some(l) => {
+                    Some(part(&parts, ident(l, true), clock, seed, target.is_some(), err)?.0)
+                }
+                None => None,
+            };
+            let nominal = match r.mode {
+                Mode::Soft { .. } => specs
+                    .iter()
+                    .filter_map(|s| {
+                        let n = s.build().ok()?.capacity();
+                        Some((effective(s, r.mode).0.build().ok()?.capacity(), n))
+                    })
+                    .collect(),
+                _ => Box::default(),
+            };
+            Ok((
+                Slot {
+                    main,
+                    pool,
+                    nominal,
+                },
+                kept,
+            ))
+        };
+        let (main, kept) = slot(None, &r.limits, &|j, f| at(Rf::Limit(j, f)), at(Rf::Limits))?;
+        if kept {
+            report.kept.push(r.name.clone());
+        } else {
+            report.fresh.push(r.name.clone());
+        }
+        let mut ov: Vec<(u64, Slot<C>)> = Vec::with_capacity(r.overrides.len());
+        for (o, x) in r.overrides.iter().enumerate() {
+            let v = resolve(r.key, &x.key)
+                .map_err(|m| rules.error_at(at(Rf::Override(o, Of::Key)), m))?;
+            let Some(id) = key_id(r.key, &v.request(), hasher) else {
+                return Err(rules.error_at(
+                    at(Rf::Override(o, Of::Key)),
+                    "this key lacks a part of the rule's key class".into(),
+                ));
+            };
+            if ov.iter().any(|(k, _)| *k == id) {
+                continue;
+            }
+            let lim = |j: usize, f: &'static str| at(Rf::Override(o, Of::Limit(j, f)));
+            ov.push((
+                id,
+                slot(Some(id), &x.limits, &lim, at(Rf::Override(o, Of::Limits)))?.0,
+            ));
+        }
+        ov.sort_by_key(|(k, _)| *k);
+        let (override_ids, overrides): (Vec<u64>, Vec<Slot<C>>) = ov.into_iter().unzip();
+        let kind = match r.mode {
+            Mode::Hard => Kind::Hard,
+            Mode::Soft { .. } => Kind::Soft,
+            Mode::Elastic { below, .. } => Kind::Elastic { below },
+            Mode::Shadow => Kind::Shadow,
+        };
+        out.push(CRule {
+            name: r.name.as_str().into(),
+            plan: KeyPlan::new(r.key),
+            cost: r.cost,
+            kind,
+            main,
+            override_ids: override_ids.into(),
+            overrides: overrides.into(),
+            counters: counters
+                .get(r.name.as_str())
+                .map_or_else(|| Arc::new(Counters::new(shards)), |c| (*c).clone()),
+        });
+    }
+    if let Some(o) = old {
+        for r in o.rules.iter() {
+            if !rules.rules.iter().any(|n| *n.name == *r.name) {
+                report.removed.push(r.name.to_string());
+            }
+        }
+    }
+    let needs_load = rules.shedding.is_some()
+        || rules
+            .rules
+            .iter()
+            .any(|r| matches!(r.mode, Mode::Elastic { .. }));
+    Ok((
+        Compiled {
+            routes: RouteTable::build(&rules.rules),
+            rules: out.into(),
+            needs_load,
+            load: LoadConfig::new(&rules.load),
+            shedding: rules.shedding,
+            summary: rules.summary(),
+        },
+        report,
+    ))
+}

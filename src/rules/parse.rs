@@ -1,0 +1,751 @@
+//! The TOML front end: text → [`Rules`], every error with a line and column.
+//!
+//! Three stages, each reporting at the right place:
+//!
+//! 1. `toml` + serde into the `Raw*` structs below, whose fields are `Spanned`. Syntax errors,
+//!    unknown or missing fields, wrong types, bad durations and unknown names (algorithms,
+//!    priorities, policies) fail here, at the span `toml` reports.
+//! 2. Conversion to the model, recording each field's span under its [`Loc`]; conflicts between
+//!    fields (`limit` and `capacity` both given, `soft_percent` on a hard rule) fail here.
+//! 3. [`validate`](super::validate::validate) on the model, the same code the builder API runs;
+//!    its [`Loc`] is looked up in the recorded spans (falling back to the enclosing table).
+
+use super::model::{
+    KeyClass, KeyPart, LoadSettings, Match, Mode, Override, OverrideKey, Rule, Settings, Shedding,
+    Threshold,
+};
+use super::validate::{Loc, Of, Rf};
+use super::{Rules, RulesError};
+use crate::algo::{Algorithm, LimitSpec};
+use crate::keyed::FullPolicy;
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::Deserialize;
+use std::fmt;
+use std::marker::PhantomData;
+use std::ops::Range;
+use std::str::FromStr;
+use std::time::Duration;
+use toml::Spanned;
+
+/// Parses a duration: one or more `<integer><unit>` terms, units ns, us (µs), ms, s, m, h, d;
+/// e.g. `"1s"`, `"500ms"`, `"1h30m"`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let bad = || {
+        format!("`{s}` is not a duration: write a number and a unit (ns, us, ms, s, m, h, d), e.g. \"1s\", \"500ms\", \"1h\" or \"1h30m\"")
+    };
+    let t = s.trim();
+    if t.is_empty() {
+        return Err(bad());
+    }
+    let mut total: u128 = 0;
+    let mut rest = t;
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 || digits > 20 {
+            return Err(bad());
+        }
+        let n: u128 = rest[..digits].parse().map_err(|_| bad())?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .char_indices()
+            .find(|(_, c)| c.is_ascii_digit())
+            .map_or(rest.len(), |(i, _)| i);
+        let ns: u128 = match &rest[..unit_len] {
+            "ns" => 1,
+            "us" | "µs" => 1_000,
+            "ms" => 1_000_000,
+            "s" => 1_000_000_000,
+            "m" => 60_000_000_000,
+            "h" => 3_600_000_000_000,
+            "d" => 86_400_000_000_000,
+            _ => return Err(bad()),
+        };
+        total = total.saturating_add(n.saturating_mul(ns));
+        rest = &rest[unit_len..];
+    }
+    const MAX: u128 = 100 * 365 * 86_400_000_000_000;
+    if total > MAX {
+        return Err(format!("`{s}` is longer than 100 years"));
+    }
+    Ok(Duration::from_nanos(total as u64))
+}
+
+struct Dur(Duration);
+
+impl<'de> Deserialize<'de> for Dur {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Dur;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a duration such as \"1s\", \"500ms\" or \"1h\"")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Dur, E> {
+                parse_duration(s).map(Dur).map_err(E::custom)
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Dur, E> {
+                Err(E::custom(format!(
+                    "a duration needs a unit: write \"{v}s\" (or ms, m, h, ...) in quotes"
+                )))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Dur, E> {
+                self.visit_i64(v as i64)
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Dur, E> {
+                Err(E::custom(format!(
+                    "a duration is a string with a unit, e.g. \"{}ms\"",
+                    (v * 1000.0).round()
+                )))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A value parsed from a string by its `FromStr` (algorithm, policy, priority, mode names).
+struct Named<T>(T);
+
+impl<'de, T: FromStr> Deserialize<'de> for Named<T>
+where
+    T::Err: fmt::Display,
+{
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(PhantomData<T>);
+        impl<T: FromStr> Visitor<'_> for V<T>
+        where
+            T::Err: fmt::Display,
+        {
+            type Value = Named<T>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a name in quotes")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Named<T>, E> {
+                s.parse().map(Named).map_err(E::custom)
+            }
+        }
+        d.deserialize_str(V(PhantomData))
+    }
+}
+
+/// A string, or an array of strings.
+enum List {
+    One(String),
+    Many(Vec<Spanned<String>>),
+}
+
+impl<'de> Deserialize<'de> for List {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = List;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string or an array of strings")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<List, E> {
+                Ok(List::One(s.to_string()))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<List, A::Error> {
+                let mut v = Vec::new();
+                while let Some(s) = a.next_element::<Spanned<String>>()? {
+                    v.push(s);
+                }
+                Ok(List::Many(v))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ModeName {
+    Hard,
+    Soft,
+    Elastic,
+    Shadow,
+}
+
+impl FromStr for ModeName {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "hard" => ModeName::Hard,
+            "soft" => ModeName::Soft,
+            "elastic" => ModeName::Elastic,
+            "shadow" => ModeName::Shadow,
+            _ => {
+                return Err(format!(
+                    "unknown mode `{s}`; expected hard, soft, elastic or shadow"
+                ))
+            }
+        })
+    }
+}
+
+type S<T> = Option<Spanned<T>>;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    settings: S<RawSettings>,
+    load: S<RawLoad>,
+    shedding: S<RawShedding>,
+    #[serde(default, rename = "rule")]
+    rules: Vec<Spanned<RawRule>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSettings {
+    capacity: S<u64>,
+    when_full: S<Named<FullPolicy>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLoad {
+    max_in_flight: S<u64>,
+    sample: S<Dur>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawShedding {
+    retry_after: S<Dur>,
+    critical_reserve: S<f64>,
+    critical: S<RawThreshold>,
+    post: S<RawThreshold>,
+    get: S<RawThreshold>,
+    test: S<RawThreshold>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawThreshold {
+    on: Spanned<f64>,
+    off: Spanned<f64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRule {
+    name: Spanned<String>,
+    key: Spanned<List>,
+    #[serde(rename = "match")]
+    when: S<RawMatch>,
+    mode: S<Named<ModeName>>,
+    soft_percent: S<u32>,
+    elastic_percent: S<u32>,
+    elastic_below: S<f64>,
+    cost: S<u64>,
+    capacity: S<u64>,
+    when_full: S<Named<FullPolicy>>,
+    limits: S<Vec<Spanned<RawLimit>>>,
+    #[serde(default, rename = "override")]
+    overrides: Vec<Spanned<RawOverride>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMatch {
+    route_prefix: S<List>,
+    method: S<List>,
+    priority: S<List>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLimit {
+    algorithm: S<Named<Algorithm>>,
+    limit: S<u64>,
+    capacity: S<u64>,
+    window: S<Dur>,
+    time_window_sec: S<u64>,
+    burst: S<u64>,
+    buckets: S<u64>,
+    delay: S<u64>,
+    count_denied: S<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawOverride {
+    key: Spanned<toml::Value>,
+    limits: S<Vec<Spanned<RawLimit>>>,
+}
+
+/// 1-based line and column (in characters) of byte offset `off`.
+pub(crate) fn line_col(text: &str, off: usize) -> (usize, usize) {
+    let b = &text.as_bytes()[..off.min(text.len())];
+    let line = 1 + b.iter().filter(|&&c| c == b'\n').count();
+    let start = b.iter().rposition(|&c| c == b'\n').map_or(0, |i| i + 1);
+    let col = 1 + b[start..].iter().filter(|&&c| c & 0xC0 != 0x80).count();
+    (line, col)
+}
+
+/// A hint appended to `toml`'s own messages.
+fn hint(msg: &str) -> &'static str {
+    if msg.starts_with("unknown field") {
+        "; remove it or fix its spelling (docs/rules.md lists every field)"
+    } else if msg.contains("missing field `key`") {
+        "; add e.g. key = \"customer\" (or ip, ip/24, api_key, route, method, global, customer+route)"
+    } else if msg.contains("missing field `name`") {
+        "; add name = \"...\", unique in the file"
+    } else if msg.contains("missing field `on`") || msg.contains("missing field `off`") {
+        "; a threshold is { on = 0.8, off = 0.7 }: shed from `on`, stop below `off`"
+    } else if msg.contains("expected u64") || msg.contains("expected u32") {
+        "; give a whole number ≥ 0"
+    } else if msg.contains("expected a sequence") {
+        "; rules and overrides are arrays of tables: write [[rule]] and [[rule.override]] with double brackets, and limits = [ { ... } ]"
+    } else if msg.contains("duplicate key") {
+        "; each key may appear once per table"
+    } else {
+        ""
+    }
+}
+
+struct Cx<'t> {
+    text: &'t str,
+    origin: &'t str,
+    index: Vec<(Loc, usize, usize)>,
+}
+
+impl Cx<'_> {
+    fn mark(&mut self, loc: Loc, span: Range<usize>) {
+        let (l, c) = line_col(self.text, span.start);
+        self.index.push((loc, l, c));
+    }
+
+    fn err(&self, span: Range<usize>, message: impl Into<String>) -> RulesError {
+        let (line, column) = line_col(self.text, span.start);
+        RulesError {
+            origin: self.origin.to_string(),
+            line,
+            column,
+            message: message.into(),
+        }
+    }
+
+    fn list(&mut self, l: Spanned<List>, at: impl Fn(usize) -> Loc) -> Vec<(String, Range<usize>)> {
+        let span = l.span();
+        let items = match l.into_inner() {
+            List::One(s) => vec![(s, span)],
+            List::Many(v) => v
+                .into_iter()
+                .map(|s| (s.span(), s.into_inner()))
+                .map(|(sp, s)| (s, sp))
+                .collect(),
+        };
+        for (k, (_, sp)) in items.iter().enumerate() {
+            self.mark(at(k), sp.clone());
+        }
+        items
+    }
+
+    fn file(&mut self, raw: RawFile) -> Result<Rules, RulesError> {
+        let mut out = Rules::default();
+        if let Some(s) = raw.settings {
+            self.mark(Loc::Settings(""), s.span());
+            let s = s.into_inner();
+            if let Some(c) = s.capacity {
+                self.mark(Loc::Settings("capacity"), c.span());
+                out.settings.capacity = c.into_inner();
+            }
+            if let Some(w) = s.when_full {
+                self.mark(Loc::Settings("when_full"), w.span());
+                out.settings.when_full = w.into_inner().0;
+            }
+        }
+        if let Some(l) = raw.load {
+            self.mark(Loc::Load(""), l.span());
+            let l = l.into_inner();
+            if let Some(m) = l.max_in_flight {
+                self.mark(Loc::Load("max_in_flight"), m.span());
+                out.load.max_in_flight = Some(m.into_inner());
+            }
+            if let Some(s) = l.sample {
+                self.mark(Loc::Load("sample"), s.span());
+                out.load.sample = s.into_inner().0;
+            }
+        }
+        if let Some(s) = raw.shedding {
+            out.shedding = Some(self.shedding(s));
+        }
+        for (i, r) in raw.rules.into_iter().enumerate() {
+            let r = self.rule(i, r)?;
+            out.rules.push(r);
+        }
+        Ok(out)
+    }
+
+    fn shedding(&mut self, s: Spanned<RawShedding>) -> Shedding {
+        self.mark(Loc::Shedding(""), s.span());
+        let s = s.into_inner();
+        let mut out = Shedding::default();
+        if let Some(r) = s.retry_after {
+            self.mark(Loc::Shedding("retry_after"), r.span());
+            out.retry_after = r.into_inner().0;
+        }
+        if let Some(r) = s.critical_reserve {
+            self.mark(Loc::Shedding("critical_reserve"), r.span());
+            out.critical_reserve = r.into_inner();
+        }
+        const NAMES: [[&str; 3]; 4] = [
+            ["critical", "critical.on", "critical.off"],
+            ["post", "post.on", "post.off"],
+            ["get", "get.on", "get.off"],
+            ["test", "test.on", "test.off"],
+        ];
+        for (i, t) in [s.critical, s.post, s.get, s.test].into_iter().enumerate() {
+            let Some(t) = t else { continue };
+            self.mark(Loc::Shedding(NAMES[i][0]), t.span());
+            let t = t.into_inner();
+            self.mark(Loc::Shedding(NAMES[i][1]), t.on.span());
+            self.mark(Loc::Shedding(NAMES[i][2]), t.off.span());
+            out.thresholds[i] = Some(Threshold {
+                on: t.on.into_inner(),
+                off: t.off.into_inner(),
+            });
+        }
+        out
+    }
+
+    fn key_class(&mut self, key: Spanned<List>, i: usize) -> Result<KeyClass, RulesError> {
+        let span = key.span();
+        self.mark(Loc::Rule(i, Rf::Key), span.clone());
+        let words: Vec<String> = match key.into_inner() {
+            List::One(s) => s.split('+').map(|w| w.trim().to_string()).collect(),
+            List::Many(v) => v.into_iter().map(|s| s.into_inner()).collect(),
+        };
+        let mut class = KeyClass::global();
+        let mut n = 0;
+        for w in &words {
+            if w == "global" {
+                if words.len() > 1 {
+                    return Err(self.err(
+                        span,
+                        "`global` stands alone: it means one key for every matching request",
+                    ));
+                }
+                return Ok(class);
+            }
+            let mut it = w.split('/');
+            let name = it.next().unwrap_or("");
+            let Some(part) = KeyPart::from_name(name) else {
+                return Err(self.err(span, format!("unknown key part `{w}`; expected customer, ip (or ip/24, ip/24/48: IPv4 and IPv6 grouping prefixes), api_key, route, method, global, or a composite such as customer+route")));
+            };
+            if class.has(part) {
+                return Err(self.err(span, format!("`{name}` appears twice in the key")));
+            }
+            let prefixes: Vec<&str> = it.collect();
+            if !prefixes.is_empty() {
+                if part != KeyPart::Ip || prefixes.len() > 2 {
+                    return Err(self.err(span, format!("`{w}`: only ip takes prefixes, as ip/V4 or ip/V4/V6, e.g. ip/24 or ip/24/48")));
+                }
+                let p = |s: &str, max: u8| s.parse::<u8>().ok().filter(|v| *v <= max);
+                let v4 = p(prefixes[0], 32);
+                let v6 = prefixes.get(1).map_or(Some(64), |s| p(s, 128));
+                match (v4, v6) {
+                    (Some(a), Some(b)) => class = class.ip_prefix(a, b),
+                    _ => return Err(self.err(span, format!("`{w}`: IPv4 prefixes are /0../32 and IPv6 prefixes /0../128, e.g. ip/24 or ip/24/48"))),
+                }
+            }
+            class = class.and(part);
+            n += 1;
+        }
+        if n == 0 {
+            return Err(self.err(span, "empty key: give e.g. key = \"customer\""));
+        }
+        Ok(class)
+    }
+
+    fn limits(
+        &mut self,
+        raw: S<Vec<Spanned<RawLimit>>>,
+        table: Range<usize>,
+        at: impl Fn(usize, &'static str) -> Loc,
+        whole: Loc,
+    ) -> Result<Vec<LimitSpec>, RulesError> {
+        let Some(raw) = raw else {
+            return Err(self.err(table, "no limits: add e.g. limits = [{ algorithm = \"sliding_window\", limit = 100, window = \"1m\" }]"));
+        };
+        self.mark(whole, raw.span());
+        let mut out = Vec::new();
+        for (j, l) in raw.into_inner().into_iter().enumerate() {
+            let span = l.span();
+            self.mark(at(j, ""), span.clone());
+            let l = l.into_inner();
+            let algorithm = match l.algorithm {
+                Some(a) => {
+                    self.mark(at(j, "algorithm"), a.span());
+                    a.into_inner().0
+                }
+                None => Algorithm::SlidingWindow,
+            };
+            let limit = match (l.limit, l.capacity) {
+                (Some(a), None) | (None, Some(a)) => {
+                    self.mark(at(j, "limit"), a.span());
+                    a.into_inner()
+                }
+                (Some(_), Some(c)) => return Err(self.err(c.span(), "`capacity` is another name for `limit` (the notes' config store): give one of them")),
+                (None, None) => return Err(self.err(span, "this limit has no `limit`: add e.g. limit = 100")),
+            };
+            let window = match (l.window, l.time_window_sec) {
+                (Some(w), None) => {
+                    self.mark(at(j, "window"), w.span());
+                    w.into_inner().0
+                }
+                (None, Some(t)) => {
+                    self.mark(at(j, "window"), t.span());
+                    Duration::from_secs(t.into_inner())
+                }
+                (Some(_), Some(t)) => return Err(self.err(t.span(), "`time_window_sec` is another name for `window` (the notes' config store): give one of them")),
+                (None, None) => return Err(self.err(span, "this limit has no `window`: add e.g. window = \"1s\"")),
+            };
+            let mut spec = LimitSpec::new(algorithm, limit, window);
+            let opt = |v: S<u64>, f: &'static str, cx: &mut Self| {
+                v.map(|v| {
+                    cx.mark(at(j, f), v.span());
+                    v.into_inner()
+                })
+            };
+            spec.burst = opt(l.burst, "burst", self);
+            spec.buckets = opt(l.buckets, "buckets", self);
+            spec.delay = opt(l.delay, "delay", self);
+            if let Some(c) = l.count_denied {
+                self.mark(at(j, "count_denied"), c.span());
+                spec.count_denied = c.into_inner();
+            }
+            out.push(spec);
+        }
+        Ok(out)
+    }
+
+    fn rule(&mut self, i: usize, r: Spanned<RawRule>) -> Result<Rule, RulesError> {
+        let table = r.span();
+        self.mark(Loc::Rule(i, Rf::Table), table.clone());
+        let r = r.into_inner();
+        self.mark(Loc::Rule(i, Rf::Name), r.name.span());
+        let key = self.key_class(r.key, i)?;
+        let mut rule = Rule::new(r.name.into_inner(), key);
+        if let Some(m) = r.when {
+            let m = m.into_inner();
+            let mut when = Match::default();
+            if let Some(l) = m.route_prefix {
+                when.route_prefixes = self
+                    .list(l, |k| Loc::Rule(i, Rf::Route(k)))
+                    .into_iter()
+                    .map(|x| x.0)
+                    .collect();
+            }
+            if let Some(l) = m.method {
+                when.methods = self
+                    .list(l, |k| Loc::Rule(i, Rf::Method(k)))
+                    .into_iter()
+                    .map(|x| x.0)
+                    .collect();
+            }
+            if let Some(l) = m.priority {
+                for (p, sp) in self.list(l, |k| Loc::Rule(i, Rf::Priority(k))) {
+                    when.priorities
+                        .push(p.parse().map_err(|e: String| self.err(sp, e))?);
+                }
+            }
+            rule.when = when;
+        }
+        let mode_span = r.mode.as_ref().map(|m| m.span());
+        let mode = r.mode.map_or(ModeName::Hard, |m| m.into_inner().0);
+        if let Some(s) = mode_span.clone() {
+            self.mark(Loc::Rule(i, Rf::Mode), s.clone());
+            self.mark(Loc::Rule(i, Rf::Percent), s);
+        }
+        let wrong = |cx: &Self, s: Range<usize>, field: &str, mode: &str| {
+            Err(cx.err(
+                s,
+                format!(
+                    "`{field}` applies to mode = \"{mode}\"; remove it, or set mode = \"{mode}\""
+                ),
+            ))
+        };
+        if let (Some(p), false) = (&r.soft_percent, mode == ModeName::Soft) {
+            return wrong(self, p.span(), "soft_percent", "soft");
+        }
+        if let (Some(p), false) = (&r.elastic_percent, mode == ModeName::Elastic) {
+            return wrong(self, p.span(), "elastic_percent", "elastic");
+        }
+        if let (Some(p), false) = (&r.elastic_below, mode == ModeName::Elastic) {
+            return wrong(self, p.span(), "elastic_below", "elastic");
+        }
+        let percent = |cx: &mut Self, p: S<u32>| {
+            p.map_or(10, |p| {
+                cx.mark(Loc::Rule(i, Rf::Percent), p.span());
+                p.into_inner()
+            })
+        };
+        rule.mode = match mode {
+            ModeName::Hard => Mode::Hard,
+            ModeName::Shadow => Mode::Shadow,
+            ModeName::Soft => Mode::Soft {
+                percent: percent(self, r.soft_percent),
+            },
+            ModeName::Elastic => Mode::Elastic {
+                percent: percent(self, r.elastic_percent),
+                below: r.elastic_below.map_or(0.7, |b| {
+                    self.mark(Loc::Rule(i, Rf::Below), b.span());
+                    b.into_inner()
+                }),
+            },
+        };
+        if let Some(c) = r.cost {
+            self.mark(Loc::Rule(i, Rf::Cost), c.span());
+            rule.cost = c.into_inner();
+        }
+        if let Some(c) = r.capacity {
+            self.mark(Loc::Rule(i, Rf::Capacity), c.span());
+            rule.capacity = Some(c.into_inner());
+        }
+        if let Some(w) = r.when_full {
+            self.mark(Loc::Rule(i, Rf::WhenFull), w.span());
+            rule.when_full = Some(w.into_inner().0);
+        }
+        rule.limits = self.limits(
+            r.limits,
+            table.clone(),
+            |j, f| Loc::Rule(i, Rf::Limit(j, f)),
+            Loc::Rule(i, Rf::Limits),
+        )?;
+        for (o, ov) in r.overrides.into_iter().enumerate() {
+            let ospan = ov.span();
+            self.mark(Loc::Rule(i, Rf::Override(o, Of::Table)), ospan.clone());
+            let ov = ov.into_inner();
+            let kspan = ov.key.span();
+            self.mark(Loc::Rule(i, Rf::Override(o, Of::Key)), kspan.clone());
+            let key = override_key(ov.key.into_inner()).map_err(|m| self.err(kspan, m))?;
+            let limits = self.limits(
+                ov.limits,
+                ospan,
+                |j, f| Loc::Rule(i, Rf::Override(o, Of::Limit(j, f))),
+                Loc::Rule(i, Rf::Override(o, Of::Limits)),
+            )?;
+            rule.overrides.push(Override { key, limits });
+        }
+        Ok(rule)
+    }
+}
+
+/// The recorded position of `loc`, or of its nearest enclosing location.
+pub(crate) fn lookup(index: &[(Loc, usize, usize)], loc: Loc) -> Option<(usize, usize)> {
+    let mut l = Some(loc);
+    while let Some(x) = l {
+        if let Some((_, line, col)) = index.iter().rev().find(|(k, _, _)| *k == x) {
+            return Some((*line, *col));
+        }
+        l = x.parent();
+    }
+    None
+}
+
+fn scalar(v: &toml::Value) -> Option<String> {
+    match v {
+        toml::Value::String(s) => Some(s.clone()),
+        toml::Value::Integer(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+fn override_key(v: toml::Value) -> Result<OverrideKey, String> {
+    if let Some(s) = scalar(&v) {
+        return Ok(OverrideKey::Text(s));
+    }
+    let toml::Value::Table(t) = v else {
+        return Err("an override key is a string (\"user:241531\", \"203.0.113.0/24\", an API key), a number (a customer id), or for a composite key a table such as { customer = 42, route = \"/v1/search\" }".into());
+    };
+    let mut parts = Vec::new();
+    for (k, v) in &t {
+        let Some(p) = KeyPart::from_name(k) else {
+            return Err(format!(
+                "unknown key part `{k}`; expected customer, ip, api_key, route or method"
+            ));
+        };
+        let Some(s) = scalar(v) else {
+            return Err(format!("`{k}` must be a string or a number"));
+        };
+        parts.push((p, s));
+    }
+    Ok(OverrideKey::Parts(parts))
+}
+
+/// Parses and validates a rules file.
+pub(crate) fn parse(text: &str, origin: &str) -> Result<Rules, RulesError> {
+    let raw: RawFile = toml::from_str(text).map_err(|e| {
+        let (line, column) = e.span().map_or((0, 0), |s| line_col(text, s.start));
+        let msg = e.message().trim().replace('\n', " ");
+        RulesError {
+            origin: origin.to_string(),
+            line,
+            column,
+            message: format!("{msg}{}", hint(&msg)),
+        }
+    })?;
+    let mut cx = Cx {
+        text,
+        origin,
+        index: Vec::new(),
+    };
+    let mut rules = cx.file(raw)?;
+    rules.origin = origin.to_string();
+    rules.index = cx.index;
+    super::validate::validate(&rules).map_err(|(loc, msg)| rules.error_at(loc, msg))?;
+    Ok(rules)
+}
+
+impl Default for Rules {
+    fn default() -> Self {
+        Self {
+            settings: Settings::default(),
+            load: LoadSettings::default(),
+            shedding: None,
+            rules: Vec::new(),
+            origin: "builder".into(),
+            index: Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        let ms = Duration::from_millis;
+        assert_eq!(parse_duration("1s"), Ok(ms(1000)));
+        assert_eq!(parse_duration("500ms"), Ok(ms(500)));
+        assert_eq!(parse_duration("1h"), Ok(ms(3_600_000)));
+        assert_eq!(parse_duration("1h30m"), Ok(ms(5_400_000)));
+        assert_eq!(parse_duration("250us"), Ok(Duration::from_micros(250)));
+        assert_eq!(parse_duration("2d"), Ok(ms(172_800_000)));
+        for bad in [
+            "",
+            "s",
+            "1",
+            "1 s",
+            "1sec",
+            "-1s",
+            "1.5s",
+            "99999999999999999999999d",
+            "1s2",
+        ] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn line_columns() {
+        let t = "ab\ncdé\nf";
+        assert_eq!(line_col(t, 0), (1, 1));
+        assert_eq!(line_col(t, 3), (2, 1));
+        assert_eq!(line_col(t, 7), (2, 4));
+        assert_eq!(line_col(t, 8), (3, 1));
+        assert_eq!(line_col(t, 99), (3, 2));
+    }
+}

@@ -1,0 +1,571 @@
+//! Validation of the rules as data, shared by the TOML front end and the builder API.
+//!
+//! [`validate`] checks everything a store build or a check could trip on and names the field
+//! at fault with a [`Loc`]; the TOML front end (`parse`) turns it into a line and column, the
+//! builder into a field path (`rule \`api\`, limits[1].window`). The same limit compilation
+//! ([`compile_limits`]: soft scaling, the elastic pool) and override key resolution
+//! ([`resolve`]) are used by the engine, so what validates is what runs.
+
+use super::model::{
+    KeyClass, KeyPart, Mode, OverrideKey, Rule, Shedding, MAX_CAPACITY, MAX_LIMITS, MAX_OVERRIDES,
+    MAX_RULES,
+};
+use super::request::{method_code, Priority, Request, METHODS};
+use crate::algo::{Algorithm, LimitSpec, Limits};
+use crate::keyed::key::MAX_KEY_LEN;
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::time::Duration;
+
+/// Where in the rules a problem is: a file front end maps it to a line, the builder to a path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Loc {
+    Top,
+    Settings(&'static str),
+    Load(&'static str),
+    Shedding(&'static str),
+    Rule(usize, Rf),
+}
+
+/// A field of rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Rf {
+    Table,
+    Name,
+    Key,
+    Mode,
+    Percent,
+    Below,
+    Cost,
+    Capacity,
+    WhenFull,
+    Route(usize),
+    Method(usize),
+    Priority(usize),
+    Limits,
+    Limit(usize, &'static str),
+    Override(usize, Of),
+}
+
+/// A field of an override.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Of {
+    Table,
+    Key,
+    Limits,
+    Limit(usize, &'static str),
+}
+
+impl Loc {
+    /// The enclosing location, for fields that were not written (defaults).
+    pub(crate) fn parent(self) -> Option<Loc> {
+        Some(match self {
+            Loc::Top => return None,
+            Loc::Settings("") | Loc::Load("") | Loc::Shedding("") => Loc::Top,
+            Loc::Settings(_) => Loc::Settings(""),
+            Loc::Load(_) => Loc::Load(""),
+            Loc::Shedding(f) => match f.split_once('.') {
+                Some((p, _)) => Loc::Shedding(p),
+                None => Loc::Shedding(""),
+            },
+            Loc::Rule(_, Rf::Table) => Loc::Top,
+            Loc::Rule(i, Rf::Limit(_, "")) => Loc::Rule(i, Rf::Limits),
+            Loc::Rule(i, Rf::Limit(j, _)) => Loc::Rule(i, Rf::Limit(j, "")),
+            Loc::Rule(i, Rf::Override(_, Of::Table)) => Loc::Rule(i, Rf::Table),
+            Loc::Rule(i, Rf::Override(o, Of::Limit(_, ""))) => {
+                Loc::Rule(i, Rf::Override(o, Of::Limits))
+            }
+            Loc::Rule(i, Rf::Override(o, Of::Limit(j, _))) => {
+                Loc::Rule(i, Rf::Override(o, Of::Limit(j, "")))
+            }
+            Loc::Rule(i, Rf::Override(o, _)) => Loc::Rule(i, Rf::Override(o, Of::Table)),
+            Loc::Rule(i, _) => Loc::Rule(i, Rf::Table),
+        })
+    }
+
+    /// A path for messages about rules built in code.
+    pub(crate) fn describe(self, rules: &[Rule]) -> String {
+        let rule = |i: usize| match rules.get(i) {
+            Some(r) => format!("rule `{}`", r.name),
+            None => format!("rule {i}"),
+        };
+        let lim = |j: usize, f: &str| {
+            if f.is_empty() {
+                format!("limits[{j}]")
+            } else {
+                format!("limits[{j}].{f}")
+            }
+        };
+        match self {
+            Loc::Top => "rules".into(),
+            Loc::Settings(f) => format!("settings {f}"),
+            Loc::Load(f) => format!("load {f}"),
+            Loc::Shedding(f) => format!("shedding {f}"),
+            Loc::Rule(i, f) => {
+                let what = match f {
+                    Rf::Table => String::new(),
+                    Rf::Name => "name".into(),
+                    Rf::Key => "key".into(),
+                    Rf::Mode => "mode".into(),
+                    Rf::Percent => "percent".into(),
+                    Rf::Below => "elastic_below".into(),
+                    Rf::Cost => "cost".into(),
+                    Rf::Capacity => "capacity".into(),
+                    Rf::WhenFull => "when_full".into(),
+                    Rf::Route(k) => format!("route_prefix[{k}]"),
+                    Rf::Method(k) => format!("method[{k}]"),
+                    Rf::Priority(k) => format!("priority[{k}]"),
+                    Rf::Limits => "limits".into(),
+                    Rf::Limit(j, f) => lim(j, f),
+                    Rf::Override(o, Of::Table | Of::Key) => format!("override[{o}]"),
+                    Rf::Override(o, Of::Limits) => format!("override[{o}].limits"),
+                    Rf::Override(o, Of::Limit(j, f)) => format!("override[{o}].{}", lim(j, f)),
+                };
+                if what.is_empty() {
+                    rule(i)
+                } else {
+                    format!("{}, {what}", rule(i))
+                }
+            }
+        }
+    }
+}
+
+/// `percent` % of `n`, rounded down (saturating).
+pub(crate) fn percent_of(n: u64, percent: u32) -> u64 {
+    u64::try_from(n as u128 * percent as u128 / 100).unwrap_or(u64::MAX)
+}
+
+/// A soft limit: `n` plus `percent` % of it, rounded down (500 + 10 % = 550; 5 + 10 % = 5).
+pub(crate) fn scaled(n: u64, percent: u32) -> u64 {
+    n.saturating_add(percent_of(n, percent))
+}
+
+/// An elastic pool: `percent` % of `n`, rounded down but at least 1 when `n > 0`.
+pub(crate) fn extra(n: u64, percent: u32) -> u64 {
+    if n == 0 {
+        0
+    } else {
+        percent_of(n, percent).max(1)
+    }
+}
+
+/// The limits a store is built with for `spec` under `mode`: the enforced ones (scaled for
+/// soft), and for elastic the extra pool.
+pub(crate) fn effective(spec: &LimitSpec, mode: Mode) -> (LimitSpec, Option<LimitSpec>) {
+    let scale = |p: u32| LimitSpec {
+        limit: scaled(spec.limit, p),
+        burst: spec.burst.map(|b| scaled(b, p)),
+        ..spec.clone()
+    };
+    match mode {
+        Mode::Soft { percent } => (scale(percent), None),
+        Mode::Elastic { percent, .. } => {
+            let pool = LimitSpec {
+                limit: extra(spec.limit, percent),
+                burst: spec.burst.map(|b| extra(b, percent)),
+                ..spec.clone()
+            };
+            (spec.clone(), Some(pool))
+        }
+        Mode::Hard | Mode::Shadow => (spec.clone(), None),
+    }
+}
+
+/// Compiled limits of a list of specs under a mode: (enforced, elastic pool).
+pub(crate) fn compile_limits(
+    specs: &[LimitSpec],
+    mode: Mode,
+    at: impl Fn(usize, &'static str) -> Loc,
+    whole: Loc,
+) -> Result<(Limits, Option<Limits>), (Loc, String)> {
+    if specs.is_empty() {
+        return Err((whole, "no limits: add at least one, e.g. limits = [{ algorithm = \"sliding_window\", limit = 100, window = \"1m\" }]".into()));
+    }
+    if specs.len() > MAX_LIMITS {
+        return Err((
+            whole,
+            format!(
+                "{} limits; at most {MAX_LIMITS} per rule: split the rule",
+                specs.len()
+            ),
+        ));
+    }
+    let mut main = Vec::with_capacity(specs.len());
+    let mut pool = Vec::new();
+    for (j, s) in specs.iter().enumerate() {
+        if s.algorithm == Algorithm::Concurrency {
+            return Err((at(j, "algorithm"), "`concurrency` holds permits that must be released, which a rule check cannot do; use Limiter::acquire for it, or [load] max_in_flight with Engine::admit to bound requests in flight".into()));
+        }
+        let (m, p) = effective(s, mode);
+        let scaled_note = |e: crate::ConfigError, what: &str| {
+            let mut msg = e.message;
+            if !what.is_empty() {
+                msg.push_str(what);
+            }
+            (at(j, e.field), msg)
+        };
+        let note = match mode {
+            Mode::Soft { percent } => {
+                format!(" (soft_percent = {percent} scales it to {})", m.limit)
+            }
+            _ => String::new(),
+        };
+        main.push(m.build().map_err(|e| scaled_note(e, &note))?);
+        if let Some(p) = p {
+            let note = format!(" (the elastic pool is {} of it)", p.limit);
+            pool.push(p.build().map_err(|e| scaled_note(e, &note))?);
+        }
+    }
+    let main = Limits::new(main).map_err(|e| (whole, e.message))?;
+    let pool = if pool.is_empty() {
+        None
+    } else {
+        Some(Limits::new(pool).map_err(|e| (whole, e.message))?)
+    };
+    Ok((main, pool))
+}
+
+/// An override key resolved to typed values (IP addresses already grouped).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub(crate) struct KeyValues {
+    customer: Option<u64>,
+    ip: Option<IpAddr>,
+    api_key: Option<String>,
+    route: Option<String>,
+    method: Option<String>,
+}
+
+impl KeyValues {
+    /// A request carrying exactly these values (its key id is the override's).
+    pub(crate) fn request(&self) -> Request<'_> {
+        Request {
+            customer: self.customer,
+            ip: self.ip,
+            api_key: self.api_key.as_deref(),
+            route: self.route.as_deref(),
+            method: self.method.as_deref(),
+            ..Request::new()
+        }
+    }
+}
+
+fn parse_customer(s: &str) -> Result<u64, String> {
+    let digits = match s.split_once(':') {
+        Some((tag, d))
+            if !tag.is_empty() && tag.bytes().all(|b| b.is_ascii_alphabetic() || b == b'_') =>
+        {
+            d
+        }
+        _ => s,
+    };
+    if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+        if let Ok(v) = digits.parse::<u64>() {
+            return Ok(v);
+        }
+    }
+    Err(format!("`{s}` is not a customer id: write a decimal id up to 18446744073709551615, optionally tagged, e.g. 241531 or user:241531"))
+}
+
+fn mask_ip(a: IpAddr, v4: u8, v6: u8) -> IpAddr {
+    match a {
+        IpAddr::V4(x) => {
+            let m = if v4 == 0 {
+                0
+            } else {
+                u32::MAX << (32 - v4 as u32)
+            };
+            IpAddr::V4((u32::from(x) & m).into())
+        }
+        IpAddr::V6(x) => match x.to_ipv4_mapped() {
+            Some(x4) => mask_ip(IpAddr::V4(x4), v4, v6),
+            None => {
+                let m = if v6 == 0 {
+                    0
+                } else {
+                    u128::MAX << (128 - v6 as u32)
+                };
+                IpAddr::V6((u128::from(x) & m).into())
+            }
+        },
+    }
+}
+
+fn parse_ip(s: &str, class: KeyClass) -> Result<IpAddr, String> {
+    let (addr, len) = match s.split_once('/') {
+        Some((a, l)) => (a, Some(l)),
+        None => (s, None),
+    };
+    let a: IpAddr = addr.parse().map_err(|_| {
+        format!(
+            "`{s}` is not an IP address: write e.g. 203.0.113.9, 203.0.113.0/24 or 2001:db8::/64"
+        )
+    })?;
+    let (max, group) = match a {
+        IpAddr::V4(_) => (32u8, class.ipv4_prefix()),
+        IpAddr::V6(_) => (128u8, class.ipv6_prefix()),
+    };
+    if let Some(l) = len {
+        let l: u8 = l
+            .parse()
+            .ok()
+            .filter(|l| *l <= max)
+            .ok_or_else(|| format!("`{s}`: the prefix length must be 0..={max}"))?;
+        if l < group {
+            return Err(format!("`{s}` is wider than the rule's /{group} grouping: an override names one key; write one /{group} network (or narrower) per override"));
+        }
+    }
+    Ok(mask_ip(a, class.ipv4_prefix(), class.ipv6_prefix()))
+}
+
+fn resolve_part(v: &mut KeyValues, part: KeyPart, s: &str, class: KeyClass) -> Result<(), String> {
+    if s.is_empty() || s.len() > MAX_KEY_LEN || s.chars().any(char::is_control) {
+        return Err(format!(
+            "the {} key must be 1..={MAX_KEY_LEN} bytes of printable text",
+            part.name()
+        ));
+    }
+    match part {
+        KeyPart::Customer => v.customer = Some(parse_customer(s)?),
+        KeyPart::Ip => v.ip = Some(parse_ip(s, class)?),
+        KeyPart::ApiKey => v.api_key = Some(s.to_string()),
+        KeyPart::Route => v.route = Some(s.to_string()),
+        KeyPart::Method => {
+            if method_code(s) == 0 {
+                return Err(format!(
+                    "unknown method `{s}`; expected one of {}",
+                    METHODS.join(", ")
+                ));
+            }
+            v.method = Some(s.to_ascii_uppercase());
+        }
+    }
+    Ok(())
+}
+
+/// Resolves an override key under `class`.
+pub(crate) fn resolve(class: KeyClass, key: &OverrideKey) -> Result<KeyValues, String> {
+    let mut v = KeyValues::default();
+    if class.is_global() {
+        return Err(
+            "a global rule has a single key: change the rule's limits instead of overriding".into(),
+        );
+    }
+    match key {
+        OverrideKey::Text(s) => {
+            let mut parts = class.parts();
+            match (parts.next(), parts.next()) {
+                (Some(p), None) => resolve_part(&mut v, p, s, class)?,
+                _ => return Err(format!("the rule is keyed by {class}: give the override key as a table with one value per part, e.g. key = {{ {} }}", class.parts().map(|p| format!("{} = \"…\"", p.name())).collect::<Vec<_>>().join(", "))),
+            }
+        }
+        OverrideKey::Parts(ps) => {
+            let mut seen = 0u8;
+            for (p, s) in ps {
+                if !class.has(*p) {
+                    return Err(format!(
+                        "the rule is keyed by {class}, which has no `{}` part",
+                        p.name()
+                    ));
+                }
+                if seen & p.bit() != 0 {
+                    return Err(format!("`{}` is given twice", p.name()));
+                }
+                seen |= p.bit();
+                resolve_part(&mut v, *p, s, class)?;
+            }
+            if seen != class.bits() {
+                let missing: Vec<_> = class
+                    .parts()
+                    .filter(|p| seen & p.bit() == 0)
+                    .map(|p| p.name())
+                    .collect();
+                return Err(format!(
+                    "the rule is keyed by {class}: add {}",
+                    missing.join(", ")
+                ));
+            }
+        }
+    }
+    Ok(v)
+}
+
+fn unit(x: f64) -> bool {
+    x.is_finite() && (0.0..=1.0).contains(&x)
+}
+
+/// Checks everything a store build or a check could trip on, naming the field at fault.
+pub(crate) fn validate(r: &super::Rules) -> Result<(), (Loc, String)> {
+    let s = &r.settings;
+    if s.capacity == 0 || s.capacity > MAX_CAPACITY {
+        return Err((
+            Loc::Settings("capacity"),
+            format!(
+                "capacity {} is out of range: give 1..={MAX_CAPACITY} keys per rule",
+                s.capacity
+            ),
+        ));
+    }
+    if r.load.max_in_flight == Some(0) {
+        return Err((
+            Loc::Load("max_in_flight"),
+            "max_in_flight must be at least 1 (or remove it to use reported utilization only)"
+                .into(),
+        ));
+    }
+    if r.load.sample > Duration::from_secs(1) {
+        return Err((Loc::Load("sample"), "sample is longer than 1s: load shedding would react too late; use e.g. \"1ms\" or \"0s\"".into()));
+    }
+    if let Some(sh) = &r.shedding {
+        validate_shedding(sh)?;
+    }
+    if r.rules.len() > MAX_RULES {
+        return Err((
+            Loc::Rule(MAX_RULES, Rf::Table),
+            format!("{} rules; at most {MAX_RULES}", r.rules.len()),
+        ));
+    }
+    for (i, rule) in r.rules.iter().enumerate() {
+        validate_rule(r, i, rule)?;
+    }
+    Ok(())
+}
+
+fn validate_shedding(sh: &Shedding) -> Result<(), (Loc, String)> {
+    const ON: [&str; 4] = ["critical.on", "post.on", "get.on", "test.on"];
+    const OFF: [&str; 4] = ["critical.off", "post.off", "get.off", "test.off"];
+    if !(0.0..1.0).contains(&sh.critical_reserve) {
+        return Err((
+            Loc::Shedding("critical_reserve"),
+            format!(
+                "critical_reserve {} must be in 0 ≤ x < 1 (a share of capacity, e.g. 0.2)",
+                sh.critical_reserve
+            ),
+        ));
+    }
+    if sh.retry_after.is_zero() || sh.retry_after > Duration::from_secs(3600) {
+        return Err((
+            Loc::Shedding("retry_after"),
+            "retry_after must be in 1ns..=1h, e.g. \"1s\"".into(),
+        ));
+    }
+    let mut prev: Option<(usize, f64)> = None;
+    // Least important first: each must start shedding no later than the next more important one.
+    for i in (0..4).rev() {
+        let Some(t) = sh.thresholds[i] else { continue };
+        let p = Priority::ALL[i];
+        if !t.on.is_finite() || t.on <= 0.0 || t.on > 10.0 {
+            return Err((Loc::Shedding(ON[i]), format!("{}: on = {} must be in 0 < on ≤ 10 (a load; 1.0 = max_in_flight or full utilization)", p.name(), t.on)));
+        }
+        if !t.off.is_finite() || t.off < 0.0 || t.off >= t.on {
+            return Err((Loc::Shedding(OFF[i]), format!("{}: off = {} must be ≥ 0 and below on = {}: shedding stops under `off`, and the gap keeps it from flapping", p.name(), t.off, t.on)));
+        }
+        if let Some((j, on)) = prev {
+            if t.on < on {
+                return Err((Loc::Shedding(ON[i]), format!("{} would be shed before {} (on = {} < {}): lower priorities must be shed first; raise {}.on to at least {}", p.name(), Priority::ALL[j].name(), t.on, on, p.name(), on)));
+            }
+        }
+        prev = Some((i, t.on));
+    }
+    Ok(())
+}
+
+fn validate_rule(r: &super::Rules, i: usize, rule: &Rule) -> Result<(), (Loc, String)> {
+    let at = |f: Rf| Loc::Rule(i, f);
+    let n = &rule.name;
+    if n.is_empty() || n.len() > 128 || n.chars().any(char::is_control) {
+        return Err((
+            at(Rf::Name),
+            "a rule name is 1..=128 printable characters".into(),
+        ));
+    }
+    if let Some(j) = r.rules[..i].iter().position(|o| o.name == *n) {
+        return Err((at(Rf::Name), format!("rule name `{n}` is already used by rule #{}; names must be unique (reload keeps each rule's state by its name)", j + 1)));
+    }
+    let k = rule.key;
+    if k.ipv4_prefix() > 32 || k.ipv6_prefix() > 128 {
+        return Err((
+            at(Rf::Key),
+            format!(
+                "IP prefixes are /0../32 for IPv4 and /0../128 for IPv6, got /{}/{}",
+                k.ipv4_prefix(),
+                k.ipv6_prefix()
+            ),
+        ));
+    }
+    for (j, p) in rule.when.route_prefixes.iter().enumerate() {
+        if p.is_empty() || p.len() > MAX_KEY_LEN || p.chars().any(char::is_control) {
+            return Err((at(Rf::Route(j)), format!("a route prefix is 1..={MAX_KEY_LEN} bytes of printable text (to match every route, leave route_prefix out)")));
+        }
+    }
+    for (j, m) in rule.when.methods.iter().enumerate() {
+        if method_code(m) == 0 {
+            return Err((
+                at(Rf::Method(j)),
+                format!(
+                    "unknown method `{m}`; expected one of {}",
+                    METHODS.join(", ")
+                ),
+            ));
+        }
+    }
+    match rule.mode {
+        Mode::Soft { percent } | Mode::Elastic { percent, .. }
+            if !(1..=1000).contains(&percent) =>
+        {
+            return Err((
+                at(Rf::Percent),
+                format!("{percent} % is out of range: give 1..=1000"),
+            ));
+        }
+        Mode::Elastic { below, .. } if !unit(below) || below == 0.0 => {
+            return Err((
+                at(Rf::Below),
+                format!("elastic_below = {below} must be a load in 0 < x ≤ 1, e.g. 0.7"),
+            ));
+        }
+        _ => {}
+    }
+    if rule.cost == 0 {
+        return Err((at(Rf::Cost), "cost must be at least 1".into()));
+    }
+    if let Some(c) = rule.capacity {
+        if c == 0 || c > MAX_CAPACITY {
+            return Err((
+                at(Rf::Capacity),
+                format!("capacity {c} is out of range: give 1..={MAX_CAPACITY} keys"),
+            ));
+        }
+    }
+    compile_limits(
+        &rule.limits,
+        rule.mode,
+        |j, f| at(Rf::Limit(j, f)),
+        at(Rf::Limits),
+    )?;
+    if rule.overrides.len() > MAX_OVERRIDES {
+        return Err((
+            at(Rf::Table),
+            format!(
+                "{} overrides; at most {MAX_OVERRIDES} per rule",
+                rule.overrides.len()
+            ),
+        ));
+    }
+    let mut seen: HashMap<KeyValues, usize> = HashMap::new();
+    for (o, ov) in rule.overrides.iter().enumerate() {
+        let of = |f: Of| at(Rf::Override(o, f));
+        let v = resolve(k, &ov.key).map_err(|m| (of(Of::Key), m))?;
+        if let Some(first) = seen.get(&v) {
+            return Err((of(Of::Key), format!("this key is already overridden by override {} of this rule (after grouping); keep one", first + 1)));
+        }
+        seen.insert(v, o);
+        compile_limits(
+            &ov.limits,
+            rule.mode,
+            |j, f| of(Of::Limit(j, f)),
+            of(Of::Limits),
+        )?;
+    }
+    Ok(())
+}

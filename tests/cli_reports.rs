@@ -1,0 +1,177 @@
+//! The `memory` and `accuracy` reports, run through the built binary with small inputs: the
+//! JSON has the documented shape, every algorithm is there, and the figures are sane.
+
+use serde_json::Value;
+use std::process::Command;
+
+fn run_json(args: &[&str]) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        .args(args)
+        .output()
+        .expect("the turnstile binary runs");
+    assert!(
+        out.status.success(),
+        "turnstile {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).expect("UTF-8 output");
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("not one JSON document ({e}):\n{text}"))
+}
+
+fn row<'a>(results: &'a [Value], engine: Option<&str>, algorithm: &str) -> &'a Value {
+    results
+        .iter()
+        .find(|r| r["algorithm"] == algorithm && engine.is_none_or(|e| r["engine"] == e))
+        .unwrap_or_else(|| panic!("no row for {engine:?} {algorithm}"))
+}
+
+#[test]
+fn memory_report_shape_and_bounds() {
+    let users = 20_000u64;
+    let doc = run_json(&["memory", "--users", "20000", "--json"]);
+    assert_eq!(doc["users"], users);
+    let results = doc["results"].as_array().expect("results array");
+    // (algorithm, upper bound on measured bytes per user at 20k users, the notes' estimate).
+    // Small stores pay page rounding and fixed costs, hence the slack over the 1M targets.
+    let expected: [(&str, f64, Option<u64>); 6] = [
+        ("fixed_window", 40.0, Some(34)),
+        ("sliding_window", 40.0, None),
+        ("token_bucket", 40.0, None),
+        ("leaky_bucket", 40.0, None),
+        ("window_ring", 180.0, Some(1588)),
+        ("sliding_log", 2300.0, Some(12028)),
+    ];
+    for (alg, bound, notes) in expected {
+        let r = row(results, Some("turnstile"), alg);
+        assert_eq!(r["users"], users, "{alg}");
+        let held = r["stored"].as_u64().expect("stored");
+        assert!(held * 1000 >= users * 999, "{alg}: only {held} users held");
+        let b = r["bytes_per_user"].as_f64().expect("bytes_per_user");
+        assert!(
+            b > 0.0 && b <= bound,
+            "{alg}: {b} B/user, expected (0, {bound}]"
+        );
+        let acc = r["accounted_bytes_per_user"].as_f64().expect("accounted");
+        // Resident memory cannot be far below what the store allocated and filled.
+        assert!(
+            acc > 0.0 && b >= 0.8 * acc,
+            "{alg}: measured {b} vs accounted {acc}"
+        );
+        assert!(r["rss_bytes"].as_u64().unwrap() > 0, "{alg}");
+        match notes {
+            Some(n) => {
+                assert_eq!(r["notes_bytes_per_user"], n, "{alg}");
+                let ratio = r["ratio_to_notes"].as_f64().expect("ratio");
+                assert!((ratio - b / n as f64).abs() < 0.01, "{alg}: ratio {ratio}");
+            }
+            None => {
+                assert!(r["notes_bytes_per_user"].is_null(), "{alg}");
+                assert!(r["ratio_to_notes"].is_null(), "{alg}");
+            }
+        }
+    }
+    let g = row(results, Some("governor"), "token_bucket");
+    let b = g["bytes_per_user"]
+        .as_f64()
+        .expect("governor bytes_per_user");
+    assert!(b > 0.0 && b < 1000.0, "governor: {b} B/user");
+    assert!(g["accounted_bytes_per_user"].is_null());
+    assert_eq!(results.len(), 7);
+}
+
+#[test]
+fn accuracy_report_shape_and_reference() {
+    let doc = run_json(&[
+        "accuracy",
+        "--requests",
+        "200000",
+        "--sources",
+        "2000",
+        "--json",
+    ]);
+    assert_eq!(doc["requests"], 200_000);
+    assert_eq!(doc["sources"], 2000);
+    assert_eq!(doc["seed"], 1);
+    assert_eq!(doc["count_denied"], false);
+    let results = doc["results"].as_array().expect("results array");
+    assert_eq!(results.len(), 4);
+    let over = doc["sources_over_limit"].as_u64().unwrap();
+    assert!(over > 0 && over < 2000, "{over} sources over the limit");
+    let kinds: u64 = doc["traffic"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["requests"].as_u64().unwrap())
+        .sum();
+    assert_eq!(kinds, 200_000);
+
+    for alg in ["sliding_window", "window_ring", "fixed_window"] {
+        let r = row(results, None, alg);
+        let wrong = r["wrong_decisions_pct"]
+            .as_f64()
+            .expect("wrong_decisions_pct");
+        assert!((0.0..100.0).contains(&wrong), "{alg}: {wrong}");
+        let n = r["wrong_decisions"].as_u64().unwrap();
+        assert_eq!(
+            n,
+            r["wrongly_allowed"].as_u64().unwrap() + r["wrongly_limited"].as_u64().unwrap()
+        );
+        let e = r["mean_rate_error_pct"]
+            .as_f64()
+            .expect("mean_rate_error_pct");
+        assert!((0.0..100.0).contains(&e), "{alg}: rate error {e}");
+        for k in ["false_negative_sources", "false_positive_sources"] {
+            assert!(r[k].as_u64().unwrap() <= over.max(2000), "{alg} {k}");
+        }
+        assert!(r["false_negative_sources"].as_u64().unwrap() <= over);
+    }
+    // What the approximations are for: the two-window estimate is far closer to the exact
+    // rate than a fixed window's count, and 60 sub-windows closer still.
+    let err = |a: &str| {
+        row(results, None, a)["mean_rate_error_pct"]
+            .as_f64()
+            .unwrap()
+    };
+    assert!(err("window_ring") < err("sliding_window"));
+    assert!(err("sliding_window") < err("fixed_window"));
+    // A fixed window lets edge attackers through: the exact log limits every one of them.
+    assert!(
+        row(results, None, "fixed_window")["false_negative_sources"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+
+    // The keyed store's sliding_log against the reference transition: identical decisions.
+    let own = row(results, None, "sliding_log");
+    assert_eq!(own["path"], "keyed_store");
+    assert_eq!(own["wrong_decisions"], 0);
+    assert_eq!(own["wrong_decisions_pct"].as_f64(), Some(0.0));
+    assert_eq!(own["false_negative_sources"], 0);
+    assert_eq!(own["false_positive_sources"], 0);
+    assert_eq!(own["limited_sources"], over);
+}
+
+#[test]
+fn accuracy_is_deterministic_and_counts_denials_on_request() {
+    let args = [
+        "accuracy",
+        "--requests",
+        "50000",
+        "--sources",
+        "500",
+        "--seed",
+        "7",
+        "--json",
+    ];
+    let a = run_json(&args);
+    let b = run_json(&args);
+    assert_eq!(a["results"], b["results"]);
+    assert_eq!(a["simulated_seconds"], b["simulated_seconds"]);
+
+    let c = run_json(&[&args[..], &["--count-denied"]].concat());
+    assert_eq!(c["count_denied"], true);
+    // The stream does not depend on the mode: the same sources go over the limit.
+    assert_eq!(c["sources_over_limit"], a["sources_over_limit"]);
+    assert_eq!(c["results"][3]["wrong_decisions"], 0);
+}
