@@ -6,8 +6,9 @@
 //! One stream ([`traffic`]) feeds, request by request:
 //!
 //! * the reference: `sliding_log` (exact) per source;
-//! * each approximate limiter — `sliding_window`, `window_ring` (60 buckets), and
-//!   `fixed_window` for contrast — with the same limit and window;
+//! * each approximate limiter — `sliding_window`, `window_ring` (60 buckets by default), and
+//!   `fixed_window` for contrast — with the same limit and window, counting rejected requests
+//!   or not as the reference does (`--count-denied`; by default not, as in the engine);
 //! * a *meter* per approximate algorithm: the same algorithm with the largest limit it takes,
 //!   so it never refuses and counts every request, whose window estimate is compared with
 //!   the exact count of the source's requests in the last W (kept in a per-source queue);
@@ -36,9 +37,9 @@ usage: turnstile accuracy [--requests N] [--sources S] [--seed X] [--json]
 
 Replays deterministic synthetic traffic (steady heavy-tailed Poisson sources, on/off
 bursters, attackers aligned to window edges) through the exact sliding log and the
-approximate algorithms (sliding_window, window_ring, fixed_window), and
-reports how often each decides differently from the exact log, how far its rate estimate
-is from the exact count, and which sources it let through or limited wrongly.
+approximate algorithms (sliding_window, window_ring, fixed_window), and reports how often
+each decides differently from the exact log, how far its rate estimate is from the exact
+count, and which sources it let through or limited wrongly.
 
   --requests N     requests in the stream (default 20M; Cloudflare's run: 400M)
   --sources S      distinct sources (default 20k; Cloudflare's run: 270k)

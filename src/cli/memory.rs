@@ -1,11 +1,12 @@
 //! `turnstile memory`: bytes per user, measured as resident memory, per algorithm, against the
 //! design notes' estimates and against governor's keyed limiter.
 //!
-//! Each row runs in a fresh child process (`turnstile memory --one SUBJECT --users N`, a
-//! hidden mode): it builds a store with room for N users, checks N distinct `u64` ids once
-//! each, and reports how much the process's anonymous resident memory grew — from before
-//! the store was built to after the last insertion, with the store still alive. A child per
-//! row keeps one row's freed-but-retained allocator pages out of the next row's figure.
+//! Each row runs in fresh child processes (`turnstile memory --one SUBJECT --users N`, a
+//! hidden mode), once with transparent huge pages off and once as the binary normally runs.
+//! A child builds a store with room for N users, checks N distinct `u64` ids once each, and
+//! reports how much its anonymous resident memory grew — from before the store was built to
+//! after the last insertion, with the store still alive. A child per row keeps one row's
+//! freed-but-retained allocator pages out of the next row's figure.
 //!
 //! "Anonymous resident" is `/proc/self/statm`'s `resident − shared`: the pages of heap and
 //! anonymous mappings that are in RAM, leaving out the binary's own code pages that the first
@@ -437,11 +438,9 @@ fn print_table(users: u64, rows: &[Row]) {
         );
     }
     println!();
-    println!("B/user: anonymous resident memory growth / users, counted in 4 KiB pages (the");
-    println!(
-        "  allocator's transparent huge pages off). B/user THP: the same as the binary runs by"
-    );
-    println!("  default, where mimalloc asks for 2 MiB huge pages (coarse below ~100k users).");
+    println!("B/user: anonymous resident memory growth / users, counted in 4 KiB pages");
+    println!("  (transparent huge pages off). B/user THP: the same as the binary runs by default,");
+    println!("  where mimalloc asks for 2 MiB huge pages (coarse below ~100k users).");
     println!("accounted: the store's memory_bytes() / users. notes: the design notes' estimate;");
     println!("ratio = B/user / notes. The notes' arithmetic:");
     for r in rows.iter().filter(|r| r.notes_bytes_per_user.is_some()) {
