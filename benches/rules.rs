@@ -10,7 +10,8 @@
 //!     --toggle-collect='rules::timed*' target/release/deps/rules-<hash>
 //!
 //! # minimum ns/check over 1000 interleaved rounds of every case (for a shared, loaded machine):
-//! TURNSTILE_RULES_INTERLEAVED=1 cargo bench --bench rules
+//! TURNSTILE_RULES_INTERLEAVED=1 cargo bench --bench rules   # or =engine_1_rule,local_1_rule
+//! TURNSTILE_RULES_INTERLEAVED=1 TURNSTILE_RULES_SERIAL=1 cargo bench --bench rules  # dependent checks
 //! ```
 //!
 //! With `TURNSTILE_RULES_CALLGRIND=<case>` set, the binary skips Criterion and runs
@@ -232,9 +233,12 @@ const CALLGRIND_CHECKS: usize = 1_000_000;
 
 #[inline(never)]
 fn timed(f: &mut dyn FnMut(u64), ids: &[u64]) {
+    let t = std::time::Instant::now();
     for i in 0..CALLGRIND_CHECKS {
         f(ids[i % KEYS]);
     }
+    let ns = t.elapsed().as_nanos() as f64 / CALLGRIND_CHECKS as f64;
+    eprintln!("{ns:.1} ns/check (wall clock; under callgrind, count instructions instead)");
 }
 
 fn callgrind(case: &str) {
@@ -266,13 +270,16 @@ criterion_group!(benches, bench);
 
 /// Interleaved timing for a loaded machine: every case runs `ROUND` checks in turn, many
 /// rounds; the minimum per case estimates its unloaded cost (load only ever adds time).
-fn interleaved() {
+fn interleaved(only: &str) {
     const ROUND: usize = 5_000;
     const ROUNDS: usize = 1_000;
     let ids = ids();
     let store = store();
-    let engines: Vec<(&str, Engine<ManualClock>)> =
-        cases().iter().map(|(n, t)| (*n, engine(t))).collect();
+    let engines: Vec<(&str, Engine<ManualClock>)> = cases()
+        .iter()
+        .filter(|(n, _)| only == "1" || only.split(',').any(|o| o == *n))
+        .map(|(n, t)| (*n, engine(t)))
+        .collect();
     let mut checks: Vec<_> = engines.iter().map(|(n, e)| checker(n, e)).collect();
     for ((n, _), check) in engines.iter().zip(checks.iter_mut()) {
         if *n == "engine_denied_refund" {
@@ -285,20 +292,32 @@ fn interleaved() {
     ids.iter().for_each(|&id| {
         black_box(store.check_at(&id, 1, NOW));
     });
+    // `serial`: the next key depends on the last decision (`remaining >> 63` is always 0, but
+    // the CPU cannot know), so one check's cache misses cannot overlap the next one's, as in
+    // a server where each check sits between other work. Otherwise consecutive checks are
+    // independent and the out-of-order core overlaps the misses of several short checks.
+    let serial = std::env::var_os("TURNSTILE_RULES_SERIAL").is_some();
+    let step = |at: usize, d: turnstile::Decision| {
+        (at + 1
+            + if serial {
+                (d.remaining >> 63) as usize
+            } else {
+                0
+            })
+            % KEYS
+    };
     let mut best = vec![f64::MAX; engines.len() + 1];
     let mut at = 0;
     for _ in 0..ROUNDS {
         let t = std::time::Instant::now();
         for _ in 0..ROUND {
-            at = (at + 1) % KEYS;
-            black_box(store.check_at(&ids[at], 1, NOW));
+            at = step(at, black_box(store.check_at(&ids[at], 1, NOW)));
         }
         best[0] = best[0].min(t.elapsed().as_nanos() as f64 / ROUND as f64);
         for (i, check) in checks.iter_mut().enumerate() {
             let t = std::time::Instant::now();
             for _ in 0..ROUND {
-                at = (at + 1) % KEYS;
-                black_box(check(ids[at]));
+                at = step(at, black_box(check(ids[at])));
             }
             best[i + 1] = best[i + 1].min(t.elapsed().as_nanos() as f64 / ROUND as f64);
         }
@@ -320,8 +339,8 @@ fn main() {
         callgrind(&case);
         return;
     }
-    if std::env::var_os("TURNSTILE_RULES_INTERLEAVED").is_some() {
-        interleaved();
+    if let Ok(only) = std::env::var("TURNSTILE_RULES_INTERLEAVED") {
+        interleaved(&only);
         return;
     }
     benches();

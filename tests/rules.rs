@@ -612,8 +612,8 @@ fn a_bad_reload_changes_nothing() {
 #[test]
 fn reload_under_concurrent_checks_loses_no_state() {
     // Two threads check one key of an unchanged rule while a third reloads, alternating
-    // between two files that differ in another rule. The unchanged rule admits exactly its
-    // limit in total: no reload ever gave it a fresh store.
+    // between two files that differ in another rule, at least 50 times during the checks. The
+    // unchanged rule admits exactly its limit in total: no reload ever gave it a fresh store.
     const LIMIT: usize = 3000;
     let text = |n: u64| {
         format!(
@@ -627,6 +627,7 @@ limits = [{{ algorithm = "fixed_window", limit = {LIMIT}, window = "1h" }}]
 name = "churn"
 key = "customer"
 match = {{ route_prefix = "/churn" }}
+capacity = 1000
 limits = [{{ algorithm = "fixed_window", limit = {n}, window = "1h" }}]
 "#
         )
@@ -650,9 +651,16 @@ limits = [{{ algorithm = "fixed_window", limit = {n}, window = "1h" }}]
     let checkers: Vec<_> = (0..2)
         .map(|_| {
             let e = e.clone();
+            let reloads = reloads.clone();
             std::thread::spawn(move || {
+                // At least LIMIT checks, and on until 50 reloads happened meanwhile.
                 let r = Request::new().customer(1);
-                (0..LIMIT).filter(|_| e.check(&r).allowed()).count()
+                let (mut n, mut admitted) = (0, 0);
+                while n < LIMIT || reloads.load(Ordering::Relaxed) < 50 {
+                    admitted += e.check(&r).allowed() as usize;
+                    n += 1;
+                }
+                admitted
             })
         })
         .collect();
@@ -660,7 +668,7 @@ limits = [{{ algorithm = "fixed_window", limit = {n}, window = "1h" }}]
     stop.store(true, Ordering::Relaxed);
     reloader.join().unwrap();
     assert_eq!(total, LIMIT);
-    assert!(reloads.load(Ordering::Relaxed) > 0);
+    assert!(reloads.load(Ordering::Relaxed) >= 50);
     assert!(!e.check(&Request::new().customer(1)).allowed());
 }
 

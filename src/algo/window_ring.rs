@@ -165,7 +165,8 @@ fn newest_nonzero<C: Cells + ?Sized>(c: &C, p: &Params, v: &View) -> Option<u64>
         return None;
     }
     (0..p.buckets - v.slid.min(p.buckets))
-        .map(|k| v.cur - v.slid - k)
+        // Near time 0 the window reaches before sub-window 0: stop there.
+        .map_while(|k| (v.cur - v.slid).checked_sub(k))
         .find(|&j| get_counter(c, p, j % p.buckets) > 0)
 }
 

@@ -1,55 +1,23 @@
-//! The engine: compiled rules behind an `ArcSwap`, one `check` per request, hot reload.
-//!
-//! Each rule compiles to its method/priority masks, its key class, and *parts*: keyed stores,
-//! one for the rule's limits, one more for an elastic rule's extra pool, and a one-key store
-//! per override. A part is identified by (rule name, override key id, pool, key class,
-//! compiled limits, capacity, policy); a reload reuses the very same `Arc`'d part when that
-//! identity is unchanged, so checks running on the old rules during the swap and checks on
-//! the new ones update one state. Counters are kept per rule name.
+//! The engine: compiled rules (`compile`) behind an `ArcSwap`, one `check` per request, hot
+//! reload. The check's protocol (consume, then refund) is described in the [module
+//! docs](super).
 
-use super::load::{Load, LoadConfig};
-use super::matcher::{key_id, Cand, KeyPlan, RouteTable};
-use super::model::{Mode, Shedding};
+use super::compile::{compile, CRule, Compiled, Kind, Slot, DENIED, ELASTIC, OVER, WOULD};
+pub use super::compile::{ReloadReport, RuleStats};
+use super::load::Load;
+use super::matcher::Cand;
+use super::model::Shedding;
 use super::request::{method_bit, Priority, Request};
-use super::validate::{compile_limits, effective, resolve, Loc, Of, Rf};
 use super::{Rules, RulesError};
-use crate::algo::Limits;
 use crate::clock::{Clock, MonotonicClock, Nanos};
 use crate::decision::{Decision, Outcome};
-use crate::keyed::{FullPolicy, KeyHasher, Store};
-use crate::sync::{AtomicU64, Ordering};
+use crate::keyed::KeyHasher;
 use arc_swap::cache::Cache;
 use arc_swap::ArcSwap;
-use crossbeam_utils::CachePadded;
-use std::collections::HashMap;
 use std::path::Path;
 // arc-swap swaps a std `Arc`; loom does not model arc-swap, so this module uses std's `Arc`
 // (the rules layer is not loom-checked; the stores under it are).
 use std::sync::{Arc, Mutex};
-
-/// What a reload did.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ReloadReport {
-    /// Rules whose state was kept (same name, key class, limits, capacity).
-    pub kept: Vec<String>,
-    /// Rules that start from fresh state (new, or changed).
-    pub fresh: Vec<String>,
-    /// Rules no longer present.
-    pub removed: Vec<String>,
-}
-
-/// What one rule has done since it was first loaded (kept across reloads by name).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RuleStats {
-    /// Requests it denied.
-    pub denied: u64,
-    /// Requests a shadow rule would have denied (they were allowed).
-    pub would_deny: u64,
-    /// Requests an elastic rule admitted from its extra pool.
-    pub elastic: u64,
-    /// Requests a soft rule admitted over the nominal limit.
-    pub over_nominal: u64,
-}
 
 /// Why a check was answered as it was (see [`Engine::explain`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -64,104 +32,6 @@ pub struct Verdict {
     pub matched: u32,
     /// Shadow rules that would have denied.
     pub would_deny: u32,
-}
-
-const DENIED: usize = 0;
-const WOULD: usize = 1;
-const ELASTIC: usize = 2;
-const OVER: usize = 3;
-
-/// Per-rule counters, sharded like the in-flight counter (a denied flood hits them from
-/// every core).
-struct Counters(Box<[CachePadded<[AtomicU64; 4]>]>);
-
-impl Counters {
-    fn new(shards: usize) -> Self {
-        Self(
-            (0..shards)
-                .map(|_| CachePadded::new(std::array::from_fn(|_| AtomicU64::new(0))))
-                .collect(),
-        )
-    }
-    #[inline]
-    fn add(&self, shard: usize, what: usize) {
-        // Relaxed: statistics; nothing is published through them.
-        self.0[shard % self.0.len()][what].fetch_add(1, Ordering::Relaxed);
-    }
-    fn get(&self) -> RuleStats {
-        // Relaxed: statistics.
-        let sum = |w: usize| self.0.iter().map(|c| c[w].load(Ordering::Relaxed)).sum();
-        RuleStats {
-            denied: sum(DENIED),
-            would_deny: sum(WOULD),
-            elastic: sum(ELASTIC),
-            over_nominal: sum(OVER),
-        }
-    }
-}
-
-#[derive(Clone, PartialEq, Eq, Hash)]
-struct Ident {
-    rule: String,
-    target: Option<u64>,
-    pool: bool,
-    class: super::KeyClass,
-    limits: Limits,
-    capacity: u64,
-    policy: FullPolicy,
-}
-
-struct Part<C: Clock> {
-    ident: Ident,
-    store: Store<Arc<C>>,
-}
-
-struct Slot<C: Clock> {
-    main: Arc<Part<C>>,
-    pool: Option<Arc<Part<C>>>,
-    /// Soft rules: (scaled capacity, nominal capacity) per limit.
-    nominal: Box<[(u64, u64)]>,
-}
-
-#[derive(Clone, Copy)]
-enum Kind {
-    Hard,
-    Soft,
-    Elastic { below: f64 },
-    Shadow,
-}
-
-struct CRule<C: Clock> {
-    name: Arc<str>,
-    plan: KeyPlan,
-    cost: u64,
-    kind: Kind,
-    main: Slot<C>,
-    override_ids: Box<[u64]>,
-    overrides: Box<[Slot<C>]>,
-    counters: Arc<Counters>,
-}
-
-impl<C: Clock> CRule<C> {
-    #[inline]
-    fn slot(&self, id: u64) -> &Slot<C> {
-        if self.override_ids.is_empty() {
-            return &self.main;
-        }
-        match self.override_ids.binary_search(&id) {
-            Ok(i) => &self.overrides[i],
-            Err(_) => &self.main,
-        }
-    }
-}
-
-struct Compiled<C: Clock> {
-    rules: Box<[CRule<C>]>,
-    routes: RouteTable,
-    needs_load: bool,
-    load: LoadConfig,
-    shedding: Option<Shedding>,
-    summary: String,
 }
 
 /// What [`Engine::explain`] adds to a decision.
@@ -671,182 +541,4 @@ impl<C: Clock> Engine<C> {
             }
         }
     }
-}
-
-type Parts<C> = HashMap<Ident, Arc<Part<C>>>;
-
-#[allow(clippy::too_many_arguments)]
-fn part<C: Clock>(
-    old: &Parts<C>,
-    ident: Ident,
-    clock: &Arc<C>,
-    seed: Option<u64>,
-    one_key: bool,
-    err: impl Fn(String) -> RulesError,
-) -> Result<(Arc<Part<C>>, bool), RulesError> {
-    if let Some(p) = old.get(&ident) {
-        return Ok((p.clone(), true));
-    }
-    let mut b = Store::builder(ident.limits.clone())
-        .capacity(ident.capacity)
-        .policy(ident.policy);
-    if one_key {
-        b = b.shards(1);
-    }
-    if let Some(s) = seed {
-        b = b.seed(s);
-    }
-    let store = b
-        .build_with_clock(clock.clone())
-        .map_err(|e| err(e.to_string()))?;
-    Ok((Arc::new(Part { ident, store }), false))
-}
-
-fn compile<C: Clock>(
-    rules: &Rules,
-    old: Option<&Compiled<C>>,
-    clock: &Arc<C>,
-    hasher: &KeyHasher,
-    seed: Option<u64>,
-    shards: usize,
-) -> Result<(Compiled<C>, ReloadReport), RulesError> {
-    super::validate::validate(rules).map_err(|(loc, m)| rules.error_at(loc, m))?;
-    let mut parts: Parts<C> = HashMap::new();
-    let mut counters: HashMap<&str, &Arc<Counters>> = HashMap::new();
-    if let Some(o) = old {
-        for r in o.rules.iter() {
-            counters.insert(&r.name, &r.counters);
-            for s in std::iter::once(&r.main).chain(r.overrides.iter()) {
-                for p in std::iter::once(&s.main).chain(s.pool.iter()) {
-                    parts.insert(p.ident.clone(), p.clone());
-                }
-            }
-        }
-    }
-    let mut report = ReloadReport::default();
-    let mut out = Vec::with_capacity(rules.rules.len());
-    for (i, r) in rules.rules.iter().enumerate() {
-        let at = |f: Rf| Loc::Rule(i, f);
-        let capacity = r.capacity.unwrap_or(rules.settings.capacity);
-        let policy = r.when_full.unwrap_or(rules.settings.when_full);
-        let slot = |target: Option<u64>,
-                    specs: &[crate::LimitSpec],
-                    lim: &dyn Fn(usize, &'static str) -> Loc,
-                    whole: Loc|
-         -> Result<(Slot<C>, bool), RulesError> {
-            let (main, pool) =
-                compile_limits(specs, r.mode, lim, whole).map_err(|(l, m)| rules.error_at(l, m))?;
-            let cap = if target.is_some() { 1 } else { capacity };
-            let ident = |limits: Limits, pool: bool| Ident {
-                rule: r.name.clone(),
-                target,
-                pool,
-                class: r.key,
-                limits,
-                capacity: cap,
-                policy,
-            };
-            let err = |m: String| rules.error_at(at(Rf::Capacity), m);
-            let (main, kept) = part(
-                &parts,
-                ident(main, false),
-                clock,
-                seed,
-                target.is_some(),
-                err,
-            )?;
-            let pool = match pool {
-                Some(l) => {
-                    Some(part(&parts, ident(l, true), clock, seed, target.is_some(), err)?.0)
-                }
-                None => None,
-            };
-            let nominal = match r.mode {
-                Mode::Soft { .. } => specs
-                    .iter()
-                    .filter_map(|s| {
-                        let n = s.build().ok()?.capacity();
-                        Some((effective(s, r.mode).0.build().ok()?.capacity(), n))
-                    })
-                    .collect(),
-                _ => Box::default(),
-            };
-            Ok((
-                Slot {
-                    main,
-                    pool,
-                    nominal,
-                },
-                kept,
-            ))
-        };
-        let (main, kept) = slot(None, &r.limits, &|j, f| at(Rf::Limit(j, f)), at(Rf::Limits))?;
-        if kept {
-            report.kept.push(r.name.clone());
-        } else {
-            report.fresh.push(r.name.clone());
-        }
-        let mut ov: Vec<(u64, Slot<C>)> = Vec::with_capacity(r.overrides.len());
-        for (o, x) in r.overrides.iter().enumerate() {
-            let v = resolve(r.key, &x.key)
-                .map_err(|m| rules.error_at(at(Rf::Override(o, Of::Key)), m))?;
-            let Some(id) = key_id(r.key, &v.request(), hasher) else {
-                return Err(rules.error_at(
-                    at(Rf::Override(o, Of::Key)),
-                    "this key lacks a part of the rule's key class".into(),
-                ));
-            };
-            if ov.iter().any(|(k, _)| *k == id) {
-                continue;
-            }
-            let lim = |j: usize, f: &'static str| at(Rf::Override(o, Of::Limit(j, f)));
-            ov.push((
-                id,
-                slot(Some(id), &x.limits, &lim, at(Rf::Override(o, Of::Limits)))?.0,
-            ));
-        }
-        ov.sort_by_key(|(k, _)| *k);
-        let (override_ids, overrides): (Vec<u64>, Vec<Slot<C>>) = ov.into_iter().unzip();
-        let kind = match r.mode {
-            Mode::Hard => Kind::Hard,
-            Mode::Soft { .. } => Kind::Soft,
-            Mode::Elastic { below, .. } => Kind::Elastic { below },
-            Mode::Shadow => Kind::Shadow,
-        };
-        out.push(CRule {
-            name: r.name.as_str().into(),
-            plan: KeyPlan::new(r.key),
-            cost: r.cost,
-            kind,
-            main,
-            override_ids: override_ids.into(),
-            overrides: overrides.into(),
-            counters: counters
-                .get(r.name.as_str())
-                .map_or_else(|| Arc::new(Counters::new(shards)), |c| (*c).clone()),
-        });
-    }
-    if let Some(o) = old {
-        for r in o.rules.iter() {
-            if !rules.rules.iter().any(|n| *n.name == *r.name) {
-                report.removed.push(r.name.to_string());
-            }
-        }
-    }
-    let needs_load = rules.shedding.is_some()
-        || rules
-            .rules
-            .iter()
-            .any(|r| matches!(r.mode, Mode::Elastic { .. }));
-    Ok((
-        Compiled {
-            routes: RouteTable::build(&rules.rules),
-            rules: out.into(),
-            needs_load,
-            load: LoadConfig::new(&rules.load),
-            shedding: rules.shedding,
-            summary: rules.summary(),
-        },
-        report,
-    ))
 }

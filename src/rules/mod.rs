@@ -37,11 +37,13 @@
 //! that loaded the old rules just before the swap updates those same stores. A file that fails
 //! to parse or validate is refused with `file:line:column: message` and the old rules stay.
 
+mod compile;
 mod engine;
 mod load;
 mod matcher;
 mod model;
 mod parse;
+mod raw;
 mod request;
 mod validate;
 

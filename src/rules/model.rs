@@ -21,15 +21,15 @@ pub const DEFAULT_CAPACITY: u64 = 100_000;
 /// A part of a request that a rule's key is made of.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum KeyPart {
-    /// [`Request::customer`], a numeric id.
+    /// [`Request::customer`](super::Request::customer), a numeric id.
     Customer,
-    /// [`Request::ip`], grouped by the class's IPv4 / IPv6 prefix.
+    /// [`Request::ip`](super::Request::ip), grouped by the class's IPv4 / IPv6 prefix.
     Ip,
-    /// [`Request::api_key`], hashed.
+    /// [`Request::api_key`](super::Request::api_key), hashed.
     ApiKey,
-    /// [`Request::route`], hashed.
+    /// [`Request::route`](super::Request::route), hashed.
     Route,
-    /// [`Request::method`].
+    /// [`Request::method`](super::Request::method).
     Method,
 }
 
