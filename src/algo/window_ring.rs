@@ -146,6 +146,15 @@ fn view<C: Cells + ?Sized>(c: &C, now: u64, p: &Params) -> View {
             total,
         };
     }
+    if d > b {
+        // The stored sub-window would lie before time 0: it came from a clock far ahead
+        // (wrapped index). Keep the counts as they are: conservative, and nothing underflows.
+        return View {
+            cur: b,
+            slid: 0,
+            total,
+        };
+    }
     let slid = d.min(p.buckets);
     let old = b - d;
     let mut t = total;
