@@ -135,7 +135,12 @@ fn view<C: Cells + ?Sized>(c: &C, now: u64, p: &Params) -> View {
     if d == 0 || total == 0 {
         return View {
             cur: b,
-            slid: if d < BEHIND { d.min(p.buckets) } else { 0 },
+            // (No sliding when the stored index is ahead, or would lie before time 0.)
+            slid: if d < BEHIND && d <= b {
+                d.min(p.buckets)
+            } else {
+                0
+            },
             total,
         };
     }
@@ -175,12 +180,12 @@ fn newest_nonzero<C: Cells + ?Sized>(c: &C, p: &Params, v: &View) -> Option<u64>
     }
     (0..p.buckets - v.slid.min(p.buckets))
         // Near time 0 the window reaches before sub-window 0: stop there.
-        .map_while(|k| (v.cur - v.slid).checked_sub(k))
+        .map_while(|k| v.cur.saturating_sub(v.slid).checked_sub(k))
         .find(|&j| get_counter(c, p, j % p.buckets) > 0)
 }
 
 fn slide<C: Cells + ?Sized>(c: &mut C, p: &Params, v: &View) {
-    let old = v.cur - v.slid;
+    let old = v.cur.saturating_sub(v.slid);
     for k in 1..=v.slid {
         set_counter(c, p, (old + k) % p.buckets, 0);
     }
