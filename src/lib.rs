@@ -36,6 +36,6 @@ pub(crate) mod sync;
 pub struct ReadmeDoctests;
 
 pub use algo::{Algorithm, Limit, LimitSpec, Limits};
-pub use clock::{Clock, CoarseClock, ManualClock, MonotonicClock, Nanos};
+pub use clock::{Clock, CoarseClock, DefaultClock, ManualClock, MonotonicClock, Nanos, TscClock};
 pub use decision::{ConfigError, Decision, Outcome};
 pub use limiter::{Limiter, Permit};

@@ -9,8 +9,8 @@
 //! Sizes of the variable records: sliding_log 16 + 4 × limit bytes, window_ring 8 + 8 × ⌈N /
 //! ⌊64/w⌋⌉, concurrency 8 × limit.
 
-use crate::algo::{Cells, Limit, Limits};
-use crate::clock::{Clock, MonotonicClock, Nanos};
+use crate::algo::{with_packed, Cells, Limit, Limits, Packed, PackedFn};
+use crate::clock::{Clock, DefaultClock, Nanos};
 use crate::decision::Decision;
 use crate::record::{self, AtomicCells};
 use crate::sync::{AtomicU128, AtomicU64, Ordering};
@@ -26,18 +26,18 @@ enum State {
 }
 
 /// A rate limiter for one key (or for everything at once).
-pub struct Limiter<C: Clock = MonotonicClock> {
+pub struct Limiter<C: Clock = DefaultClock> {
     limits: Limits,
     state: State,
     clock: C,
 }
 
-impl Limiter<MonotonicClock> {
+impl Limiter<DefaultClock> {
     /// One limit, on the monotonic clock.
     pub fn new(limit: Limit) -> Self {
         Self::with_limits(
             Limits::new(vec![limit]).expect("one limit is valid"),
-            MonotonicClock::new(),
+            DefaultClock::new(),
         )
     }
 }
@@ -87,21 +87,39 @@ impl<C: Clock> Limiter<C> {
     pub fn check_at(&self, cost: u64, now: Nanos) -> Decision {
         match &self.state {
             State::One(a) => {
-                let l = &self.limits.limits()[0];
-                // Relaxed: the CAS below validates whatever this read.
-                let mut cur = a.load(Ordering::Relaxed);
-                loop {
-                    let (new, d) = l.decide_packed(cur, now, cost).expect("packed");
-                    if new == cur {
-                        return d;
-                    }
-                    // AcqRel/Acquire: the record is the only shared datum; acquiring the
-                    // previous writer's value keeps each transition applied to the latest state.
-                    match a.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire) {
-                        Ok(_) => return d,
-                        Err(x) => cur = x,
+                // One copy of the CAS loop per packed algorithm, its transition inlined.
+                struct One<'a> {
+                    a: &'a AtomicU64,
+                    now: Nanos,
+                    cost: u64,
+                }
+                impl PackedFn<Decision> for One<'_> {
+                    #[inline(always)]
+                    fn call<P: Packed>(self, p: &P) -> Decision {
+                        // Relaxed: the CAS below validates whatever this read.
+                        let mut cur = self.a.load(Ordering::Relaxed);
+                        loop {
+                            let (new, d) = p.decide(cur, self.now, self.cost);
+                            if new == cur {
+                                return d;
+                            }
+                            // AcqRel/Acquire: the record is the only shared datum; acquiring
+                            // the previous writer's value keeps each transition applied to the
+                            // latest state.
+                            match self.a.compare_exchange_weak(
+                                cur,
+                                new,
+                                Ordering::AcqRel,
+                                Ordering::Acquire,
+                            ) {
+                                Ok(_) => return d,
+                                Err(x) => cur = x,
+                            }
+                        }
                     }
                 }
+                with_packed(&self.limits.limits()[0], One { a, now, cost })
+                    .expect("a one-word record holds a packed limit")
             }
             State::Two(a) => {
                 // Relaxed: validated by the CAS.

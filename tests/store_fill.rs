@@ -27,8 +27,18 @@ fn fill_to_capacity_places_every_key() {
     );
     assert_eq!(s.len() as u64 + full, n);
     assert!(
-        full * 1000 <= n,
-        "more than 0.1% of keys found no slot: {full}"
+        full * 100_000 <= n,
+        "more than 0.001% of keys found no slot: {full}"
+    );
+    // Lookups scan h1 first, and an insertion takes h1 while it has room: at full load most
+    // keys must be found in one bucket (docs/performance.md has the measured split).
+    let [h1, h2, far] = s.placement();
+    eprintln!("placement: h1 {h1} h2 {h2} further {far}");
+    assert_eq!(h1 + h2 + far, s.len() as u64);
+    assert!(h1 * 100 >= s.len() as u64 * 75, "only {h1} keys in h1");
+    assert!(
+        far * 100 <= s.len() as u64,
+        "{far} keys past their home buckets"
     );
     let _ = FullPolicy::Reject;
 }

@@ -126,7 +126,8 @@ fn helping_keys() -> (u64, u64, u64) {
 }
 
 /// Helping across keys that share a bucket header. Thread A inserts `k`; its home bucket
-/// holds `f`, so "two choices" puts `k` in its *second* range. Thread B inserts `k2` (same
+/// holds `f`, so the two-choice fallback puts `k` in its *second* range (loom builds fall back
+/// whenever h1 is not empty: `table::insert`). Thread B inserts `k2` (same
 /// header, other second range), finds A's insertion pending and helps it, then checks `k`.
 /// Catches a helper that locates the pending slot through its own probe sequence instead of
 /// the owner's: it misses A's slot, clears the header anyway, and B inserts `k` a second time

@@ -425,6 +425,45 @@ impl Limit {
     }
 }
 
+/// A packed algorithm's transition as a trait method marked `#[inline(always)]`, so that the
+/// CAS loops of the store and the keyless limiter are compiled once per algorithm with the
+/// transition inlined. Through [`Limit::decide_packed`] (a match over four inlined arms) the
+/// compiler kept the transition out of line and returned its 56-byte result through memory:
+/// ~80 instructions per check more (docs/performance.md).
+pub(crate) trait Packed {
+    fn decide(&self, s: u64, now: u64, cost: u64) -> (u64, Decision);
+}
+
+macro_rules! packed {
+    ($($m:ident),*) => {$(
+        impl Packed for $m::Params {
+            #[inline(always)]
+            fn decide(&self, s: u64, now: u64, cost: u64) -> (u64, Decision) {
+                $m::decide(s, now, self, cost)
+            }
+        }
+    )*};
+}
+packed!(token_bucket, fixed_window, sliding_window, leaky_bucket);
+
+/// Runs `f` with the packed limit `l`'s parameters as a [`Packed`], i.e. once per algorithm;
+/// `None` if `l` is not packed.
+#[inline(always)]
+pub(crate) fn with_packed<R>(l: &Limit, f: impl PackedFn<R>) -> Option<R> {
+    Some(match l {
+        Limit::TokenBucket(p) => f.call(p),
+        Limit::FixedWindow(p) => f.call(p),
+        Limit::SlidingWindow(p) => f.call(p),
+        Limit::LeakyBucket(p) => f.call(p),
+        _ => return None,
+    })
+}
+
+/// A function generic over the packed algorithm (what [`with_packed`] calls).
+pub(crate) trait PackedFn<R> {
+    fn call<P: Packed>(self, p: &P) -> R;
+}
+
 /// A view of words `[off, off + len)` of a record.
 pub(crate) struct Sub<'a, C: Cells + ?Sized> {
     pub(crate) c: &'a mut C,

@@ -19,8 +19,8 @@ pub(crate) mod arena;
 pub mod key;
 pub(crate) mod table;
 
-use crate::algo::{Algorithm, Limit, Limits};
-use crate::clock::{Clock, MonotonicClock, Nanos};
+use crate::algo::{with_packed, Algorithm, Limit, Limits, Packed, PackedFn};
+use crate::clock::{Clock, DefaultClock, Nanos};
 use crate::decision::{ConfigError, Decision, Outcome};
 use crate::sync::Ordering;
 use crossbeam_utils::CachePadded;
@@ -115,9 +115,9 @@ impl StoreBuilder {
         self
     }
 
-    /// Builds on the monotonic clock.
-    pub fn build(self) -> Result<Store<MonotonicClock>, ConfigError> {
-        self.build_with_clock(MonotonicClock::new())
+    /// Builds on the default clock ([`DefaultClock`]: the calibrated TSC).
+    pub fn build(self) -> Result<Store<DefaultClock>, ConfigError> {
+        self.build_with_clock(DefaultClock::new())
     }
 
     /// Builds on `clock`.
@@ -200,6 +200,8 @@ impl StoreBuilder {
                 None => KeyHasher::random(self.ipv6_prefix),
             };
             let store = Store {
+                packed: self.limits.single_packed().copied(),
+                shard_buckets: shard_vec[0].n_buckets() as u64,
                 shards: shard_vec.into(),
                 shard_bits: shards.trailing_zeros(),
                 limits: self.limits.clone(),
@@ -221,7 +223,11 @@ impl StoreBuilder {
 }
 
 /// Limits for many keys. See the module docs.
-pub struct Store<C: Clock = MonotonicClock> {
+pub struct Store<C: Clock = DefaultClock> {
+    /// The one packed limit every slot holds, if the store is packed (the fast path).
+    packed: Option<Limit>,
+    /// Buckets in each shard (all shards are the same size).
+    shard_buckets: u64,
     shards: Box<[CachePadded<Shard>]>,
     shard_bits: u32,
     limits: Limits,
@@ -231,7 +237,7 @@ pub struct Store<C: Clock = MonotonicClock> {
     capacity: u64,
 }
 
-impl Store<MonotonicClock> {
+impl Store<DefaultClock> {
     /// A builder for a store applying `limits` (all-or-nothing) to every key.
     pub fn builder(limits: Limits) -> StoreBuilder {
         StoreBuilder {
@@ -275,21 +281,29 @@ impl<C: Clock> Store<C> {
         self.shards.len()
     }
 
-    #[inline]
+    #[inline(always)]
     fn locate(&self, id: u64) -> (&Shard, Loc) {
+        let (i, home) = self.place_of(id);
+        (&self.shards[i], home)
+    }
+
+    /// The shard index and home buckets of key id `id`.
+    #[inline(always)]
+    fn place_of(&self, id: u64) -> (usize, Loc) {
         let h = self.hasher.place(id);
         let shard = if self.shard_bits == 0 {
             0
         } else {
             (h >> (64 - self.shard_bits)) as usize
         };
-        let s = &self.shards[shard];
-        let n = s.n_buckets() as u64;
+        // Every shard has the same number of buckets, kept here: no load from the shard
+        // before its bucket address is known.
+        let n = self.shard_buckets;
         // Two independent 24-bit slices of the mix (the shard uses the top bits), reduced by
         // multiply-shift.
         let h1 = (((h & 0xff_ffff) * n) >> 24) as usize;
         let h2 = ((((h >> 24) & 0xff_ffff) * n) >> 24) as usize;
-        (s, Loc { h1, h2 })
+        (shard, Loc { h1, h2 })
     }
 
     /// The shard a key lives in (for routing requests to the thread that owns it).
@@ -362,7 +376,59 @@ impl<C: Clock> Store<C> {
     /// Checks a request of `cost` for `key` at `now`.
     #[inline]
     pub fn check_at<K: Key + ?Sized>(&self, key: &K, cost: u64, now: Nanos) -> Decision {
-        self.run(key.key_id(&self.hasher), now, cost, cost > 0)
+        self.check_id(key.key_id(&self.hasher), now, cost)
+    }
+
+    /// A check of key id `id`: the packed fast path for a live key, else the general path.
+    #[inline(always)]
+    fn check_id(&self, id: u64, now: Nanos, cost: u64) -> Decision {
+        let (shard, home) = self.locate(id);
+        self.check_located(shard, home, id, now, cost)
+    }
+
+    /// [`Store::check_id`] with the key's place already computed (batches compute it ahead).
+    #[inline(always)]
+    fn check_located(&self, shard: &Shard, home: Loc, id: u64, now: Nanos, cost: u64) -> Decision {
+        // One copy of the lookup and CAS loop per packed algorithm, each with its transition
+        // inlined (`algo::Packed`).
+        struct Hit<'a> {
+            shard: &'a Shard,
+            home: Loc,
+            id: u64,
+            now: Nanos,
+            cost: u64,
+        }
+        impl PackedFn<Option<Decision>> for Hit<'_> {
+            #[inline(always)]
+            fn call<P: Packed>(self, p: &P) -> Option<Decision> {
+                self.shard
+                    .update_live(self.home, self.id, p, self.now, self.cost)
+            }
+        }
+        let hit = match &self.packed {
+            Some(l) => with_packed(
+                l,
+                Hit {
+                    shard,
+                    home,
+                    id,
+                    now,
+                    cost,
+                },
+            )
+            .flatten(),
+            None => None,
+        };
+        match hit {
+            Some(d) => d,
+            None => self.run_cold(id, now, cost, cost > 0),
+        }
+    }
+
+    /// The general path, out of line: new keys, arena records, a reclaimed slot.
+    #[inline(never)]
+    fn run_cold(&self, id: u64, now: Nanos, cost: u64, insert: bool) -> Decision {
+        self.run(id, now, cost, insert)
     }
 
     /// Looks at `key`'s limit without consuming (and without inserting it).
@@ -433,23 +499,23 @@ impl<C: Clock> Store<C> {
             out.len(),
             "check_batch: `out` must have one Decision per key"
         );
+        // Each key is hashed and located once; its home bucket is prefetched AHEAD keys before
+        // it is checked, so that the misses of consecutive keys overlap (docs/performance.md).
         const AHEAD: usize = 8;
-        let mut ids = [0u64; AHEAD];
         let n = keys.len();
-        for (i, k) in keys.iter().take(AHEAD).enumerate() {
-            ids[i] = k.key_id(&self.hasher);
-            let (s, home) = self.locate(ids[i]);
-            s.prefetch(home);
-        }
-        for i in 0..n {
-            let id = ids[i % AHEAD];
-            if i + AHEAD < n {
-                let nid = keys[i + AHEAD].key_id(&self.hasher);
-                ids[i % AHEAD] = nid;
-                let (s, home) = self.locate(nid);
-                s.prefetch(home);
+        let mut ring = [(0u64, 0usize, Loc { h1: 0, h2: 0 }); AHEAD];
+        for i in 0..n + AHEAD {
+            let r = i % AHEAD;
+            if i >= AHEAD {
+                let (id, sh, home) = ring[r];
+                out[i - AHEAD] = self.check_located(&self.shards[sh], home, id, now, cost);
             }
-            out[i] = self.run(id, now, cost, cost > 0);
+            if i < n {
+                let id = keys[i].key_id(&self.hasher);
+                let (sh, home) = self.place_of(id);
+                self.shards[sh].prefetch_home(home);
+                ring[r] = (id, sh, home);
+            }
         }
     }
 
@@ -480,6 +546,27 @@ impl<C: Clock> Store<C> {
             t.evicted += c.evicted.load(Ordering::Relaxed);
             t.rejected += c.rejected.load(Ordering::Relaxed);
             t.untracked += c.untracked.load(Ordering::Relaxed);
+        }
+        t
+    }
+
+    /// How many live keys sit in their first home bucket, their second, and further along
+    /// their probe sequence: a lookup reads one bucket for the first, two for the second, and
+    /// more for the rest (a scan; not linearizable; for tests and reports).
+    pub fn placement(&self) -> [u64; 3] {
+        let mut t = [0u64; 3];
+        for (i, s) in self.shards.iter().enumerate() {
+            s.for_each_live_bucket(|id, b| {
+                let (sh, home) = self.place_of(id);
+                debug_assert_eq!(sh, i);
+                t[if b == home.h1 {
+                    0
+                } else if b == home.h2 {
+                    1
+                } else {
+                    2
+                }] += 1;
+            });
         }
         t
     }

@@ -2,11 +2,10 @@
 //! reading it; and `bench --callgrind`: a fixed workload whose instruction counts, divided by
 //! its checks, give instructions per check (noise-free, unlike nanoseconds on a shared VM).
 //!
-//! Clocks compared: `Instant` (= [`MonotonicClock`], the default), [`CoarseClock`]
-//! (`CLOCK_MONOTONIC_COARSE`), governor's quanta clock, a raw TSC read (`rdtsc`, scaled; for
-//! measurement only: a TSC can differ between cores, governor issue 299), a cached clock (an
-//! `AtomicU64` that a background thread refreshes every 100 µs), and `check_batch`'s one
-//! `Instant` read per batch.
+//! Clocks compared: `Instant` ([`MonotonicClock`]), [`CoarseClock`] (`CLOCK_MONOTONIC_COARSE`),
+//! governor's quanta clock, [`TscClock`] (the default: the calibrated invariant TSC), a cached
+//! clock (an `AtomicU64` that a background thread refreshes every 100 µs), and `check_batch`'s
+//! one clock read per batch.
 
 use super::keys::{self, Distribution};
 use super::run::{self, Mode, Timer, TurnstileDirect, TurnstileKeyed};
@@ -18,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use turnstile::keyed::Store;
-use turnstile::{Algorithm, Clock, CoarseClock, Limiter, Limits, MonotonicClock, Nanos};
+use turnstile::{Algorithm, Clock, CoarseClock, Limiter, Limits, MonotonicClock, Nanos, TscClock};
 
 /// Options of `--clocks`.
 pub struct ClockOptions {
@@ -26,34 +25,6 @@ pub struct ClockOptions {
     pub keys: u64,
     pub seconds: f64,
     pub json: bool,
-}
-
-/// The TSC scaled to nanoseconds by a 32.32 fixed-point multiply (x86-64; `Instant` elsewhere).
-#[derive(Clone, Copy)]
-pub struct TscClock {
-    base: u64,
-    mult: u64,
-}
-
-impl TscClock {
-    fn new(t: &Timer) -> Self {
-        Self {
-            base: t.now(),
-            mult: (t.ns_per_tick() * (1u64 << 32) as f64) as u64,
-        }
-    }
-}
-
-impl Clock for TscClock {
-    #[inline]
-    fn now(&self) -> Nanos {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: rdtsc has no preconditions on x86-64.
-        let t = unsafe { core::arch::x86_64::_rdtsc() };
-        #[cfg(not(target_arch = "x86_64"))]
-        let t = self.base;
-        ((t.wrapping_sub(self.base) as u128 * self.mult as u128) >> 32) as u64
-    }
 }
 
 /// A clock read from an `AtomicU64` that a background thread refreshes every 100 µs.
@@ -176,7 +147,7 @@ pub fn run(o: &ClockOptions) -> Result<(), String> {
     let stop = Arc::new(AtomicBool::new(false));
     let (cached, refresher) = cached_clock(stop.clone());
     let mono = MonotonicClock::new();
-    let tsc = TscClock::new(&t);
+    let tsc = TscClock::new();
     let quanta = governor::clock::QuantaClock::default();
     let q0 = quanta.now();
     progress("raw clock reads");
@@ -190,7 +161,10 @@ pub fn run(o: &ClockOptions) -> Result<(), String> {
                 quanta.now().duration_since(q0).as_u64()
             }),
         ),
-        ("TSC (rdtsc, scaled)", read_cost(&|| tsc.now())),
+        (
+            "TscClock (default; rdtsc, scaled)",
+            read_cost(&|| tsc.now()),
+        ),
         ("cached AtomicU64 (100 µs)", read_cost(&|| cached.now())),
     ];
     let seq = super::sequences(Distribution::Uniform, o.keys, 1, SEQ_LEN);
@@ -361,6 +335,11 @@ fn cg_clock_instant(n: u64) -> u64 {
     (0..n).map(|_| black_box(c.now()) & 1).sum()
 }
 
+#[inline(never)]
+fn cg_clock_default(c: &TscClock, n: u64) -> u64 {
+    (0..n).map(|_| black_box(c.now()) & 1).sum()
+}
+
 /// Runs `--callgrind`: every `cg_*` function does a known number of checks; their inclusive
 /// instruction counts divided by that number are instructions per check.
 pub fn callgrind(a: Algorithm, keys: u64, checks: u64, batch: usize) -> Result<(), String> {
@@ -378,7 +357,7 @@ pub fn callgrind(a: Algorithm, keys: u64, checks: u64, batch: usize) -> Result<(
     );
     let g = governor::RateLimiter::keyed(super::governor_quota());
     let gd = governor::RateLimiter::direct(super::governor_quota());
-    let l = Limiter::with_limits(limits, MonotonicClock::new());
+    let l = Limiter::with_limits(limits, TscClock::new());
     let b = batch.min(checks as usize).max(1);
     let batched = checks as usize / b * b;
     // In this order: the keys are inserted first, so every later check is a lookup.
@@ -410,6 +389,10 @@ pub fn callgrind(a: Algorithm, keys: u64, checks: u64, batch: usize) -> Result<(
         cg_governor_direct(&gd, checks),
     ));
     results.push(("cg_clock_instant", checks, cg_clock_instant(checks)));
+    let c = *s.clock();
+    results.push(("cg_clock_default", checks, cg_clock_default(&c, checks)));
+    // Under valgrind CPUID may hide the invariant TSC: then the default clock is Instant.
+    println!("# default clock is the TSC: {}", c.is_tsc());
     println!("# {a}, {} keys, uniform; batch {b}", fmt_count(keys));
     println!("# function checks admitted");
     for (f, n, ok) in results {

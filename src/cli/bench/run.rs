@@ -155,11 +155,6 @@ impl Timer {
     pub fn ns(&self, ticks: u64) -> u64 {
         (ticks as f64 * self.ns_per_tick) as u64
     }
-
-    /// Nanoseconds per tick.
-    pub fn ns_per_tick(&self) -> f64 {
-        self.ns_per_tick
-    }
 }
 
 /// CPU time of the calling thread, ns.
