@@ -451,7 +451,7 @@ fn suite(o: &Options) -> Result<(), String> {
         let mut reps: Vec<Vec<Row>> = Vec::new();
         for rep in 0..o.repeat {
             let mut out = Vec::new();
-            let direct = Limiter::with_limits(limits.clone(), turnstile::MonotonicClock::new());
+            let direct = Limiter::with_limits(limits.clone(), turnstile::DefaultClock::new());
             let gdirect = RateLimiter::direct(governor_quota());
             for &t in &o.threads {
                 let spec = |engine, algorithm: &str, mode| RowSpec {
