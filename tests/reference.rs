@@ -564,8 +564,8 @@ impl Sut for ExactWatch {
 
 /// window_ring: requests bucketed per sub-window (sub-window j spans [j·s, (j + 1)·s)). The
 /// window (now − W, now] counts every sub-window that starts inside it whole, and the one that
-/// straddles its start by the share of its span inside, rounded down. Naively: every bucket
-/// is looked at, by its span, at every check.
+/// straddles its start by the share of its span inside, rounded to the nearest integer
+/// (halves up). Naively: every bucket is looked at, by its span, at every check.
 #[derive(Clone, Debug)]
 struct WindowRingModel {
     limit: u64,
@@ -603,7 +603,8 @@ impl WindowRingModel {
                 part += c as u128 * (hi + w - now);
             }
         }
-        (whole + part / s) as u64
+        // part / s rounded to nearest, halves up.
+        (whole + (2 * part + s) / (2 * s)) as u64
     }
     /// A sub-window counter holds 2^w − 1 at most, w the bit length of the limit; only a
     /// `count_denied` ring ever reaches that.
@@ -1634,13 +1635,13 @@ fn count_denied_retry_waits_for_the_counted_denial() {
 
     // window_ring, limit 1 in 2 sub-windows of W/2: admitted at 0, denied (and counted) at
     // 3W/4 in the second sub-window [W/2, W). From 3W/2 that sub-window straddles the
-    // window's start: ⌊1 × (2W − t)/(W/2)⌋ is 1 at 3W/2 and 0 one nanosecond later.
+    // window's start, counted 1 × (2W − t)/(W/2) rounded: 1 until 7W/4, 0 after.
     let p = window_ring::Params::new(1, w, 2, true).unwrap();
     let mut rec = vec![0; p.words()];
     assert!(window_ring::decide(&mut rec[..], 0, &p, 1, true).allowed());
     assert_eq!(
         window_ring::decide(&mut rec[..], 3 * w / 4, &p, 1, true).retry_after_ns,
-        Some(3 * w / 4 + 1)
+        Some(w + 1)
     );
 }
 

@@ -106,8 +106,11 @@ fn five_hundred_per_hour() {
     let r = log.check_at(1, at).retry_after_ns.unwrap();
     assert!((5 * MIN + S..5 * MIN + S + tick).contains(&r), "{r}");
     // The ring: from 13:00 minute 12:00 straddles the window's start, its 10 weighted by the
-    // share still inside, ⌊10 × (60 s − e) / 60 s⌋ ≤ 9 from 1 ns past 13:00.
-    assert_eq!(ring.check_at(1, at).retry_after_ns, Some(5 * MIN + 1));
+    // share still inside, 10 × (60 s − e) / 60 s rounded to nearest: 9 once e > 3 s.
+    assert_eq!(
+        ring.check_at(1, at).retry_after_ns,
+        Some(5 * MIN + 3 * S + 1)
+    );
     // Two windows: all 500 in the 12:00 window; from 13:00 they are weighted by the part of
     // the window still overlapping, ⌊500 × (W − e) / W⌋ ≤ 499 from 1 ns past 13:00.
     assert_eq!(sliding.check_at(1, at).retry_after_ns, Some(5 * MIN + 1));
