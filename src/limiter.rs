@@ -6,8 +6,8 @@
 //! | two packed | 16 bytes | CAS on an `AtomicU128` (`cmpxchg16b`), all-or-nothing |
 //! | otherwise (sliding_log, window_ring, concurrency, 3+ limits) | 8 + 8 × words | sequence word (`record`) |
 //!
-//! Sizes of the variable records: sliding_log 16 + 4 × limit bytes, window_ring 8 + 8 × ⌈N /
-//! ⌊64/w⌋⌉, concurrency 8 × limit.
+//! Sizes of the variable records: sliding_log 16 + 4 × limit bytes, window_ring 8 + 8 ×
+//! ⌈(N + 1) / ⌊64/w⌋⌉, concurrency 8 × limit.
 
 use crate::algo::{with_packed, Cells, Limit, Limits, Packed, PackedFn};
 use crate::clock::{Clock, DefaultClock, Nanos};

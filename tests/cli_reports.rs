@@ -81,18 +81,24 @@ fn memory_report_shape_and_bounds() {
 
 #[test]
 fn accuracy_report_shape_and_reference() {
+    // The adversarial mix: 1 % edge attackers, so some are among 2000 sources.
     let doc = run_json(&[
         "accuracy",
         "--requests",
         "200000",
         "--sources",
         "2000",
+        "--mix",
+        "adversarial",
         "--json",
     ]);
     assert_eq!(doc["requests"], 200_000);
     assert_eq!(doc["sources"], 2000);
     assert_eq!(doc["seed"], 1);
+    assert_eq!(doc["mix"], "adversarial");
     assert_eq!(doc["count_denied"], false);
+    let at_limit = doc["at_limit_requests"].as_u64().unwrap();
+    assert!(at_limit > 0);
     let results = doc["results"].as_array().expect("results array");
     assert_eq!(results.len(), 4);
     let over = doc["sources_over_limit"].as_u64().unwrap();
@@ -120,6 +126,15 @@ fn accuracy_report_shape_and_reference() {
             .as_f64()
             .expect("mean_rate_error_pct");
         assert!((0.0..100.0).contains(&e), "{alg}: rate error {e}");
+        // Wrong decisions at the limit: a subset of the wrong decisions, over the requests
+        // at the limit.
+        let near = r["wrong_decisions_at_limit"].as_u64().unwrap();
+        assert!(near <= n, "{alg}: {near} > {n}");
+        let near_pct = r["wrong_decisions_at_limit_pct"].as_f64().unwrap();
+        assert!(
+            (near_pct - 100.0 * near as f64 / at_limit as f64).abs() < 1e-4,
+            "{alg}: {near_pct}"
+        );
         for k in ["false_negative_sources", "false_positive_sources"] {
             assert!(r[k].as_u64().unwrap() <= over.max(2000), "{alg} {k}");
         }
@@ -134,6 +149,10 @@ fn accuracy_report_shape_and_reference() {
     };
     assert!(err("window_ring") < err("sliding_window"));
     assert!(err("sliding_window") < err("fixed_window"));
+    let ratio = doc["window_ring_over_sliding_window"]["mean_rate_error"]
+        .as_f64()
+        .unwrap();
+    assert!((ratio - err("window_ring") / err("sliding_window")).abs() < 1e-5);
     // A fixed window lets edge attackers through: the exact log limits every one of them.
     assert!(
         row(results, None, "fixed_window")["false_negative_sources"]
@@ -150,6 +169,65 @@ fn accuracy_report_shape_and_reference() {
     assert_eq!(own["false_negative_sources"], 0);
     assert_eq!(own["false_positive_sources"], 0);
     assert_eq!(own["limited_sources"], over);
+    assert_eq!(own["wrong_decisions_at_limit"], 0);
+}
+
+/// `--mix`: production by default, adversarial on request; the two are different streams, the
+/// adversarial one with more traffic at the limit; an unknown mix is refused.
+#[test]
+fn accuracy_mixes() {
+    let args = [
+        "accuracy",
+        "--requests",
+        "100000",
+        "--sources",
+        "2000",
+        "--json",
+    ];
+    let prod = run_json(&args);
+    assert_eq!(prod["mix"], "production");
+    let named = run_json(&[&args[..], &["--mix", "production"]].concat());
+    assert_eq!(named["results"], prod["results"]);
+    let adv = run_json(&[&args[..], &["--mix", "adversarial"]].concat());
+    assert_eq!(adv["mix"], "adversarial");
+    let share = |d: &Value| d["at_limit_pct"].as_f64().unwrap();
+    assert!(
+        share(&adv) > share(&prod),
+        "at the limit: adversarial {} production {}",
+        share(&adv),
+        share(&prod)
+    );
+    let sources = |d: &Value, kind: &str| {
+        d["traffic"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|k| k["kind"] == kind)
+            .unwrap()["sources"]
+            .as_u64()
+            .unwrap()
+    };
+    // 96.9 % steady in production, 80 % in adversarial.
+    assert!(
+        sources(&prod, "steady") > 1900,
+        "{}",
+        sources(&prod, "steady")
+    );
+    assert!(
+        sources(&adv, "steady") < 1700,
+        "{}",
+        sources(&adv, "steady")
+    );
+    for d in [&prod, &adv] {
+        assert_eq!(d["results"][3]["wrong_decisions"], 0);
+    }
+
+    let out = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        .args(["accuracy", "--mix", "calm", "--requests", "1000"])
+        .output()
+        .expect("the turnstile binary runs");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--mix"));
 }
 
 #[test]

@@ -8,7 +8,7 @@
 //! | token_bucket | the notes' tokens + last timestamp, tokens kept exactly as a u128 over T |
 //! | leaky_bucket | nginx's `excess` (`max(0, excess − elapsed/T + 1)`), scaled by T |
 //! | sliding_log | a log of admission ticks (⌈now / tick⌉), plus an exact-ns safety log |
-//! | window_ring | per-sub-window counts, the window's sum over the last N |
+//! | window_ring | per-sub-window counts; those inside (now − W, now] whole, the straddling one by its share |
 //! | concurrency | a `Vec` of (stamp = expiry, cells) leases |
 //!
 //! Each model and the implementation are driven by the same random sequence of operations
@@ -562,7 +562,10 @@ impl Sut for ExactWatch {
     }
 }
 
-/// window_ring: a count per sub-window index; a window's count is the sum of the last N.
+/// window_ring: requests bucketed per sub-window (sub-window j spans [j·s, (j + 1)·s)). The
+/// window (now − W, now] counts every sub-window that starts inside it whole, and the one that
+/// straddles its start by the share of its span inside, rounded to the nearest integer
+/// (halves up). Naively: every bucket is looked at, by its span, at every check.
 #[derive(Clone, Debug)]
 struct WindowRingModel {
     limit: u64,
@@ -573,10 +576,35 @@ struct WindowRingModel {
 }
 
 impl WindowRingModel {
-    fn sum(&self, b: u64) -> u64 {
-        (b.saturating_sub(self.buckets - 1)..=b)
-            .map(|j| self.counts.get(&j).copied().unwrap_or(0))
-            .sum()
+    /// Whether sub-window j still counts at `now`, wholly or in part.
+    fn inside(&self, j: u64, now: u64) -> bool {
+        let (s, w) = (self.sub as u128, (self.sub * self.buckets) as u128);
+        let (lo, hi) = (j as u128 * s, (j as u128 + 1) * s);
+        lo <= now as u128 && hi + w > now as u128
+    }
+    fn count(&self, now: u64) -> u64 {
+        let (s, w, now) = (
+            self.sub as u128,
+            (self.sub * self.buckets) as u128,
+            now as u128,
+        );
+        let (mut whole, mut part) = (0u128, 0u128);
+        for (&j, &c) in &self.counts {
+            let (lo, hi) = (j as u128 * s, (j as u128 + 1) * s);
+            if lo > now {
+                continue;
+            }
+            if lo + w > now {
+                // Starts after now − W: wholly inside.
+                whole += c as u128;
+            } else if hi + w > now {
+                // Straddles now − W: (hi − (now − W)) of its s ns are inside. One sub-window
+                // at most.
+                part += c as u128 * (hi + w - now);
+            }
+        }
+        // part / s rounded to nearest, halves up.
+        (whole + (2 * part + s) / (2 * s)) as u64
     }
     /// A sub-window counter holds 2^w − 1 at most, w the bit length of the limit; only a
     /// `count_denied` ring ever reaches that.
@@ -588,7 +616,7 @@ impl WindowRingModel {
 impl Model for WindowRingModel {
     fn check(&mut self, now: u64, cost: u64) -> Answer {
         let b = now / self.sub;
-        let total = self.sum(b);
+        let total = self.count(now);
         if cost == 0 {
             return Answer::allow(self.limit.saturating_sub(total));
         }
@@ -601,13 +629,23 @@ impl Model for WindowRingModel {
             let c = self.counts.entry(b).or_insert(0);
             *c = (*c + cost).min(max);
         }
-        Answer::deny(self.limit.saturating_sub(self.sum(b)), cost > self.limit)
+        Answer::deny(
+            self.limit.saturating_sub(self.count(now)),
+            cost > self.limit,
+        )
     }
+    /// Newest sub-windows first, the straddling one last.
     fn refund(&mut self, now: u64, n: u64) {
-        let b = now / self.sub;
+        let mut live: Vec<u64> = self
+            .counts
+            .keys()
+            .copied()
+            .filter(|&j| self.inside(j, now))
+            .collect();
+        live.sort_unstable_by(|a, b| b.cmp(a));
         let mut left = n;
-        for j in (b.saturating_sub(self.buckets - 1)..=b).rev() {
-            let c = self.counts.entry(j).or_insert(0);
+        for j in live {
+            let c = self.counts.get_mut(&j).unwrap();
             let take = left.min(*c);
             *c -= take;
             left -= take;
@@ -1485,10 +1523,10 @@ fn fresh_record_resets_at_any_absolute_time() {
     }
     for base in [(1u64 << 37) + 5, (3u64 << 37) + 5, 1 << 40] {
         let t0 = base * w;
-        // One bucket: a fixed window.
+        // One bucket: the two-window estimate; two sub-windows apart nothing is weighted.
         let mut rec = vec![0u64; ring.words()];
         for k in 0..4 {
-            let now = t0 + k * w;
+            let now = t0 + 2 * k * w;
             for i in 0..2 {
                 assert!(
                     window_ring::decide(&mut rec[..], now, &ring, 1, true).allowed(),
@@ -1596,13 +1634,14 @@ fn count_denied_retry_waits_for_the_counted_denial() {
     assert!(sliding_window::decide(s, w + w / 4 + 1, &p, 1).1.allowed());
 
     // window_ring, limit 1 in 2 sub-windows of W/2: admitted at 0, denied (and counted) at
-    // 3W/4 in the second sub-window, which slides out at 3W/2.
+    // 3W/4 in the second sub-window [W/2, W). From 3W/2 that sub-window straddles the
+    // window's start, counted 1 × (2W − t)/(W/2) rounded: 1 until 7W/4, 0 after.
     let p = window_ring::Params::new(1, w, 2, true).unwrap();
     let mut rec = vec![0; p.words()];
     assert!(window_ring::decide(&mut rec[..], 0, &p, 1, true).allowed());
     assert_eq!(
         window_ring::decide(&mut rec[..], 3 * w / 4, &p, 1, true).retry_after_ns,
-        Some(3 * w / 4)
+        Some(w + 1)
     );
 }
 

@@ -105,17 +105,22 @@ fn five_hundred_per_hour() {
                      // The log: exact, until 12:00:01's requests are an hour old.
     let r = log.check_at(1, at).retry_after_ns.unwrap();
     assert!((5 * MIN + S..5 * MIN + S + tick).contains(&r), "{r}");
-    // The ring: minute 12:00 slides out at 13:00, one minute "early" for its requests at 12:00:01.
-    assert_eq!(ring.check_at(1, at).retry_after_ns, Some(5 * MIN));
+    // The ring: from 13:00 minute 12:00 straddles the window's start, its 10 weighted by the
+    // share still inside, 10 × (60 s − e) / 60 s rounded to nearest: 9 once e > 3 s.
+    assert_eq!(
+        ring.check_at(1, at).retry_after_ns,
+        Some(5 * MIN + 3 * S + 1)
+    );
     // Two windows: all 500 in the 12:00 window; from 13:00 they are weighted by the part of
     // the window still overlapping, ⌊500 × (W − e) / W⌋ ≤ 499 from 1 ns past 13:00.
     assert_eq!(sliding.check_at(1, at).retry_after_ns, Some(5 * MIN + 1));
 
-    // At 13:00:30: the log has freed 12:00:01's 10, the ring minute 12:00's 10, and the two
-    // windows ⌊500 × 3570 / 3600⌋ = 495 still counted.
+    // At 13:00:30: the log has freed 12:00:01's 10, the ring half of minute 12:00's 10 (it
+    // takes them for spread over the minute), and the two windows ⌊500 × 3570 / 3600⌋ = 495
+    // still counted.
     let later = NOON + HOUR + 30 * S;
     assert_eq!(log.check_at(0, later).remaining, 10);
-    assert_eq!(ring.check_at(0, later).remaining, 10);
+    assert_eq!(ring.check_at(0, later).remaining, 5);
     assert_eq!(sliding.check_at(0, later).remaining, 5);
 }
 

@@ -1,42 +1,61 @@
 //! `window_ring`: the notes' "sliding window with counters". W is split into N sub-windows
-//! (default 60: "500 per hour" counted per minute); a ring of N small counters; the window's
-//! count is the sum of the last N. A request of cost n is admitted iff sum + n ≤ limit.
-//!
-//! Approximate only at the granularity of one sub-window: requests in the oldest sub-window
-//! are all dropped at once when it slides out (at most W/N too early). With N = 60 and
-//! W = 1 h, that is 1 minute.
-//!
-//! # Record layout (`1 + ⌈N / ⌊64/w⌋⌉` words of 64 bits)
+//! (default 60: "500 per hour" counted per minute), each with a small counter. The window
+//! (now − W, now] holds the N − 1 sub-windows before the current one whole, the current one
+//! (partly elapsed, all its requests inside), and a part of the sub-window that straddles
+//! now − W. That one is weighted as Cloudflare weights the previous window, at sub-window
+//! granularity:
 //!
 //! ```text
-//! word 0:  | sub-window index mod 2^38 (38) | running total (26) |
-//! word 1+: | counter | counter | ... |   each w = bit length of the limit (≤ 16) bits,
+//! count = Σ counters of sub-windows cur−N+1 ..= cur  +  round(counter(cur − N) × (s − e) / s)
+//! ```
+//!
+//! with s = W / N and e = now − cur·s the time elapsed in the current sub-window; (s − e)/s
+//! is the share of sub-window cur − N still inside the window. A request of cost n is
+//! admitted iff count + n ≤ limit. Integer arithmetic (u128): the share is rounded to the
+//! nearest integer, halves up, `⌊(2 × counter × (s − e) + s) / 2s⌋`. (Rounding down, as
+//! sliding_window does, would undercount by half a request on average: at 10–20 requests a
+//! window that alone is 2.5–5 %. With N = 1 the estimate is sliding_window's but for that.)
+//!
+//! The estimate differs from an exact log only in the straddling sub-window, whose requests
+//! are assumed spread evenly across it: |count − exact| ≤ counter(cur − N), at most the
+//! requests of one sub-window, and about 0 on average for traffic that is smooth at the scale
+//! of a sub-window. It errs both ways: requests late in that sub-window are undercounted,
+//! early ones overcounted.
+//!
+//! # Record layout (`1 + ⌈(N + 1) / ⌊64/w⌋⌉` words of 64 bits)
+//!
+//! ```text
+//! word 0:  | sub-window index mod 2^38 (38) | total of the N newest counters (26) |
+//! word 1+: | counter | counter | ... |   N + 1 counters (sub-window j at slot j mod (N + 1)),
+//!                                         each w = bit length of the limit (≤ 16) bits,
 //!                                         ⌊64 / w⌋ to a word, never straddling words
 //! ```
 //!
-//! 500/h in 60 buckets: w = 9, 7 counters a word, 9 words + header = 80 bytes (the notes
-//! estimate 1.6 KB). The running total makes a check O(1) (plus the sub-windows that slid out
-//! since the last check). Limits ≤ [`MAX_LIMIT`] = 65 535, N ≤ [`MAX_BUCKETS`] = 1024, and the
-//! window must split into N whole nanoseconds. A stored index ahead of `now`'s by less than
-//! 2^37 (time went backwards) keeps the stored sub-window current: conservative. A ring idle
-//! for 2^37 sub-windows or more can look the same and then keeps its counts until the index
-//! comes round again: spurious denials, never over-admission. An empty ring (total 0) is
-//! fresh at any index.
+//! 500/h in 60 buckets: w = 9, 7 counters a word, 61 counters in 9 words + header = 80 bytes
+//! (the notes estimate 1.6 KB). The running total (at most N × (2^16 − 1) < 2^26) makes a
+//! check O(1) plus the sub-windows that slid out since the last check. Limits ≤
+//! [`MAX_LIMIT`] = 65 535, N ≤ [`MAX_BUCKETS`] = 1024, and the window must split into N whole
+//! nanoseconds. A stored index ahead of `now`'s by less than 2^37 (time went backwards) keeps
+//! the stored sub-window current and its straddling sub-window whole: conservative. A ring
+//! idle for 2^37 sub-windows or more can look the same and then keeps its counts until the
+//! index comes round again: spurious denials, never over-admission. A ring whose counters are
+//! all 0 is fresh at any index.
 
 use super::Cells;
 use crate::decision::{ConfigError, Decision};
 
 /// Largest limit (16-bit counters).
 pub const MAX_LIMIT: u64 = u16::MAX as u64;
-/// Largest number of sub-windows.
+/// Largest number of sub-windows (N + 1 counters are kept).
 pub const MAX_BUCKETS: u64 = 1024;
 /// Bits of the sub-window index in the header.
 pub const INDEX_BITS: u32 = 38;
-/// Bits of the running total.
+/// Bits of the running total (of the N newest counters: ≤ 1024 × 65 535 < 2^26).
 pub const TOTAL_BITS: u32 = 26;
 const INDEX_MASK: u64 = (1 << INDEX_BITS) - 1;
 const TOTAL_MASK: u64 = (1 << TOTAL_BITS) - 1;
 const BEHIND: u64 = 1 << (INDEX_BITS - 1);
+const _: () = assert!(MAX_BUCKETS * MAX_LIMIT <= TOTAL_MASK);
 
 /// Parameters, validated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -89,9 +108,14 @@ impl Params {
         })
     }
 
-    /// Words in a record.
+    /// Words in a record: the header and N + 1 counters.
     pub fn words(&self) -> usize {
-        1 + self.buckets.div_ceil(self.per_word) as usize
+        1 + self.slots().div_ceil(self.per_word) as usize
+    }
+
+    /// Counters kept: the N sub-windows of the window and the one straddling its start.
+    fn slots(&self) -> u64 {
+        self.buckets + 1
     }
 
     fn max_count(&self) -> u64 {
@@ -115,81 +139,141 @@ fn set_counter<C: Cells + ?Sized>(c: &mut C, p: &Params, pos: u64, v: u64) {
     c.set(w, (old & !m) | ((v << sh) & m));
 }
 
+/// The slot of sub-window `j + plus` (no overflow whatever `j`).
+#[inline]
+fn slot(p: &Params, j: u64, plus: u64) -> u64 {
+    (j % p.slots() + plus % p.slots()) % p.slots()
+}
+
 /// How the record looks at `now` without touching it.
 struct View {
     /// Full index of the current sub-window.
     cur: u64,
-    /// Sub-windows that slid out since the stored one (0 if none or time went backwards).
+    /// Sub-windows entered since the stored one (≤ N + 1): their slots still hold expired
+    /// counts, to be zeroed (0 if none or time went backwards).
     slid: u64,
-    /// The live total.
-    total: u64,
+    /// The live sum of sub-windows cur − N + 1 ..= cur.
+    full: u64,
+    /// The live counter of sub-window cur − N (0 before time 0).
+    old: u64,
+    /// Nanoseconds of sub-window cur − N still inside the window, 1..=s (s when `now` lies
+    /// before the current sub-window: time went backwards).
+    rem: u64,
+}
+
+impl View {
+    /// The window's count: the full sub-windows and the straddling one's share, rounded.
+    fn count(&self, p: &Params) -> u64 {
+        self.full + weigh(self.old, self.rem, p)
+    }
+}
+
+/// old × rem / s rounded to the nearest integer, halves up: ⌊(2·old·rem + s) / 2s⌋, exactly
+/// (u128; rem ≤ s, so at most `old`).
+#[inline]
+fn weigh(old: u64, rem: u64, p: &Params) -> u64 {
+    let s = p.sub as u128;
+    ((2 * old as u128 * rem as u128 + s) / (2 * s)) as u64
+}
+
+/// Nanoseconds from `now` until the end of sub-window `j + plus` (0 if already over).
+#[inline]
+fn until_end(p: &Params, j: u64, plus: u64, now: u64) -> u64 {
+    ((j as u128 + plus as u128 + 1) * p.sub as u128)
+        .saturating_sub(now as u128)
+        .min(u64::MAX as u128) as u64
 }
 
 fn view<C: Cells + ?Sized>(c: &C, now: u64, p: &Params) -> View {
     let h = c.get(0);
     let (idx, total) = (h >> TOTAL_BITS, h & TOTAL_MASK);
+    let n = p.buckets;
     let b = now / p.sub;
     let d = (b & INDEX_MASK).wrapping_sub(idx) & INDEX_MASK;
-    // An empty ring is fresh whatever its stored index (e.g. state 0 at any time); its
-    // counters are all 0, so nothing needs sliding when the index is behind.
-    if d == 0 || total == 0 {
+    let rem_in = |cur: u64| until_end(p, cur, 0, now).min(p.sub);
+    if total == 0 && (1..p.words()).all(|w| c.get(w) == 0) {
+        // An empty ring is fresh whatever its stored index (e.g. state 0 at any time).
         return View {
             cur: b,
-            // (No sliding when the stored index is ahead, or would lie before time 0.)
-            slid: if d < BEHIND && d <= b {
-                d.min(p.buckets)
+            slid: 0,
+            full: 0,
+            old: 0,
+            rem: rem_in(b),
+        };
+    }
+    if d >= BEHIND || d > b {
+        // d ≥ BEHIND: the stored index is ahead of now's (time went backwards): it stays
+        // current. d > b: the stored sub-window would lie before time 0 (a wrapped index from
+        // a clock far ahead). Either way the counts are kept as they are: conservative, and
+        // nothing underflows.
+        let cur = if d >= BEHIND {
+            b.saturating_add((1 << INDEX_BITS) - d)
+        } else {
+            b
+        };
+        return View {
+            cur,
+            slid: 0,
+            full: total,
+            old: if cur >= n {
+                get_counter(c, p, slot(p, cur, 1))
             } else {
                 0
             },
-            total,
+            rem: rem_in(cur),
         };
     }
-    if d >= BEHIND {
-        return View {
-            cur: b + ((1 << INDEX_BITS) - d),
-            slid: 0,
-            total,
-        };
+    // The stored sub-window is d ≤ b behind: sub-windows stored − N + 1 ..= b − N left the
+    // N newest (the last of them is now the straddling one, if d ≤ N).
+    let stored = b - d;
+    let mut full = total;
+    for k in 1..=d.min(n) {
+        // Sub-window stored − N + k ≡ stored + k + 1 (mod N + 1).
+        full -= get_counter(c, p, slot(p, stored, k + 1)).min(full);
     }
-    if d > b {
-        // The stored sub-window would lie before time 0: it came from a clock far ahead
-        // (wrapped index). Keep the counts as they are: conservative, and nothing underflows.
-        return View {
-            cur: b,
-            slid: 0,
-            total,
-        };
-    }
-    let slid = d.min(p.buckets);
-    let old = b - d;
-    let mut t = total;
-    for k in 1..=slid {
-        t -= get_counter(c, p, (old + k) % p.buckets).min(t);
-    }
+    let old = if d <= n && b >= n {
+        get_counter(c, p, slot(p, b, 1))
+    } else {
+        0
+    };
     View {
         cur: b,
-        slid,
-        total: t,
+        slid: d.min(p.slots()),
+        full,
+        old,
+        rem: rem_in(b),
     }
 }
 
-/// Full index of the newest sub-window with a non-zero count, if any (after sliding).
+/// The live counter of sub-window `j` (0 outside cur − N ..= cur or entered since the stored
+/// one).
+fn live<C: Cells + ?Sized>(c: &C, p: &Params, v: &View, j: u64) -> u64 {
+    if j > v.cur || j.saturating_add(p.buckets) < v.cur || j.saturating_add(v.slid) > v.cur {
+        return 0;
+    }
+    get_counter(c, p, slot(p, j, 0))
+}
+
+/// Full index of the newest sub-window with a non-zero live count, if any.
 fn newest_nonzero<C: Cells + ?Sized>(c: &C, p: &Params, v: &View) -> Option<u64> {
-    if v.total == 0 {
+    if v.full == 0 && v.old == 0 {
         return None;
     }
-    (0..p.buckets - v.slid.min(p.buckets))
+    (0..=p.buckets)
         // Near time 0 the window reaches before sub-window 0: stop there.
-        .map_while(|k| v.cur.saturating_sub(v.slid).checked_sub(k))
-        .find(|&j| get_counter(c, p, j % p.buckets) > 0)
+        .map_while(|k| v.cur.checked_sub(k))
+        .find(|&j| live(c, p, v, j) > 0)
 }
 
 fn slide<C: Cells + ?Sized>(c: &mut C, p: &Params, v: &View) {
-    let old = v.cur.saturating_sub(v.slid);
-    for k in 1..=v.slid {
-        set_counter(c, p, (old + k) % p.buckets, 0);
+    for k in 0..v.slid {
+        let Some(j) = v.cur.checked_sub(k) else { break };
+        set_counter(c, p, slot(p, j, 0), 0);
     }
-    c.set(0, ((v.cur & INDEX_MASK) << TOTAL_BITS) | v.total);
+    c.set(
+        0,
+        ((v.cur & INDEX_MASK) << TOTAL_BITS) | v.full.min(TOTAL_MASK),
+    );
 }
 
 /// The transition, in place. Cost 0 peeks and changes nothing; `apply = false` evaluates
@@ -202,46 +286,42 @@ pub fn decide<C: Cells + ?Sized>(
     apply: bool,
 ) -> Decision {
     let v = view(c, now, p);
-    let reset = |total: u64, newest: Option<u64>| match newest {
-        Some(j) if total > 0 => (j + p.buckets).saturating_mul(p.sub).saturating_sub(now),
-        _ => 0,
-    };
-    let newest = newest_nonzero(c, p, &v);
+    let count = v.count(p);
+    // The record is idle once the newest non-zero sub-window has slid out whole.
+    let reset = newest_nonzero(c, p, &v).map_or(0, |j| until_end(p, j, p.buckets, now));
     if cost == 0 {
-        return Decision::allow(
-            p.limit,
-            p.limit.saturating_sub(v.total),
-            reset(v.total, newest),
-        );
+        return Decision::allow(p.limit, p.limit.saturating_sub(count), reset);
     }
     // Saturating: a huge cost must be refused, not wrap around into an admission.
-    let fits = v.total.saturating_add(cost) <= p.limit;
+    let fits = count.saturating_add(cost) <= p.limit;
     if fits || (p.count_denied && cost <= p.limit) {
-        let ends = (v.cur + p.buckets)
-            .saturating_mul(p.sub)
-            .saturating_sub(now);
         let mut d = if fits {
-            Decision::allow(p.limit, p.limit - v.total - cost, ends)
+            Decision::allow(
+                p.limit,
+                p.limit - count - cost,
+                until_end(p, v.cur, p.buckets, now),
+            )
         } else {
-            denied(c, now, p, &v, cost, reset(v.total, newest))
+            denied(c, now, p, &v, cost, reset)
         };
         if apply {
             slide(c, p, &v);
-            let pos = v.cur % p.buckets;
+            let pos = slot(p, v.cur, 0);
             let cnt = get_counter(c, p, pos);
             let add = cost.min(p.max_count() - cnt);
             set_counter(c, p, pos, cnt + add);
-            let total = (v.total + add).min(TOTAL_MASK);
-            c.set(0, ((v.cur & INDEX_MASK) << TOTAL_BITS) | total);
+            let full = (v.full + add).min(TOTAL_MASK);
+            c.set(0, ((v.cur & INDEX_MASK) << TOTAL_BITS) | full);
             if !fits {
-                d.remaining = p.limit.saturating_sub(total);
                 // The denial is counted too: the retry waits for the ring as it is now.
-                d.retry_after_ns = denied(c, now, p, &view(c, now, p), cost, 0).retry_after_ns;
+                let after = view(c, now, p);
+                d.remaining = p.limit.saturating_sub(after.count(p));
+                d.retry_after_ns = denied(c, now, p, &after, cost, 0).retry_after_ns;
             }
         }
         return d;
     }
-    denied(c, now, p, &v, cost, reset(v.total, newest))
+    denied(c, now, p, &v, cost, reset)
 }
 
 fn denied<C: Cells + ?Sized>(
@@ -252,69 +332,76 @@ fn denied<C: Cells + ?Sized>(
     cost: u64,
     reset: u64,
 ) -> Decision {
-    let retry = if cost > p.limit {
-        None
-    } else {
-        // Oldest first: the sub-window whose expiry frees enough.
-        let mut freed = 0;
-        let mut at = None;
-        for k in (0..p.buckets).rev() {
-            let j = match v.cur.checked_sub(k) {
-                Some(j) => j,
-                None => continue,
-            };
-            // Sub-windows entered since the stored one still hold expired counts: they are 0.
-            if j + v.slid <= v.cur {
-                freed += get_counter(c, p, j % p.buckets);
-            }
-            if v.total - freed.min(v.total) + cost <= p.limit {
-                at = Some(
-                    (j + p.buckets)
-                        .saturating_mul(p.sub)
-                        .saturating_sub(now)
-                        .max(1),
-                );
-                break;
-            }
-        }
-        Some(at.unwrap_or_else(|| {
-            (v.cur + p.buckets)
-                .saturating_mul(p.sub)
-                .saturating_sub(now)
-                .max(1)
-        }))
-    };
-    Decision::deny(p.limit, p.limit.saturating_sub(v.total), reset, retry)
+    let retry = (cost <= p.limit).then(|| first_fit(c, now, p, v, cost));
+    Decision::deny(p.limit, p.limit.saturating_sub(v.count(p)), reset, retry)
 }
 
-/// Gives `n` back, newest sub-windows first.
+/// Nanoseconds (≥ 1) until `cost` ≤ limit fits, nothing else happening. The count only falls
+/// with time, so: the first sub-window (from the current one on) whose N newest counters leave
+/// room, and in it the first instant at which the straddling sub-window's weighted share
+/// fits: ⌊(2·old·r + s) / 2s⌋ ≤ room ⟺ 2·old·r < (2·room + 1)·s ⟺
+/// r ≤ ⌈(2·room + 1)·s / 2·old⌉ − 1, r the nanoseconds of it still inside the window. By sub-window cur + N + 1 nothing is left, so the loop always returns.
+fn first_fit<C: Cells + ?Sized>(c: &C, now: u64, p: &Params, v: &View, cost: u64) -> u64 {
+    let s = p.sub as u128;
+    let (mut full, mut old) = (v.full, v.old);
+    for k in 0..=p.buckets + 1 {
+        let j = v.cur as u128 + k as u128;
+        if k > 0 {
+            // Sub-window j − N leaves the N newest and straddles the window's start; j is
+            // empty (nothing has happened there yet).
+            old = match (j + 1).checked_sub(p.buckets as u128 + 1) {
+                Some(o) => live(c, p, v, o as u64),
+                None => 0,
+            };
+            full -= old.min(full);
+        }
+        if full + cost > p.limit {
+            continue;
+        }
+        let room = (p.limit - cost - full) as u128;
+        let start = (now as u128).max(j * s);
+        let at = if old == 0 {
+            start
+        } else {
+            let r_max = ((2 * room + 1) * s).div_ceil(2 * old as u128) - 1;
+            if r_max == 0 {
+                continue;
+            }
+            start.max((j + 1) * s - r_max.min(s))
+        };
+        return (at - now as u128).clamp(1, u64::MAX as u128) as u64;
+    }
+    until_end(p, v.cur, p.buckets + 1, now).max(1)
+}
+
+/// Gives `n` back, newest sub-windows first (the straddling one last).
 pub fn refund<C: Cells + ?Sized>(c: &mut C, now: u64, p: &Params, n: u64) {
     let v = view(c, now, p);
     slide(c, p, &v);
     let mut left = n;
-    let mut total = v.total;
-    for k in 0..p.buckets {
+    let mut full = v.full;
+    for k in 0..=p.buckets {
         if left == 0 {
             break;
         }
         let Some(j) = v.cur.checked_sub(k) else { break };
-        let pos = j % p.buckets;
+        let pos = slot(p, j, 0);
         let cnt = get_counter(c, p, pos);
         let take = cnt.min(left);
         set_counter(c, p, pos, cnt - take);
         left -= take;
-        total -= take.min(total);
+        if k < p.buckets {
+            full -= take.min(full);
+        }
     }
-    c.set(0, ((v.cur & INDEX_MASK) << TOTAL_BITS) | total);
+    c.set(0, ((v.cur & INDEX_MASK) << TOTAL_BITS) | full);
 }
 
-/// Nanoseconds until the record is equivalent to a fresh one.
+/// Nanoseconds until the record is equivalent to a fresh one: the end of the sub-window in
+/// which the newest non-zero sub-window straddles the window's start.
 pub fn idle_in<C: Cells + ?Sized>(c: &C, now: u64, p: &Params) -> u64 {
     let v = view(c, now, p);
-    match newest_nonzero(c, p, &v) {
-        Some(j) => (j + p.buckets).saturating_mul(p.sub).saturating_sub(now),
-        None => 0,
-    }
+    newest_nonzero(c, p, &v).map_or(0, |j| until_end(p, j, p.buckets, now))
 }
 
 #[cfg(test)]
@@ -325,9 +412,10 @@ mod tests {
     #[test]
     fn five_hundred_per_hour_in_minutes() {
         let p = Params::new(500, 60 * MIN, 60, false).unwrap();
+        // 61 nine-bit counters, 7 to a word: 9 words and the header.
         assert_eq!(p.words(), 10);
         let mut rec = vec![0u64; p.words()];
-        // 10 per minute for 50 minutes = 500, then denied until minute 0's count slides out.
+        // 10 per minute for 50 minutes = 500, then denied until minute 0 starts sliding out.
         for m in 0..50 {
             for _ in 0..10 {
                 assert!(decide(&mut rec[..], m * MIN + 1, &p, 1, true).allowed());
@@ -335,9 +423,74 @@ mod tests {
         }
         let d = decide(&mut rec[..], 55 * MIN, &p, 1, true);
         assert!(!d.allowed());
-        assert_eq!(d.retry_after_ns, Some(5 * MIN));
-        assert!(decide(&mut rec[..], 60 * MIN, &p, 10, true).allowed());
-        assert!(!decide(&mut rec[..], 60 * MIN, &p, 1, true).allowed());
+        // From 60 min minute 0 straddles the window's start: 10 × (s − e)/s rounds to 9 once
+        // below 9.5, e > s/20 = 3 s: 490 + 9 = 499.
+        assert_eq!(d.retry_after_ns, Some(5 * MIN + MIN / 20 + 1));
+        assert!(!decide(&mut rec[..], 60 * MIN + MIN / 20, &p, 1, true).allowed());
+        assert!(decide(&mut rec[..], 60 * MIN + MIN / 20 + 1, &p, 1, true).allowed());
+        assert!(!decide(&mut rec[..], 60 * MIN + MIN / 20 + 1, &p, 1, true).allowed());
+        // Half-way through minute 60: 491 + round(10 / 2) = 496.
+        assert_eq!(
+            decide(&mut rec[..], 60 * MIN + MIN / 2, &p, 0, true).remaining,
+            4
+        );
+        // Minute 0 is gone at 61 min; minute 1 now straddles: 491 − 10 + 10 = 491.
+        assert_eq!(decide(&mut rec[..], 61 * MIN, &p, 0, true).remaining, 9);
+    }
+
+    /// One sub-window: the two-window estimate, its share rounded to nearest, halves up.
+    #[test]
+    fn one_bucket_rounds_the_share_to_nearest() {
+        let p = Params::new(10, 1000, 1, false).unwrap();
+        let mut rec = vec![0u64; p.words()];
+        assert!(decide(&mut rec[..], 0, &p, 3, true).allowed());
+        // 3 in [0, 1000); at t in [1000, 2000) they count 3 × (2000 − t) / 1000.
+        for (t, counted) in [(1000, 3), (1500, 2), (1510, 1), (1833, 1), (1834, 0)] {
+            assert_eq!(
+                decide(&mut rec[..], t, &p, 0, true).remaining,
+                10 - counted,
+                "{t}"
+            );
+        }
+    }
+
+    /// Whatever `now` — time 0, the end of u64 with nanosecond sub-windows, time going
+    /// backwards, wrapped indices — nothing overflows (checked with overflow checks on) and a
+    /// denial that can be retried waits at least 1 ns.
+    #[test]
+    fn extreme_times_never_overflow() {
+        let mut times = vec![
+            0,
+            1,
+            2,
+            59,
+            60,
+            61,
+            1 << 37,
+            (1 << 38) + 3,
+            1 << 62,
+            u64::MAX - 61,
+            u64::MAX - 1,
+            u64::MAX,
+        ];
+        times.extend(times.clone().into_iter().rev());
+        for (n, window) in [(1, 1), (3, 3), (60, 60), (60, 60 * MIN), (1024, 1024)] {
+            for count_denied in [false, true] {
+                let p = Params::new(3, window, n, count_denied).unwrap();
+                let mut rec = vec![0u64; p.words()];
+                for round in 0..3 {
+                    for &t in &times {
+                        for cost in [0, 1, 2, 3, 4, u64::MAX] {
+                            let d = decide(&mut rec[..], t, &p, cost, true);
+                            assert!(d.retry_after_ns.is_none_or(|r| r >= 1));
+                            assert!(d.remaining <= 3);
+                        }
+                        idle_in(&rec[..], t, &p);
+                        refund(&mut rec[..], t, &p, 1 + round);
+                    }
+                }
+            }
+        }
     }
 
     #[test]

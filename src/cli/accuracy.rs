@@ -25,25 +25,29 @@ use super::args::{opt_count, Args};
 use serde::Serialize;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
-use traffic::{Kind, Shape, Traffic};
+use traffic::{Kind, Mix, Shape, Traffic, MIXES, PRODUCTION};
 use turnstile::algo::{fixed_window, sliding_window, window_ring};
 use turnstile::keyed::Store;
 use turnstile::{Algorithm, Limit, LimitSpec, Limits, ManualClock};
 
 const HELP: &str = "\
 usage: turnstile accuracy [--requests N] [--sources S] [--seed X] [--json]
-                          [--limit L] [--window SECS] [--buckets N] [--count-denied]
-                          [--min-count C]
+                          [--mix production|adversarial] [--limit L] [--window SECS]
+                          [--buckets N] [--count-denied] [--min-count C]
 
 Replays deterministic synthetic traffic (steady heavy-tailed Poisson sources, on/off
 bursters, attackers aligned to window edges) through the exact sliding log and the
 approximate algorithms (sliding_window, window_ring, fixed_window), and reports how often
-each decides differently from the exact log, how far its rate estimate is from the exact
-count, and which sources it let through or limited wrongly.
+each decides differently from the exact log (over all requests, and over the requests whose
+source's exact count is within 10 % of the limit), how far its rate estimate is from the
+exact count, and which sources it let through or limited wrongly.
 
   --requests N     requests in the stream (default 20M; Cloudflare's run: 400M)
   --sources S      distinct sources (default 20k; Cloudflare's run: 270k)
   --seed X         traffic seed (default 1)
+  --mix NAME       production (default): most sources far below the limit, 3 % bursty,
+                   0.1 % edge attackers; adversarial: a heavy tail across the limit, 19 %
+                   bursty, 1 % edge attackers (see docs/accuracy.md)
   --limit L        requests per window for every source (default 100)
   --window SECS    the window, seconds (default 60)
   --buckets N      window_ring sub-windows (default 60)
@@ -69,6 +73,9 @@ struct Tally {
     wrongly_limited: u64,
     /// Wrong decisions by the kind of source (see [`Kind`]).
     wrong_by_kind: [u64; 3],
+    /// Wrong decisions among requests whose source's exact count was within 10 % of the
+    /// limit.
+    wrong_at_limit: u64,
     /// Sum over sampled requests of |estimate − exact| / exact.
     rate_err: f64,
     /// Requests sampled for the rate error (exact count ≥ min_count).
@@ -102,6 +109,11 @@ struct Row {
     wrongly_allowed: u64,
     wrongly_limited: u64,
     wrong_decisions_pct: f64,
+    /// Wrong decisions among the requests whose source's exact count (all its requests in
+    /// the last W) was within 10 % of the limit, over those requests: the algorithm's error
+    /// where decisions are close, whatever the mix.
+    wrong_decisions_at_limit: u64,
+    wrong_decisions_at_limit_pct: Option<f64>,
     mean_rate_error_pct: Option<f64>,
     mean_rate_error_near_limit_pct: Option<f64>,
     rate_samples: u64,
@@ -137,11 +149,21 @@ struct Cloudflare {
     false_positive_sources: u64,
 }
 
+/// window_ring's figures over sliding_window's (the goal: at most 0.1).
+#[derive(Serialize)]
+struct Ratios {
+    mean_rate_error: Option<f64>,
+    wrong_decisions: Option<f64>,
+    wrong_decisions_at_limit: Option<f64>,
+}
+
 #[derive(Serialize)]
 struct Report {
     requests: u64,
     sources: u64,
     seed: u64,
+    /// The traffic mix (`--mix`).
+    mix: &'static str,
     limit: u64,
     window_seconds: f64,
     window_ring_buckets: u64,
@@ -158,8 +180,10 @@ struct Report {
     /// Share of requests that found their source's exact count within 10 % of the limit:
     /// where a small error of the estimate turns a decision.
     at_limit_pct: f64,
+    at_limit_requests: u64,
     traffic: Vec<KindRow>,
     results: Vec<Row>,
+    window_ring_over_sliding_window: Ratios,
 }
 
 /// Runs the subcommand.
@@ -171,6 +195,13 @@ pub fn run(mut args: Args) -> Result<(), String> {
     let requests = opt_count(&mut args, "requests")?.unwrap_or(20_000_000);
     let sources = opt_count(&mut args, "sources")?.unwrap_or(20_000);
     let seed: u64 = args.opt("seed")?.unwrap_or(1);
+    let mix_name: Option<String> = args.opt("mix")?;
+    let mix = match mix_name {
+        None => PRODUCTION,
+        Some(m) => *MIXES.iter().find(|x| x.name == m).ok_or_else(|| {
+            format!("option --mix: `{m}` is not a mix; give production or adversarial")
+        })?,
+    };
     let limit = opt_count(&mut args, "limit")?.unwrap_or(100);
     let window_s: f64 = args.opt("window")?.unwrap_or(60.0);
     let count_denied = args.flag("count-denied");
@@ -202,6 +233,7 @@ pub fn run(mut args: Args) -> Result<(), String> {
         requests,
         sources: sources as u32,
         seed,
+        mix,
         limit,
         window,
         buckets,
@@ -224,6 +256,7 @@ struct Config {
     requests: u64,
     sources: u32,
     seed: u64,
+    mix: Mix,
     limit: u64,
     window: u64,
     buckets: u64,
@@ -286,6 +319,7 @@ fn simulate(c: &Config) -> Result<Report, String> {
             window: c.window,
             start,
         },
+        &c.mix,
     );
     let kinds: Vec<Kind> = traffic.kinds().to_vec();
 
@@ -347,7 +381,8 @@ fn simulate(c: &Config) -> Result<Report, String> {
         }
         let exact = q.len() as u64;
         q.push_back(t);
-        at_limit_n += (exact >= at_limit.0 && exact <= at_limit.1) as u64;
+        let near_limit = exact >= at_limit.0 && exact <= at_limit.1;
+        at_limit_n += near_limit as u64;
 
         let block = &mut blocks[s * stride..(s + 1) * stride];
         let truth = reference.step(&mut block[..rw], t, 1, true).allowed();
@@ -358,7 +393,7 @@ fn simulate(c: &Config) -> Result<Report, String> {
 
         for a in algos.iter_mut() {
             let d = a.limit.step(&mut block[a.at..a.meter_at], t, 1, true);
-            a.tally.record(d.allowed(), truth, s, kind);
+            a.tally.record(d.allowed(), truth, s, kind, near_limit);
             let m = a.meter.step(&mut block[a.meter_at..a.end], t, 1, true);
             if !m.allowed() {
                 return Err(format!(
@@ -379,7 +414,7 @@ fn simulate(c: &Config) -> Result<Report, String> {
         }
 
         let d = store.check_at(&(src as u64), 1, t);
-        store_tally.record(d.allowed(), truth, s, kind);
+        store_tally.record(d.allowed(), truth, s, kind, near_limit);
     }
     if c.progress {
         eprint!("        \r");
@@ -397,11 +432,25 @@ fn simulate(c: &Config) -> Result<Report, String> {
     let mut results: Vec<Row> = algos
         .iter()
         .map(|a| {
-            a.tally
-                .row(a.algorithm.name(), "transition", &ref_limited, pct)
+            a.tally.row(
+                a.algorithm.name(),
+                "transition",
+                &ref_limited,
+                pct,
+                at_limit_n,
+            )
         })
         .collect();
-    let mut own = store_tally.row("sliding_log", "keyed_store", &ref_limited, pct);
+    let ratio = |f: fn(&Row) -> Option<f64>| {
+        let (sw, ring) = (f(&results[0])?, f(&results[1])?);
+        (sw > 0.0).then(|| round6(ring / sw))
+    };
+    let ratios = Ratios {
+        mean_rate_error: ratio(|r| r.mean_rate_error_pct),
+        wrong_decisions: ratio(|r| Some(r.wrong_decisions_pct)),
+        wrong_decisions_at_limit: ratio(|r| r.wrong_decisions_at_limit_pct),
+    };
+    let mut own = store_tally.row("sliding_log", "keyed_store", &ref_limited, pct, at_limit_n);
     own.mean_rate_error_pct = None;
     own.mean_rate_error_near_limit_pct = None;
     results.push(own);
@@ -427,6 +476,7 @@ fn simulate(c: &Config) -> Result<Report, String> {
         requests: total,
         sources: c.sources as u64,
         seed: c.seed,
+        mix: c.mix.name,
         limit: c.limit,
         window_seconds: c.window as f64 / 1e9,
         window_ring_buckets: c.buckets,
@@ -445,19 +495,22 @@ fn simulate(c: &Config) -> Result<Report, String> {
         sources_over_limit: ref_limited.iter().filter(|&&l| l).count() as u64,
         reference_denied_pct: pct(ref_denied),
         at_limit_pct: pct(at_limit_n),
+        at_limit_requests: at_limit_n,
         traffic: traffic_rows,
         results,
+        window_ring_over_sliding_window: ratios,
     })
 }
 
 impl Tally {
     #[inline]
-    fn record(&mut self, allowed: bool, truth: bool, s: usize, kind: usize) {
+    fn record(&mut self, allowed: bool, truth: bool, s: usize, kind: usize, at_limit: bool) {
         if !allowed {
             self.limited[s] = true;
         }
         if allowed != truth {
             self.wrong += 1;
+            self.wrong_at_limit += at_limit as u64;
             self.wrong_by_kind[kind] += 1;
             if allowed {
                 self.wrongly_allowed += 1;
@@ -475,6 +528,7 @@ impl Tally {
         path: &'static str,
         reference: &[bool],
         pct: impl Fn(u64) -> f64,
+        at_limit: u64,
     ) -> Row {
         let (mut fneg, mut fpos) = (0, 0);
         for (&r, &a) in reference.iter().zip(&self.limited) {
@@ -489,6 +543,8 @@ impl Tally {
             wrongly_allowed: self.wrongly_allowed,
             wrongly_limited: self.wrongly_limited,
             wrong_decisions_pct: pct(self.wrong),
+            wrong_decisions_at_limit: self.wrong_at_limit,
+            wrong_decisions_at_limit_pct: mean(self.wrong_at_limit as f64, at_limit),
             mean_rate_error_pct: mean(self.rate_err, self.rate_samples),
             mean_rate_error_near_limit_pct: mean(self.near_err, self.near_samples),
             rate_samples: self.rate_samples,
@@ -514,10 +570,11 @@ fn round3(x: f64) -> f64 {
 
 fn print_report(r: &Report) {
     println!(
-        "accuracy: {} requests from {} sources (seed {}), {} requests per {} s, window_ring of {} buckets; rejected requests {}",
+        "accuracy: {} requests from {} sources (seed {}, {} mix), {} requests per {} s, window_ring of {} buckets; rejected requests {}",
         r.requests,
         r.sources,
         r.seed,
+        r.mix,
         r.limit,
         r.window_seconds,
         r.window_ring_buckets,
@@ -539,12 +596,13 @@ fn print_report(r: &Report) {
     }
     println!();
     println!(
-        "{:<15} {:<12} {:>12} {:>10} {:>10} {:>11} {:>11} {:>9} {:>9}",
+        "{:<15} {:<12} {:>12} {:>10} {:>10} {:>10} {:>11} {:>11} {:>9} {:>9}",
         "algorithm",
         "run as",
         "wrong %",
         "allowed",
         "limited",
+        "at lim %",
         "rate err %",
         "near lim %",
         "false -",
@@ -553,12 +611,13 @@ fn print_report(r: &Report) {
     let opt = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.3}"));
     for x in &r.results {
         println!(
-            "{:<15} {:<12} {:>12.5} {:>10} {:>10} {:>11} {:>11} {:>9} {:>9}",
+            "{:<15} {:<12} {:>12.5} {:>10} {:>10} {:>10} {:>11} {:>11} {:>9} {:>9}",
             x.algorithm,
             x.path,
             x.wrong_decisions_pct,
             x.wrongly_allowed,
             x.wrongly_limited,
+            opt(x.wrong_decisions_at_limit_pct),
             opt(x.mean_rate_error_pct),
             opt(x.mean_rate_error_near_limit_pct),
             x.false_negative_sources,
@@ -567,16 +626,24 @@ fn print_report(r: &Report) {
     }
     let cf = &r.cloudflare_2017;
     println!(
-        "{:<15} {:<12} {:>12.5} {:>10} {:>10} {:>11} {:>11} {:>9} {:>9}",
+        "{:<15} {:<12} {:>12.5} {:>10} {:>10} {:>10} {:>11} {:>11} {:>9} {:>9}",
         "Cloudflare 2017",
         "(400M, 270k)",
         cf.wrong_decisions_pct,
+        "",
         "",
         "",
         cf.mean_rate_error_pct,
         "",
         cf.false_negative_sources,
         cf.false_positive_sources
+    );
+    let q = &r.window_ring_over_sliding_window;
+    println!(
+        "window_ring / sliding_window: rate error {}, wrong decisions {}, at the limit {}",
+        opt(q.mean_rate_error),
+        opt(q.wrong_decisions),
+        opt(q.wrong_decisions_at_limit)
     );
     println!();
     println!("wrong decisions by kind of source:      steady      bursty  edge_attacker");
@@ -589,7 +656,8 @@ fn print_report(r: &Report) {
     }
     println!();
     println!("wrong %: requests decided differently from the exact sliding log (allowed: admitted");
-    println!("  here, refused there; limited: the reverse). rate err %: mean |estimate - exact| /");
+    println!("  here, refused there; limited: the reverse). at lim %: the same over the requests");
+    println!("  whose source's exact count was within 10 % of the limit. rate err %: mean |estimate - exact| /");
     println!(
         "  exact over requests whose source sent >= {} requests in the last window (near lim:",
         r.min_count

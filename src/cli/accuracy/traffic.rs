@@ -4,21 +4,74 @@
 //! Every source has its own small generator (SplitMix64 seeded from `--seed` and the source's
 //! number), so a source's requests do not depend on how the others interleave, and the same
 //! seed gives the same stream. Rates are in units of the limit: `r = 1` is a source sending
-//! exactly `limit` requests per window on average.
+//! exactly `limit` requests per window on average. Two mixes ([`Mix`]):
 //!
-//! | kind | share of sources | process |
+//! | kind | [`PRODUCTION`] | [`ADVERSARIAL`] |
 //! |---|---|---|
-//! | steady | 80 % | Poisson; r log-normal, median 0.02, σ = 1.5 (heavy-tailed: 0.5 % above r = 1), at most 30 |
-//! | bursty | 19 % | on/off: Poisson at r_on (log-normal, median 0.25, σ = 1, at most 30; 8 % above 1) for Exp(2 W), silent for Exp(15 W) |
-//! | edge attacker | 1 % | every k-th window edge (k in 2..=8), B requests spread uniformly over δ before the edge and B over δ after; B = U(0.5, 1) × limit, δ = U(1 %, 25 %) × W |
+//! | steady: Poisson at r, log-normal, at most 30 | 96.9 %, median 0.01, σ = 1.5 (0.11 % above r = 1) | 80 %, median 0.02, σ = 1.5 (0.5 % above 1) |
+//! | bursty: Poisson at r_on (log-normal, at most 30) for Exp(on), silent for Exp(off) | 3 %, median 0.1, σ = 1 (1.1 % above 1), on W, off 30 W | 19 %, median 0.25, σ = 1 (8 % above 1), on 2 W, off 15 W |
+//! | edge attacker | 0.1 % | 1 % |
 //!
-//! The edge attackers are the fixed window's worst case: up to 2B (≤ 2 × limit) pass in 2δ.
+//! An edge attacker, at every k-th window edge (k uniform in 2..=8), sends B requests spread
+//! uniformly over δ before the edge and B over δ after; B = U(0.5, 1) × limit,
+//! δ = U(1 %, 25 %) × W: the fixed window's worst case (up to 2B ≤ 2 × limit pass in 2δ).
 //!
 //! The stream is merged a slice of time at a time: every source emits its requests before the
 //! slice's end, the slice is sorted by (time, source), and handed out in order. The slice's
 //! length adapts to hold about [`SLICE`] requests, so memory is O(sources + SLICE), not
 //! O(requests), and a request costs a share of one sort instead of a heap pop and push (which
 //! was the largest item of a profile).
+
+/// The population of sources: shares of each kind and their rate distributions.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Mix {
+    /// The name `--mix` takes.
+    pub name: &'static str,
+    /// Share of steady sources.
+    pub steady: f64,
+    /// Share of bursty sources (the rest are edge attackers).
+    pub bursty: f64,
+    /// Steady rate: median and σ of its log.
+    pub steady_median: f64,
+    pub steady_sigma: f64,
+    /// Bursty rate while on: median and σ of its log.
+    pub bursty_median: f64,
+    pub bursty_sigma: f64,
+    /// Mean on and off periods of a bursty source, in windows.
+    pub on_windows: f64,
+    pub off_windows: f64,
+}
+
+/// Most sources far below the limit, a few bursty ones, a handful of attackers: the shape of
+/// the traffic a rate limit sees in production (docs/accuracy.md says why these figures).
+pub const PRODUCTION: Mix = Mix {
+    name: "production",
+    steady: 0.969,
+    bursty: 0.03,
+    steady_median: 0.01,
+    steady_sigma: 1.5,
+    bursty_median: 0.1,
+    bursty_sigma: 1.0,
+    on_windows: 1.0,
+    off_windows: 30.0,
+};
+
+/// Built to exercise the threshold: a heavy tail across the limit, many bursters, 1 % edge
+/// attackers (4.65 % of requests within 10 % of the limit at the default size).
+pub const ADVERSARIAL: Mix = Mix {
+    name: "adversarial",
+    steady: 0.80,
+    bursty: 0.19,
+    steady_median: 0.02,
+    steady_sigma: 1.5,
+    bursty_median: 0.25,
+    bursty_sigma: 1.0,
+    on_windows: 2.0,
+    off_windows: 15.0,
+};
+
+/// Every mix, by name.
+pub const MIXES: [Mix; 2] = [PRODUCTION, ADVERSARIAL];
 
 /// SplitMix64: a small, fast, well-mixed generator; one per source.
 #[derive(Clone, Debug)]
@@ -148,8 +201,8 @@ pub struct Traffic {
 }
 
 impl Traffic {
-    /// `n` sources under `seed`.
-    pub fn new(n: u32, seed: u64, shape: Shape) -> Self {
+    /// `n` sources of `mix` under `seed`.
+    pub fn new(n: u32, seed: u64, shape: Shape, mix: &Mix) -> Self {
         let w = shape.window as f64;
         let l = shape.limit as f64;
         let mut sources = Vec::with_capacity(n as usize);
@@ -157,12 +210,16 @@ impl Traffic {
         for i in 0..n {
             let mut rng = Rng::new(seed, i as u64);
             let pick = rng.unit();
-            let (kind, process) = if pick <= 0.80 {
-                let r = rng.lognormal(0.02, 1.5).clamp(1e-3, 30.0);
+            let (kind, process) = if pick <= mix.steady {
+                let r = rng
+                    .lognormal(mix.steady_median, mix.steady_sigma)
+                    .clamp(1e-3, 30.0);
                 (Kind::Steady, Process::Poisson { gap: w / (r * l) })
-            } else if pick <= 0.99 {
-                let r = rng.lognormal(0.25, 1.0).clamp(1e-2, 30.0);
-                let (on, off) = (2.0 * w, 15.0 * w);
+            } else if pick <= mix.steady + mix.bursty {
+                let r = rng
+                    .lognormal(mix.bursty_median, mix.bursty_sigma)
+                    .clamp(1e-2, 30.0);
+                let (on, off) = (mix.on_windows * w, mix.off_windows * w);
                 // Start on with the stationary probability, at a random point of the period.
                 let on_until = if rng.unit() <= on / (on + off) {
                     shape.start + rng.exp(on) as u64
