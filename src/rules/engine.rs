@@ -208,13 +208,17 @@ fn shed_decision(s: &Shedding) -> Decision {
     }
 }
 
-/// Two admitting rules' decisions as one: the tighter remainder, the later reset and delay.
+/// Two admitting rules' decisions as one, in place: the tighter remainder, the later reset
+/// and delay.
 #[inline]
-fn merge(a: Decision, d: Decision) -> Decision {
-    let mut m = if d.remaining < a.remaining { d } else { a };
-    m.reset_after_ns = a.reset_after_ns.max(d.reset_after_ns);
-    m.delay_ns = a.delay_ns.max(d.delay_ns);
-    m
+fn merge(a: &mut Decision, d: &Decision) {
+    let reset = a.reset_after_ns.max(d.reset_after_ns);
+    let delay = a.delay_ns.max(d.delay_ns);
+    if d.remaining < a.remaining {
+        *a = *d;
+    }
+    a.reset_after_ns = reset;
+    a.delay_ns = delay;
 }
 
 impl<C: Clock> Engine<C> {
@@ -442,17 +446,24 @@ impl<C: Clock> Engine<C> {
                 continue;
             };
             let cost = req.cost.saturating_mul(r.cost);
-            match self.decide(r, r.slot(id), id, cost, now, load) {
+            let slot = r.slot(id);
+            let d = slot.main.store.check_at(&id, cost, now);
+            // The common case inline: a hard rule that admits.
+            if matches!(r.kind, Kind::Hard) && d.allowed() {
+                merge(&mut acc, &d);
+                why.matched();
+                continue;
+            }
+            match self.decide(r, slot, d, id, cost, now, load) {
                 Ok((d, pool)) => {
                     if pool {
                         pooled[k / 64] |= 1 << (k % 64);
                     }
-                    acc = merge(acc, d);
+                    merge(&mut acc, &d);
                     why.matched();
                 }
                 Err(d) => {
-                    self.refund(c, req, &cands.enforce[..k], now, &pooled, sel);
-                    r.counters.add(self.load.shard(), DENIED);
+                    self.deny(c, req, &cands.enforce[..k], now, &pooled, sel, cand.rule);
                     why.denied(cand.rule);
                     return d;
                 }
@@ -538,20 +549,42 @@ impl<C: Clock> Engine<C> {
         }
     }
 
-    /// One enforcing rule: `Ok` with the decision and whether the elastic pool took the cost,
-    /// or `Err` with the denial (nothing taken).
-    #[inline(always)]
+    /// A denial by enforcing rule `rule`, after the candidates `cands` before it: their refund
+    /// and the rule's counter. Out of line, so that the check path does not prepare for it.
+    #[cold]
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn deny(
+        &self,
+        c: &Compiled<C>,
+        req: &Request<'_>,
+        cands: &[Cand],
+        now: Nanos,
+        pooled: &[u64],
+        sel: u32,
+        rule: u32,
+    ) {
+        self.refund(c, req, cands, now, pooled, sel);
+        c.rules[rule as usize]
+            .counters
+            .add(self.load.shard(), DENIED);
+    }
+
+    /// One enforcing rule's decision `d` from its main store, by its mode: `Ok` with the
+    /// decision and whether the elastic pool took the cost, or `Err` with the denial (nothing
+    /// taken). Out of line: a hard rule that admits does not come here.
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
     fn decide(
         &self,
         r: &CRule<C>,
         slot: &Slot<C>,
+        d: Decision,
         id: u64,
         cost: u64,
         now: Nanos,
         load: f64,
     ) -> Result<(Decision, bool), Decision> {
-        let main = &slot.main.store;
-        let d = main.check_at(&id, cost, now);
         match r.kind {
             Kind::Hard | Kind::Shadow => {
                 if d.allowed() {
