@@ -55,6 +55,18 @@ trait Track {
 /// Notes nothing.
 struct Quiet;
 
+/// What one enforcing rule did with a request ([`Engine::apply`]).
+enum Step {
+    /// The request lacks a part of the rule's key: the rule does not apply.
+    Skipped,
+    /// Admitted by the rule's limits.
+    Admitted,
+    /// Admitted by an elastic rule's extra pool.
+    Pooled,
+    /// Denied; nothing taken.
+    Denied,
+}
+
 impl Track for Quiet {}
 
 impl Track for Why {
@@ -441,31 +453,18 @@ impl<C: Clock> Engine<C> {
             if !cand.admits(sel) {
                 continue;
             }
-            let r = &c.rules[cand.rule as usize];
-            let Some(id) = r.plan.id(req, &self.hasher) else {
-                continue;
-            };
-            let cost = req.cost.saturating_mul(r.cost);
-            let slot = r.slot(id);
-            let d = slot.main.store.check_at(&id, cost, now);
-            // The common case inline: a hard rule that admits.
-            if matches!(r.kind, Kind::Hard) && d.allowed() {
-                merge(&mut acc, &d);
-                why.matched();
-                continue;
-            }
-            match self.decide(r, slot, d, id, cost, now, load) {
-                Ok((d, pool)) => {
-                    if pool {
-                        pooled[k / 64] |= 1 << (k % 64);
-                    }
-                    merge(&mut acc, &d);
+            match self.apply(&c.rules[cand.rule as usize], req, now, load, &mut acc) {
+                Step::Skipped => {}
+                Step::Admitted => why.matched(),
+                Step::Pooled => {
+                    pooled[k / 64] |= 1 << (k % 64);
                     why.matched();
                 }
-                Err(d) => {
+                Step::Denied => {
                     self.deny(c, req, &cands.enforce[..k], now, &pooled, sel, cand.rule);
                     why.denied(cand.rule);
-                    return d;
+                    // `apply` left the denial in `acc`.
+                    return acc;
                 }
             }
         }
@@ -473,6 +472,44 @@ impl<C: Clock> Engine<C> {
             self.shadow(c, req, &cands.shadow, sel, now, why);
         }
         acc
+    }
+
+    /// One enforcing rule that the request's route, method and priority select: its key, its
+    /// store, its limits, its mode. An admission is merged into `acc`; a denial replaces it.
+    #[inline(always)]
+    fn apply(
+        &self,
+        r: &CRule<C>,
+        req: &Request<'_>,
+        now: Nanos,
+        load: f64,
+        acc: &mut Decision,
+    ) -> Step {
+        let Some(id) = r.plan.id(req, &self.hasher) else {
+            return Step::Skipped;
+        };
+        let cost = req.cost.saturating_mul(r.cost);
+        let slot = r.slot(id);
+        let d = slot.main.store.check_at(&id, cost, now);
+        // The common case inline: a hard rule that admits.
+        if matches!(r.kind, Kind::Hard) && d.allowed() {
+            merge(acc, &d);
+            return Step::Admitted;
+        }
+        match self.decide(r, slot, d, id, cost, now, load) {
+            Ok((d, pool)) => {
+                merge(acc, &d);
+                if pool {
+                    Step::Pooled
+                } else {
+                    Step::Admitted
+                }
+            }
+            Err(d) => {
+                *acc = d;
+                Step::Denied
+            }
+        }
     }
 
     /// The load for this check, or the decision if the request is shed. Out of line: a check

@@ -36,12 +36,11 @@ pub(crate) struct RouteTable {
     /// Per prefix: what the prefix test and the walk up the chain need, side by side.
     entries: Box<[Entry]>,
     prefixes: Box<[Box<[u8]>]>,
-    rules: Box<[Cands]>,
     unrouted: Cands,
 }
 
 /// One prefix of the table.
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 struct Entry {
     /// First 8 bytes as a word.
     head: u64,
@@ -51,6 +50,8 @@ struct Entry {
     len: u32,
     /// The longest other entry that is a proper prefix of it, or `NONE`.
     parent: u32,
+    /// The rules of a route whose longest prefix in the table is this one.
+    cands: Cands,
 }
 
 /// The rules a route selects, in file order: the enforcing ones (hard, soft, elastic), and
@@ -99,19 +100,14 @@ impl RouteTable {
             }
             parent[k] = j;
         }
-        let lists = prefixes
-            .iter()
-            .map(|e| {
-                Cands::new(rules, |i| {
-                    let w = &rules[i as usize].when.route_prefixes;
-                    w.is_empty() || w.iter().any(|p| e.starts_with(p.as_bytes()))
-                })
-            })
-            .collect();
         let entries: Box<[Entry]> = prefixes
             .iter()
             .zip(&parent)
             .map(|(p, &parent)| Entry {
+                cands: Cands::new(rules, |i| {
+                    let w = &rules[i as usize].when.route_prefixes;
+                    w.is_empty() || w.iter().any(|q| p.starts_with(q.as_bytes()))
+                }),
                 head: word(p),
                 mask: match p.len() {
                     0 => 0,
@@ -128,15 +124,15 @@ impl RouteTable {
             keys: keys.into(),
             entries,
             prefixes: prefixes.into(),
-            rules: lists,
             unrouted,
         }
     }
 
     /// The longest list of enforcing candidates.
     pub(crate) fn max_enforcing(&self) -> usize {
-        self.rules
+        self.entries
             .iter()
+            .map(|e| &e.cands)
             .chain(std::iter::once(&self.unrouted))
             .map(|c| c.enforce.len())
             .max()
@@ -164,13 +160,11 @@ impl RouteTable {
             64 => count_le::<64>(keys, rh),
             _ => keys.partition_point(|&h| h <= rh),
         };
-        if i == 0 {
-            return &self.unrouted;
+        match keys.get(i.wrapping_sub(1)) {
+            None => &self.unrouted,
+            Some(&k) if k == rh => self.tied(r, rh, i),
+            Some(_) => self.walk(r, rh, (i - 1) as u32),
         }
-        if keys[i - 1] == rh {
-            return self.tied(r, rh, i);
-        }
-        self.walk(r, rh, (i - 1) as u32)
     }
 
     /// [`RouteTable::candidates`] when the greatest head ≤ the route's equals its first 8
@@ -198,7 +192,7 @@ impl RouteTable {
                 rh == e.head && r.starts_with(&self.prefixes[j as usize])
             };
             if hit {
-                return &self.rules[j as usize];
+                return &e.cands;
             }
             j = e.parent;
         }

@@ -166,12 +166,13 @@ const METHOD_MUL: u64 = {
     }
 };
 
-/// Slot of the perfect hash → method index + 1 (0: no method hashes there).
-const METHOD_SLOTS: [u8; 16] = {
-    let mut t = [0u8; 16];
+/// Slot of the perfect hash → (the method's word, its index); an empty slot holds word 0,
+/// which no method's word equals (its last byte is the length, 3..=7).
+const METHOD_SLOTS: [(u64, u8); 16] = {
+    let mut t = [(0u64, 0u8); 16];
     let mut i = 0;
     while i < 9 {
-        t[(METHOD_WORDS[i].wrapping_mul(METHOD_MUL) >> 60) as usize] = i as u8 + 1;
+        t[(METHOD_WORDS[i].wrapping_mul(METHOD_MUL) >> 60) as usize] = (METHOD_WORDS[i], i as u8);
         i += 1;
     }
     t
@@ -199,9 +200,9 @@ pub(crate) fn method_index(m: &str) -> Option<u8> {
         (b[0] as u64) << 56 | (b[1] as u64) << 48 | (b[2] as u64) << 40
     };
     let w = (w & 0xdfdf_dfdf_dfdf_df00) | n as u64;
-    let i = METHOD_SLOTS[(w.wrapping_mul(METHOD_MUL) >> 60) as usize];
-    if i != 0 && METHOD_WORDS[i as usize - 1] == w {
-        Some(i - 1)
+    let (mw, i) = METHOD_SLOTS[(w.wrapping_mul(METHOD_MUL) >> 60) as usize];
+    if mw == w {
+        Some(i)
     } else {
         None
     }
