@@ -173,6 +173,39 @@ limits = [{ algorithm = "fixed_window", limit = 10, window = "1s" }]
     assert_eq!((d.limit, d.remaining), (10, 9));
 }
 
+/// More than 64 enforcing rules on one route: a denial by the last one gives each elastic
+/// rule's cost back to the store that took it (its pool), including rules past the 64th.
+#[test]
+fn refund_returns_pool_charges_beyond_64_rules() {
+    let mut text = String::from("[load]\nmax_in_flight = 10\n");
+    for i in 0..69 {
+        text.push_str(&format!(
+            "[[rule]]\nname = \"e{i}\"\nkey = \"global\"\nmode = \"elastic\"\nelastic_percent = 100\n\
+             limits = [{{ algorithm = \"fixed_window\", limit = 1, window = \"1h\" }}]\n"
+        ));
+    }
+    text.push_str(
+        "[[rule]]\nname = \"last\"\nkey = \"global\"\nmatch = { route_prefix = \"/limited\" }\n\
+         limits = [{ algorithm = \"fixed_window\", limit = 1, window = \"1h\" }]\n",
+    );
+    let (e, _) = engine(&text);
+    let limited = Request::new().route("/limited");
+    let free = Request::new().route("/free");
+    // 1: every nominal limit takes it. 2: every pool takes it, `last` denies: all refunded.
+    assert!(e.check(&limited).allowed());
+    assert!(!e.check(&limited).allowed());
+    for i in [0, 63, 64, 68] {
+        assert_eq!(e.rule_stats(&format!("e{i}")).unwrap().elastic, 1, "e{i}");
+    }
+    // 3: the pools were refunded, so they admit again (a refund to the nominal stores would
+    // have let the nominal limits admit instead, without drawing the pools).
+    assert!(e.check(&free).allowed());
+    for i in [0, 63, 64, 68] {
+        assert_eq!(e.rule_stats(&format!("e{i}")).unwrap().elastic, 2, "e{i}");
+    }
+    assert!(!e.check(&free).allowed());
+}
+
 #[test]
 fn shadow_mode_always_allows_and_counts_would_be_denials() {
     let (e, _) = engine(

@@ -138,6 +138,8 @@ pub(crate) struct Compiled<C: Clock> {
     pub(crate) rules: Box<[CRule<C>]>,
     pub(crate) routes: RouteTable,
     pub(crate) needs_load: bool,
+    /// Some route has more than 64 enforcing candidates (see `Engine::eval_n`).
+    pub(crate) wide: bool,
     pub(crate) load: LoadConfig,
     pub(crate) shedding: Option<Shedding>,
     pub(crate) summary: String,
@@ -308,9 +310,11 @@ pub(crate) fn compile<C: Clock>(
             .rules
             .iter()
             .any(|r| matches!(r.mode, Mode::Elastic { .. }));
+    let routes = RouteTable::build(&rules.rules);
     Ok((
         Compiled {
-            routes: RouteTable::build(&rules.rules),
+            wide: routes.max_enforcing() > 64,
+            routes,
             rules: out.into(),
             needs_load,
             load: LoadConfig::new(&rules.load),

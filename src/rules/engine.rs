@@ -5,9 +5,9 @@
 use super::compile::{compile, CRule, Compiled, Kind, Slot, DENIED, ELASTIC, OVER, WOULD};
 pub use super::compile::{ReloadReport, RuleStats};
 use super::load::Load;
-use super::matcher::Cand;
-use super::model::Shedding;
-use super::request::{method_bit, Priority, Request};
+use super::matcher::{sel, Cand};
+use super::model::{Shedding, MAX_RULES};
+use super::request::{method_slot, Priority, Request};
 use super::{Rules, RulesError};
 use crate::clock::{Clock, MonotonicClock, Nanos};
 use crate::decision::{Decision, Outcome};
@@ -42,6 +42,51 @@ struct Why {
     matched: u32,
     would_deny: u32,
 }
+
+/// What a check notes down along the way: nothing for [`Engine::check`] ([`Quiet`], compiled
+/// away), a [`Why`] for [`Engine::explain`].
+trait Track {
+    fn shed(&mut self) {}
+    fn matched(&mut self) {}
+    fn denied(&mut self, _rule: u32) {}
+    fn would_deny(&mut self) {}
+}
+
+/// Notes nothing.
+struct Quiet;
+
+/// What one enforcing rule did with a request ([`Engine::apply`]).
+enum Step {
+    /// The request lacks a part of the rule's key: the rule does not apply.
+    Skipped,
+    /// Admitted by the rule's limits.
+    Admitted,
+    /// Admitted by an elastic rule's extra pool.
+    Pooled,
+    /// Denied; nothing taken.
+    Denied,
+}
+
+impl Track for Quiet {}
+
+impl Track for Why {
+    fn shed(&mut self) {
+        self.shed = true;
+    }
+    fn matched(&mut self) {
+        self.matched += 1;
+    }
+    fn denied(&mut self, rule: u32) {
+        self.rule = Some(rule);
+    }
+    fn would_deny(&mut self) {
+        self.would_deny += 1;
+    }
+}
+
+/// Words of the bit set of candidates whose elastic pool took the cost, when some route has
+/// more than 64 enforcing candidates.
+const WIDE: usize = MAX_RULES.div_ceil(64);
 
 /// A request in flight: counted in the load until dropped. From [`Engine::admit`] or
 /// [`Engine::enter`].
@@ -97,7 +142,7 @@ impl<C: Clock> LocalEngine<'_, C> {
     #[inline]
     pub fn check_at(&mut self, req: &Request<'_>, now: Nanos) -> Decision {
         let c = self.cache.load();
-        self.engine.eval_in(c, req, now, &mut Why::default())
+        self.engine.eval_in(c, req, now, &mut Quiet)
     }
 
     /// The engine.
@@ -175,13 +220,17 @@ fn shed_decision(s: &Shedding) -> Decision {
     }
 }
 
-/// Two admitting rules' decisions as one: the tighter remainder, the later reset and delay.
+/// Two admitting rules' decisions as one, in place: the tighter remainder, the later reset
+/// and delay.
 #[inline]
-fn merge(a: Decision, d: Decision) -> Decision {
-    let mut m = if d.remaining < a.remaining { d } else { a };
-    m.reset_after_ns = a.reset_after_ns.max(d.reset_after_ns);
-    m.delay_ns = a.delay_ns.max(d.delay_ns);
-    m
+fn merge(a: &mut Decision, d: &Decision) {
+    let reset = a.reset_after_ns.max(d.reset_after_ns);
+    let delay = a.delay_ns.max(d.delay_ns);
+    if d.remaining < a.remaining {
+        *a = *d;
+    }
+    a.reset_after_ns = reset;
+    a.delay_ns = delay;
 }
 
 impl<C: Clock> Engine<C> {
@@ -351,94 +400,158 @@ impl<C: Clock> Engine<C> {
     #[inline]
     fn eval(&self, req: &Request<'_>, now: Nanos) -> Decision {
         let c = self.current.load();
-        self.eval_in(&c, req, now, &mut Why::default())
+        self.eval_in(&c, req, now, &mut Quiet)
     }
 
     /// The check: the decision, and in `why` the rule that denied and the counts.
     #[inline]
-    fn eval_in(&self, c: &Compiled<C>, req: &Request<'_>, now: Nanos, why: &mut Why) -> Decision {
-        let mbit = method_bit(req.method);
+    fn eval_in<T: Track>(
+        &self,
+        c: &Compiled<C>,
+        req: &Request<'_>,
+        now: Nanos,
+        why: &mut T,
+    ) -> Decision {
+        if c.wide {
+            self.eval_n::<T, WIDE>(c, req, now, why)
+        } else {
+            self.eval_n::<T, 1>(c, req, now, why)
+        }
+    }
+
+    /// [`Engine::eval_in`] with a `W`-word bit set of the candidates whose elastic pool took
+    /// the cost (to refund the right store): one word unless some route has more than 64
+    /// enforcing candidates.
+    #[inline]
+    fn eval_n<T: Track, const W: usize>(
+        &self,
+        c: &Compiled<C>,
+        req: &Request<'_>,
+        now: Nanos,
+        why: &mut T,
+    ) -> Decision {
+        let m = method_slot(req.method);
         let prio = match req.priority {
             Some(p) => p,
-            None => Priority::of_method_bit(mbit),
+            None => Priority::of_method_index(m),
         };
         let mut load = 0.0;
         if c.needs_load {
-            load = self.load.current(&c.load, c.shedding.as_ref(), now);
-            if let Some(s) = &c.shedding {
-                if self.load.sheds(prio, load, s) {
-                    self.load.count_shed(prio);
-                    why.shed = true;
-                    return shed_decision(s);
-                }
-            }
-        }
-        let pbit = prio.bit();
-        let cands = c.routes.candidates(req.route);
-        let mut acc = UNLIMITED;
-        // Candidates whose elastic pool took the cost (bit k for candidate k; beyond 64 in
-        // `pooled_far`, which allocates only if used), to refund the right store.
-        let mut pooled = 0u64;
-        let mut pooled_far: Vec<usize> = Vec::new();
-        let mut shadow = false;
-        for (k, cand) in cands.iter().enumerate() {
-            if !cand.cond.admit(mbit, pbit) {
-                continue;
-            }
-            if cand.shadow {
-                shadow = true;
-                continue;
-            }
-            let ri = cand.rule;
-            let r = &c.rules[ri as usize];
-            let Some(id) = r.plan.id(req, &self.hasher) else {
-                continue;
-            };
-            let cost = req.cost.saturating_mul(r.cost);
-            match self.decide(r, r.slot(id), id, cost, now, load) {
-                Ok((d, pool)) => {
-                    if pool {
-                        if k < 64 {
-                            pooled |= 1 << k;
-                        } else {
-                            pooled_far.push(k);
-                        }
-                    }
-                    acc = merge(acc, d);
-                    why.matched += 1;
-                }
+            match self.load_or_shed(c, prio, now) {
+                Ok(l) => load = l,
                 Err(d) => {
-                    self.refund(
-                        c,
-                        req,
-                        &cands[..k],
-                        now,
-                        (pooled, &pooled_far),
-                        (mbit, pbit),
-                    );
-                    r.counters.add(self.load.shard(), DENIED);
-                    why.rule = Some(ri);
+                    why.shed();
                     return d;
                 }
             }
         }
-        if shadow {
-            for cand in cands {
-                if !cand.shadow || !cand.cond.admit(mbit, pbit) {
-                    continue;
+        let sel = sel(m, prio);
+        let cands = c.routes.candidates(req.route);
+        let mut acc = UNLIMITED;
+        let mut pooled = [0u64; W];
+        for (k, cand) in cands.enforce.iter().enumerate() {
+            if !cand.admits(sel) {
+                continue;
+            }
+            match self.apply(&c.rules[cand.rule as usize], req, now, load, &mut acc) {
+                Step::Skipped => {}
+                Step::Admitted => why.matched(),
+                Step::Pooled => {
+                    pooled[k / 64] |= 1 << (k % 64);
+                    why.matched();
                 }
-                let r = &c.rules[cand.rule as usize];
-                let Some(id) = r.plan.id(req, &self.hasher) else {
-                    continue;
-                };
-                let cost = req.cost.saturating_mul(r.cost);
-                if !r.slot(id).main.store.check_at(&id, cost, now).allowed() {
-                    r.counters.add(self.load.shard(), WOULD);
-                    why.would_deny += 1;
+                Step::Denied => {
+                    self.deny(c, req, &cands.enforce[..k], now, &pooled, sel, cand.rule);
+                    why.denied(cand.rule);
+                    // `apply` left the denial in `acc`.
+                    return acc;
                 }
             }
         }
+        if !cands.shadow.is_empty() {
+            self.shadow(c, req, &cands.shadow, sel, now, why);
+        }
         acc
+    }
+
+    /// One enforcing rule that the request's route, method and priority select: its key, its
+    /// store, its limits, its mode. An admission is merged into `acc`; a denial replaces it.
+    #[inline(always)]
+    fn apply(
+        &self,
+        r: &CRule<C>,
+        req: &Request<'_>,
+        now: Nanos,
+        load: f64,
+        acc: &mut Decision,
+    ) -> Step {
+        let Some(id) = r.plan.id(req, &self.hasher) else {
+            return Step::Skipped;
+        };
+        let cost = req.cost.saturating_mul(r.cost);
+        let slot = r.slot(id);
+        let d = slot.main.store.check_at(&id, cost, now);
+        // The common case inline: a hard rule that admits.
+        if matches!(r.kind, Kind::Hard) && d.allowed() {
+            merge(acc, &d);
+            return Step::Admitted;
+        }
+        match self.decide(r, slot, d, id, cost, now, load) {
+            Ok((d, pool)) => {
+                merge(acc, &d);
+                if pool {
+                    Step::Pooled
+                } else {
+                    Step::Admitted
+                }
+            }
+            Err(d) => {
+                *acc = d;
+                Step::Denied
+            }
+        }
+    }
+
+    /// The load for this check, or the decision if the request is shed. Out of line: a check
+    /// without shedding or elastic rules does not need it.
+    #[inline(never)]
+    fn load_or_shed(&self, c: &Compiled<C>, prio: Priority, now: Nanos) -> Result<f64, Decision> {
+        let load = self.load.current(&c.load, c.shedding.as_ref(), now);
+        if let Some(s) = &c.shedding {
+            if self.load.sheds(prio, load, s) {
+                self.load.count_shed(prio);
+                return Err(shed_decision(s));
+            }
+        }
+        Ok(load)
+    }
+
+    /// The shadow rules among `cands`, after the enforcing rules admitted: each takes the cost
+    /// if it would admit, and counts a would-be denial if not.
+    #[inline(never)]
+    fn shadow<T: Track>(
+        &self,
+        c: &Compiled<C>,
+        req: &Request<'_>,
+        cands: &[Cand],
+        sel: u32,
+        now: Nanos,
+        why: &mut T,
+    ) {
+        for cand in cands {
+            if !cand.admits(sel) {
+                continue;
+            }
+            let r = &c.rules[cand.rule as usize];
+            let Some(id) = r.plan.id(req, &self.hasher) else {
+                continue;
+            };
+            let cost = req.cost.saturating_mul(r.cost);
+            if !r.slot(id).main.store.check_at(&id, cost, now).allowed() {
+                r.counters.add(self.load.shard(), WOULD);
+                why.would_deny();
+            }
+        }
     }
 
     /// Gives the cost back to the enforcing rules among `cands` that took it (all of them: the
@@ -452,11 +565,11 @@ impl<C: Clock> Engine<C> {
         req: &Request<'_>,
         cands: &[Cand],
         now: Nanos,
-        pooled: (u64, &[usize]),
-        (mbit, pbit): (u16, u8),
+        pooled: &[u64],
+        sel: u32,
     ) {
         for (k, cand) in cands.iter().enumerate().rev() {
-            if cand.shadow || !cand.cond.admit(mbit, pbit) {
+            if !cand.admits(sel) {
                 continue;
             }
             let r = &c.rules[cand.rule as usize];
@@ -464,11 +577,7 @@ impl<C: Clock> Engine<C> {
                 continue;
             };
             let slot = r.slot(id);
-            let pool = if k < 64 {
-                pooled.0 >> k & 1 == 1
-            } else {
-                pooled.1.contains(&k)
-            };
+            let pool = pooled[k / 64] >> (k % 64) & 1 == 1;
             let store = match (&slot.pool, pool) {
                 (Some(p), true) => &p.store,
                 _ => &slot.main.store,
@@ -477,20 +586,42 @@ impl<C: Clock> Engine<C> {
         }
     }
 
-    /// One enforcing rule: `Ok` with the decision and whether the elastic pool took the cost,
-    /// or `Err` with the denial (nothing taken).
-    #[inline]
+    /// A denial by enforcing rule `rule`, after the candidates `cands` before it: their refund
+    /// and the rule's counter. Out of line, so that the check path does not prepare for it.
+    #[cold]
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn deny(
+        &self,
+        c: &Compiled<C>,
+        req: &Request<'_>,
+        cands: &[Cand],
+        now: Nanos,
+        pooled: &[u64],
+        sel: u32,
+        rule: u32,
+    ) {
+        self.refund(c, req, cands, now, pooled, sel);
+        c.rules[rule as usize]
+            .counters
+            .add(self.load.shard(), DENIED);
+    }
+
+    /// One enforcing rule's decision `d` from its main store, by its mode: `Ok` with the
+    /// decision and whether the elastic pool took the cost, or `Err` with the denial (nothing
+    /// taken). Out of line: a hard rule that admits does not come here.
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
     fn decide(
         &self,
         r: &CRule<C>,
         slot: &Slot<C>,
+        d: Decision,
         id: u64,
         cost: u64,
         now: Nanos,
         load: f64,
     ) -> Result<(Decision, bool), Decision> {
-        let main = &slot.main.store;
-        let d = main.check_at(&id, cost, now);
         match r.kind {
             Kind::Hard | Kind::Shadow => {
                 if d.allowed() {

@@ -20,7 +20,7 @@
 //! to a stack buffer in canonical order.
 
 use super::model::{KeyClass, KeyPart, Rule};
-use super::request::{method_bit, word, Request};
+use super::request::{index_bit, method_bit, word, Priority, Request, METHOD_INDEXES};
 use crate::keyed::KeyHasher;
 use std::net::IpAddr;
 
@@ -29,12 +29,55 @@ const NONE: u32 = u32::MAX;
 /// Route prefixes → candidate rules.
 #[derive(Debug)]
 pub(crate) struct RouteTable {
-    /// First 8 bytes of each prefix as a word, and the mask of its length (if ≤ 8).
-    heads: Box<[(u64, u64)]>,
+    /// First 8 bytes of each prefix as a word, sorted, padded with `u64::MAX` to a power of
+    /// two (no route's word is `u64::MAX`: `0xff` never occurs in UTF-8), for a branch-free
+    /// binary search.
+    keys: Box<[u64]>,
+    /// Per prefix: what the prefix test and the walk up the chain need, side by side.
+    entries: Box<[Entry]>,
     prefixes: Box<[Box<[u8]>]>,
-    parent: Box<[u32]>,
-    rules: Box<[Box<[Cand]>]>,
-    unrouted: Box<[Cand]>,
+    unrouted: Cands,
+}
+
+/// One prefix of the table.
+#[derive(Debug)]
+struct Entry {
+    /// First 8 bytes as a word.
+    head: u64,
+    /// Mask of its length in the word (all ones from 8 bytes up).
+    mask: u64,
+    /// Its length in bytes.
+    len: u32,
+    /// The longest other entry that is a proper prefix of it, or `NONE`.
+    parent: u32,
+    /// The rules of a route whose longest prefix in the table is this one.
+    cands: Cands,
+}
+
+/// The rules a route selects, in file order: the enforcing ones (hard, soft, elastic), and
+/// the shadow ones (evaluated after the enforcing ones admitted).
+#[derive(Debug, Default)]
+pub(crate) struct Cands {
+    pub(crate) enforce: Box<[Cand]>,
+    pub(crate) shadow: Box<[Cand]>,
+}
+
+impl Cands {
+    fn new(rules: &[Rule], select: impl Fn(u32) -> bool) -> Self {
+        let pick = |shadow: bool| {
+            (0..rules.len() as u32)
+                .filter(|&i| {
+                    matches!(rules[i as usize].mode, super::model::Mode::Shadow) == shadow
+                        && select(i)
+                })
+                .map(|i| Cand::new(i, &rules[i as usize]))
+                .collect()
+        };
+        Self {
+            enforce: pick(false),
+            shadow: pick(true),
+        }
+    }
 }
 
 impl RouteTable {
@@ -46,11 +89,7 @@ impl RouteTable {
             .collect();
         prefixes.sort();
         prefixes.dedup();
-        let cand = |i: u32| Cand::new(i, &rules[i as usize]);
-        let unrouted: Box<[Cand]> = (0..rules.len() as u32)
-            .filter(|&i| rules[i as usize].when.route_prefixes.is_empty())
-            .map(cand)
-            .collect();
+        let unrouted = Cands::new(rules, |i| rules[i as usize].when.route_prefixes.is_empty());
         // Parent: the longest other entry that is a proper prefix. Entries are sorted, so a
         // prefix of entry k sorts before it; walk back along the previous entry's chain.
         let mut parent = vec![NONE; prefixes.len()];
@@ -61,92 +100,162 @@ impl RouteTable {
             }
             parent[k] = j;
         }
-        let lists = prefixes
+        let entries: Box<[Entry]> = prefixes
             .iter()
-            .map(|e| {
-                (0..rules.len() as u32)
-                    .filter(|&i| {
-                        let w = &rules[i as usize].when.route_prefixes;
-                        w.is_empty() || w.iter().any(|p| e.starts_with(p.as_bytes()))
-                    })
-                    .map(cand)
-                    .collect()
-            })
-            .collect();
-        let heads = prefixes
-            .iter()
-            .map(|p| {
-                let mask = match p.len() {
+            .zip(&parent)
+            .map(|(p, &parent)| Entry {
+                cands: Cands::new(rules, |i| {
+                    let w = &rules[i as usize].when.route_prefixes;
+                    w.is_empty() || w.iter().any(|q| p.starts_with(q.as_bytes()))
+                }),
+                head: word(p),
+                mask: match p.len() {
                     0 => 0,
                     n if n >= 8 => u64::MAX,
                     n => u64::MAX << (8 * (8 - n)),
-                };
-                (word(p), mask)
+                },
+                len: p.len() as u32,
+                parent,
             })
             .collect();
+        let mut keys: Vec<u64> = entries.iter().map(|e| e.head).collect();
+        keys.resize(keys.len().max(1).next_power_of_two(), u64::MAX);
         Self {
-            heads,
+            keys: keys.into(),
+            entries,
             prefixes: prefixes.into(),
-            parent: parent.into(),
-            rules: lists,
             unrouted,
         }
     }
 
+    /// The longest list of enforcing candidates.
+    pub(crate) fn max_enforcing(&self) -> usize {
+        self.entries
+            .iter()
+            .map(|e| &e.cands)
+            .chain(std::iter::once(&self.unrouted))
+            .map(|c| c.enforce.len())
+            .max()
+            .unwrap_or(0)
+    }
+
     /// The rules (in file order) whose route condition the route meets.
-    #[inline]
-    pub(crate) fn candidates(&self, route: Option<&str>) -> &[Cand] {
+    #[inline(always)]
+    pub(crate) fn candidates(&self, route: Option<&str>) -> &Cands {
         let Some(r) = route else {
             return &self.unrouted;
         };
         let r = r.as_bytes();
         let rh = word(r);
-        let i = self.heads.partition_point(|&(h, _)| h <= rh);
-        // Entries with an equal head sort among themselves by their full bytes.
-        let mut i = i;
-        while i > 0 && self.heads[i - 1].0 == rh && *self.prefixes[i - 1] > *r {
+        // The number of heads ≤ `rh`: a binary search over the power-of-two `keys` (the
+        // padding is never ≤ `rh`), unrolled for the common sizes.
+        let keys = &*self.keys;
+        let i = match keys.len() {
+            1 => count_le::<1>(keys, rh),
+            2 => count_le::<2>(keys, rh),
+            4 => count_le::<4>(keys, rh),
+            8 => count_le::<8>(keys, rh),
+            16 => count_le::<16>(keys, rh),
+            32 => count_le::<32>(keys, rh),
+            64 => count_le::<64>(keys, rh),
+            _ => keys.partition_point(|&h| h <= rh),
+        };
+        match keys.get(i.wrapping_sub(1)) {
+            None => &self.unrouted,
+            Some(&k) if k == rh => self.tied(r, rh, i),
+            Some(_) => self.walk(r, rh, (i - 1) as u32),
+        }
+    }
+
+    /// [`RouteTable::candidates`] when the greatest head ≤ the route's equals its first 8
+    /// bytes: entries with an equal head sort among themselves by their full bytes.
+    #[cold]
+    #[inline(never)]
+    fn tied(&self, r: &[u8], rh: u64, mut i: usize) -> &Cands {
+        while i > 0 && self.keys[i - 1] == rh && *self.prefixes[i - 1] > *r {
             i -= 1;
         }
         if i == 0 {
             return &self.unrouted;
         }
-        let mut j = (i - 1) as u32;
-        while j != NONE {
-            let k = j as usize;
-            let (h, mask) = self.heads[k];
-            let p = &self.prefixes[k];
-            let hit = if p.len() <= 8 {
-                r.len() >= p.len() && rh & mask == h
+        self.walk(r, rh, (i - 1) as u32)
+    }
+
+    /// From entry `j`, the greatest entry ≤ the route, up its prefix chain to the first entry
+    /// that is a prefix of the route.
+    #[inline]
+    fn walk(&self, r: &[u8], rh: u64, mut j: u32) -> &Cands {
+        while let Some(e) = self.entries.get(j as usize) {
+            let hit = if e.len <= 8 {
+                r.len() >= e.len as usize && rh & e.mask == e.head
             } else {
-                rh == h && r.starts_with(p)
+                rh == e.head && r.starts_with(&self.prefixes[j as usize])
             };
             if hit {
-                return &self.rules[k];
+                return &e.cands;
             }
-            j = self.parent[k];
+            j = e.parent;
         }
         &self.unrouted
     }
 }
 
-/// A candidate rule of a route: its index and what can be filtered without touching it.
+/// The number of `keys` ≤ `x`, for sorted `keys` of length `N` (a power of two): `log2 N`
+/// halvings, each a compare and a conditional move (the masks keep every index provably in
+/// bounds, so there are no bounds checks).
+#[inline(always)]
+fn count_le<const N: usize>(keys: &[u64], x: u64) -> usize {
+    let Ok(keys) = <&[u64; N]>::try_from(keys) else {
+        return keys.partition_point(|&h| h <= x);
+    };
+    let mut base = 0;
+    let mut half = N / 2;
+    while half > 0 {
+        if keys[(base + half - 1) & (N - 1)] <= x {
+            base += half;
+        }
+        half /= 2;
+    }
+    base + (keys[base & (N - 1)] <= x) as usize
+}
+
+/// A candidate rule of a route: its index and its method and priority conditions as one mask
+/// over (method index, priority) pairs, so that filtering it is one bit test.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Cand {
+    /// Bit `sel(method index, priority)` is set if a request with that method and priority
+    /// meets the rule's conditions.
+    mask: u64,
     /// Index of the rule.
     pub(crate) rule: u32,
-    /// Its method and priority conditions.
-    pub(crate) cond: Conditions,
-    /// Whether it is a shadow rule (evaluated after the enforcing ones).
-    pub(crate) shadow: bool,
 }
+
+/// The bit of a (method index, priority) pair in [`Cand`]'s mask: 11 × 4 = 44 bits.
+#[inline]
+pub(crate) fn sel(method: u8, p: Priority) -> u32 {
+    method as u32 * 4 + p.index() as u32
+}
+
+const _: () = assert!(METHOD_INDEXES * 4 <= 64);
 
 impl Cand {
     fn new(i: u32, r: &Rule) -> Self {
-        Self {
-            rule: i,
-            cond: Conditions::build(r),
-            shadow: matches!(r.mode, super::model::Mode::Shadow),
+        let cond = Conditions::build(r);
+        let mut mask = 0u64;
+        for m in 0..METHOD_INDEXES as u8 {
+            for p in Priority::ALL {
+                if cond.admit(index_bit(m), p.bit()) {
+                    mask |= 1 << sel(m, p);
+                }
+            }
         }
+        Self { mask, rule: i }
+    }
+
+    /// Whether a request with this [`sel`] bit meets the rule's conditions.
+    #[inline]
+    pub(crate) fn admits(&self, sel: u32) -> bool {
+        self.mask >> sel & 1 != 0
     }
 }
 
@@ -185,13 +294,19 @@ impl Conditions {
     }
 }
 
+/// An IPv4 address's group under a /`prefix` mask.
 #[inline]
+fn v4_mask(prefix: u8) -> u32 {
+    if prefix == 0 {
+        0
+    } else {
+        u32::MAX << (32 - prefix as u32)
+    }
+}
+
+#[inline(never)]
 fn ip_id(a: IpAddr, class: KeyClass, h: &KeyHasher) -> u64 {
-    let v4 = |x: std::net::Ipv4Addr| {
-        let p = class.ipv4_prefix() as u32;
-        let m = if p == 0 { 0 } else { u32::MAX << (32 - p) };
-        (u32::from(x) & m) as u64
-    };
+    let v4 = |x: std::net::Ipv4Addr| (u32::from(x) & v4_mask(class.ipv4_prefix())) as u64;
     match a {
         IpAddr::V4(x) => v4(x),
         IpAddr::V6(x) => match x.to_ipv4_mapped() {
@@ -224,12 +339,14 @@ fn part_id(p: KeyPart, class: KeyClass, req: &Request<'_>, h: &KeyHasher) -> Opt
     })
 }
 
-/// A key class compiled for the check path: one-part classes need no loop.
+/// A key class compiled for the check path: one-part classes need no loop; customer, global
+/// and IPv4 ids are derived inline, anything that hashes out of line.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum KeyPlan {
     Global,
     Customer,
-    Ip(KeyClass),
+    /// The class, and its IPv4 group mask.
+    Ip(KeyClass, u32),
     ApiKey,
     Route,
     Method,
@@ -247,7 +364,7 @@ impl KeyPlan {
         }
         match KeyPart::ALL[bits.trailing_zeros() as usize] {
             KeyPart::Customer => KeyPlan::Customer,
-            KeyPart::Ip => KeyPlan::Ip(class),
+            KeyPart::Ip => KeyPlan::Ip(class, v4_mask(class.ipv4_prefix())),
             KeyPart::ApiKey => KeyPlan::ApiKey,
             KeyPart::Route => KeyPlan::Route,
             KeyPart::Method => KeyPlan::Method,
@@ -258,9 +375,21 @@ impl KeyPlan {
     #[inline]
     pub(crate) fn id(self, req: &Request<'_>, h: &KeyHasher) -> Option<u64> {
         match self {
-            KeyPlan::Global => Some(0),
             KeyPlan::Customer => req.customer,
-            KeyPlan::Ip(c) => Some(ip_id(req.ip?, c, h)),
+            KeyPlan::Global => Some(0),
+            KeyPlan::Ip(c, m) => match req.ip? {
+                IpAddr::V4(x) => Some((u32::from(x) & m) as u64),
+                a => Some(ip_id(a, c, h)),
+            },
+            _ => self.id_hashed(req, h),
+        }
+    }
+
+    /// [`KeyPlan::id`] of the classes that hash.
+    #[inline(never)]
+    fn id_hashed(self, req: &Request<'_>, h: &KeyHasher) -> Option<u64> {
+        match self {
+            KeyPlan::Global | KeyPlan::Customer | KeyPlan::Ip(..) => self.id(req, h),
             KeyPlan::ApiKey => Some(h.bytes(req.api_key?.as_bytes())),
             KeyPlan::Route => Some(h.bytes(req.route?.as_bytes())),
             KeyPlan::Method => part_id(KeyPart::Method, KeyClass::global(), req, h),
@@ -269,7 +398,6 @@ impl KeyPlan {
     }
 }
 
-#[inline(never)]
 fn composite_id(class: KeyClass, req: &Request<'_>, h: &KeyHasher) -> Option<u64> {
     let mut buf = [0u8; 8 * KeyPart::ALL.len() + 1];
     buf[0] = class.bits();
@@ -308,7 +436,13 @@ mod tests {
             rule(&["/v1/\0\0", "/v1/charges/refunds/x/y"]),
         ];
         let t = RouteTable::build(&rules);
-        let c = |r: Option<&str>| t.candidates(r).iter().map(|c| c.rule).collect::<Vec<_>>();
+        let c = |r: Option<&str>| {
+            t.candidates(r)
+                .enforce
+                .iter()
+                .map(|c| c.rule)
+                .collect::<Vec<_>>()
+        };
         assert_eq!(c(None), vec![0]);
         assert_eq!(c(Some("/health")), vec![0]);
         assert_eq!(c(Some("/v1")), vec![0]);
@@ -349,7 +483,7 @@ mod tests {
                         w.is_empty() || w.iter().any(|p| r.starts_with(p.as_str()))
                     })
                     .collect();
-                let got: Vec<u32> = t.candidates(Some(r)).iter().map(|c| c.rule).collect();
+                let got: Vec<u32> = t.candidates(Some(r)).enforce.iter().map(|c| c.rule).collect();
                 proptest::prop_assert_eq!(got, want, "route {:?}", r);
             }
         }

@@ -61,6 +61,18 @@ impl Priority {
             Priority::Get
         }
     }
+
+    /// [`Priority::of_method`] from a method index ([`method_slot`]).
+    #[inline]
+    pub(crate) fn of_method_index(i: u8) -> Priority {
+        const WRITES: u16 = M_POST | M_PUT | M_PATCH | M_DELETE;
+        // Indexes 9 (other) and 10 (none) shift in zeros: not writes.
+        if (WRITES >> i) & 1 != 0 {
+            Priority::Post
+        } else {
+            Priority::Get
+        }
+    }
 }
 
 impl fmt::Display for Priority {
@@ -124,40 +136,107 @@ const METHOD_WORDS: [u64; 9] = {
     w
 };
 
-/// The bit of a known method (ASCII case-insensitive), 0 if unknown. No allocation.
-///
-/// The method's bytes (3..=7 of them) are packed into one word with bit 5 of each byte cleared
-/// (upper case) and the length in the free last byte. Clearing bit 5 maps exactly `A-Z` and
-/// `a-z` onto the upper-case letters the method names consist of, so a match is exact; the
-/// compare is one word per name.
-#[inline]
-pub(crate) fn method_code(m: &str) -> u16 {
-    let b = m.as_bytes();
-    if b.len() < 3 || b.len() > 7 {
-        return 0;
-    }
-    let pad = 8 * (8 - b.len() as u32);
-    let w = (word(b) & ((0xdfdf_dfdf_dfdf_dfdf_u64 >> pad) << pad)) | b.len() as u64;
-    let mut i = 0;
-    while i < METHOD_WORDS.len() {
-        if METHOD_WORDS[i] == w {
-            return 1 << i;
+/// Index of a request without a method (after the 9 known ones and `OTHER`).
+pub(crate) const METHOD_NONE: u8 = 10;
+/// Index of any method not in [`METHODS`].
+pub(crate) const METHOD_OTHER: u8 = 9;
+/// Number of method indexes (9 known, other, none).
+pub(crate) const METHOD_INDEXES: usize = 11;
+
+/// Multiplier of the perfect hash of [`METHOD_WORDS`] into 16 slots (`w * M >> 60`), found
+/// at compile time: the first odd multiplier from a fixed start that separates all nine.
+const METHOD_MUL: u64 = {
+    let mut m = 0x9e37_79b9_7f4a_7c15u64;
+    loop {
+        let mut seen = 0u16;
+        let mut ok = true;
+        let mut i = 0;
+        while i < 9 {
+            let b = 1u16 << (METHOD_WORDS[i].wrapping_mul(m) >> 60);
+            if seen & b != 0 {
+                ok = false;
+            }
+            seen |= b;
+            i += 1;
         }
+        if ok {
+            break m;
+        }
+        m = m.wrapping_add(0x2545_f491_4f6c_dd1e) | 1;
+    }
+};
+
+/// Slot of the perfect hash → (the method's word, its index); an empty slot holds word 0,
+/// which no method's word equals (its last byte is the length, 3..=7).
+const METHOD_SLOTS: [(u64, u8); 16] = {
+    let mut t = [(0u64, 0u8); 16];
+    let mut i = 0;
+    while i < 9 {
+        t[(METHOD_WORDS[i].wrapping_mul(METHOD_MUL) >> 60) as usize] = (METHOD_WORDS[i], i as u8);
         i += 1;
     }
-    0
+    t
+};
+
+/// The index (bit position in [`METHODS`]) of a known method, ASCII case-insensitive. No
+/// allocation.
+///
+/// The method's bytes (3..=7 of them) are packed into one word (two overlapping 4-byte loads)
+/// with bit 5 of each byte cleared (upper case) and the length in the free last byte. Clearing
+/// bit 5 maps exactly `A-Z` and `a-z` onto the upper-case letters the method names consist of,
+/// so a match is exact; a perfect hash picks the one name to compare the word with.
+#[inline]
+pub(crate) fn method_index(m: &str) -> Option<u8> {
+    let b = m.as_bytes();
+    let n = b.len();
+    if !(3..=7).contains(&n) {
+        return None;
+    }
+    let w = if n >= 4 {
+        let hi = u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as u64;
+        let lo = u32::from_be_bytes([b[n - 4], b[n - 3], b[n - 2], b[n - 1]]) as u64;
+        hi << 32 | lo << (8 * (8 - n))
+    } else {
+        (b[0] as u64) << 56 | (b[1] as u64) << 48 | (b[2] as u64) << 40
+    };
+    let w = (w & 0xdfdf_dfdf_dfdf_df00) | n as u64;
+    let (mw, i) = METHOD_SLOTS[(w.wrapping_mul(METHOD_MUL) >> 60) as usize];
+    if mw == w {
+        Some(i)
+    } else {
+        None
+    }
+}
+
+/// The bit of a known method (ASCII case-insensitive), 0 if unknown. No allocation.
+#[inline]
+pub(crate) fn method_code(m: &str) -> u16 {
+    method_index(m).map_or(0, |i| 1 << i)
+}
+
+/// A request's method index: 0..=8 for [`METHODS`], [`METHOD_OTHER`], or [`METHOD_NONE`].
+#[inline]
+pub(crate) fn method_slot(m: Option<&str>) -> u8 {
+    match m {
+        None => METHOD_NONE,
+        Some(m) => method_index(m).unwrap_or(METHOD_OTHER),
+    }
+}
+
+/// The bit of a method index in a rule's method mask.
+#[inline]
+pub(crate) const fn index_bit(i: u8) -> u16 {
+    match i {
+        METHOD_NONE => M_NONE,
+        METHOD_OTHER => M_OTHER,
+        i => 1 << i,
+    }
 }
 
 /// The bit a request's method sets in a rule's method mask.
 #[inline]
 pub(crate) fn method_bit(m: Option<&str>) -> u16 {
-    match m {
-        None => M_NONE,
-        Some(m) => match method_code(m) {
-            0 => M_OTHER,
-            c => c,
-        },
-    }
+    index_bit(method_slot(m))
 }
 
 /// One request, borrowed: everything a rule can match on or be keyed by. Building one and
@@ -275,6 +354,13 @@ mod tests {
         assert_eq!(method_code("CONNECTX"), 0);
         assert_eq!(method_code("GET\0"), 0);
         assert_eq!(method_code("get\0\0\0\0"), 0);
+        assert_eq!(method_code("Patch"), 1 << 8);
+        assert_eq!(method_code("OPTION"), 0);
+        assert_eq!(method_code("OPTIONs"), 1 << 6);
+        assert_eq!(method_code("PUT "), 0);
+        for i in 0..METHOD_INDEXES as u8 {
+            assert_eq!(index_bit(i).count_ones(), 1);
+        }
         assert_eq!(method_bit(Some("PURGE")), M_OTHER);
         assert_eq!(method_bit(None), M_NONE);
         assert_eq!(Priority::of_method(Some("delete")), Priority::Post);
