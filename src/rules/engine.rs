@@ -9,7 +9,7 @@ use super::matcher::{sel, Cand};
 use super::model::{Shedding, MAX_RULES};
 use super::request::{method_slot, Priority, Request};
 use super::{Rules, RulesError};
-use crate::clock::{Clock, MonotonicClock, Nanos};
+use crate::clock::{Clock, DefaultClock, Nanos};
 use crate::decision::{Decision, Outcome};
 use crate::keyed::KeyHasher;
 use arc_swap::cache::Cache;
@@ -163,9 +163,9 @@ impl EngineBuilder {
         self.seed = Some(seed);
         self
     }
-    /// Builds on the monotonic clock.
-    pub fn build(self) -> Result<Engine<MonotonicClock>, RulesError> {
-        self.build_with_clock(MonotonicClock::new())
+    /// Builds on the default clock ([`DefaultClock`]).
+    pub fn build(self) -> Result<Engine<DefaultClock>, RulesError> {
+        self.build_with_clock(DefaultClock::new())
     }
     /// Builds on `clock`.
     pub fn build_with_clock<C: Clock>(self, clock: C) -> Result<Engine<C>, RulesError> {
@@ -188,7 +188,7 @@ impl EngineBuilder {
 }
 
 /// Rules applied to requests. See the [module docs](super).
-pub struct Engine<C: Clock = MonotonicClock> {
+pub struct Engine<C: Clock = DefaultClock> {
     clock: Arc<C>,
     hasher: KeyHasher,
     seed: Option<u64>,
@@ -197,7 +197,7 @@ pub struct Engine<C: Clock = MonotonicClock> {
     reload: Mutex<()>,
 }
 
-impl Engine<MonotonicClock> {
+impl Engine<DefaultClock> {
     /// A builder for an engine applying `rules`.
     pub fn builder(rules: Rules) -> EngineBuilder {
         EngineBuilder { rules, seed: None }
