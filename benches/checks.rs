@@ -11,7 +11,7 @@
 //!
 //! One iteration is [`ITER`] checks over consecutive keys of the sequence (a rolling window,
 //! so no RNG in the timed loop), reported as `Throughput::Elements`. Benches are generic over
-//! [`Engine`]; the turnstile engines run on the default clock (`MonotonicClock`), governor on
+//! [`Engine`]; the turnstile engines run on the default clock (`TscClock`), governor on
 //! its default (quanta). `turnstile bench` runs the same workloads on pinned threads with
 //! latency percentiles; results and caveats are in `docs/performance.md`.
 
@@ -199,7 +199,7 @@ fn keyless(c: &mut Criterion) {
     let seq = vec![0u64; SEQ_LEN];
     let mut g = group(c, "keyless");
     for a in ALGORITHMS {
-        let l = Limiter::with_limits(limits(a), turnstile::MonotonicClock::new());
+        let l = Limiter::with_limits(limits(a), turnstile::DefaultClock::new());
         bench(&mut g, a.name(), &l, &seq, 0);
     }
     bench(

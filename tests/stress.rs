@@ -51,20 +51,20 @@ fn limits(l: Vec<Limit>) -> Limits {
 
 /// One hot key on a keyed store, or a keyless limiter.
 enum Hot {
-    Keyed(Store<ManualClock>),
+    Keyed(Box<Store<ManualClock>>),
     Keyless(Limiter<ManualClock>),
 }
 
 impl Hot {
     fn both(l: &Limits) -> [Hot; 2] {
         [
-            Hot::Keyed(
+            Hot::Keyed(Box::new(
                 Store::builder(l.clone())
                     .capacity(1024)
                     .shards(4)
                     .build_with_clock(ManualClock::new(0))
                     .unwrap(),
-            ),
+            )),
             Hot::Keyless(Limiter::with_limits(l.clone(), ManualClock::new(0))),
         ]
     }
