@@ -52,7 +52,7 @@ fn limits(l: Vec<Limit>) -> Limits {
 /// One hot key on a keyed store, or a keyless limiter.
 enum Hot {
     Keyed(Box<Store<ManualClock>>),
-    Keyless(Limiter<ManualClock>),
+    Keyless(Box<Limiter<ManualClock>>),
 }
 
 impl Hot {
@@ -65,7 +65,10 @@ impl Hot {
                     .build_with_clock(ManualClock::new(0))
                     .unwrap(),
             )),
-            Hot::Keyless(Limiter::with_limits(l.clone(), ManualClock::new(0))),
+            Hot::Keyless(Box::new(Limiter::with_limits(
+                l.clone(),
+                ManualClock::new(0),
+            ))),
         ]
     }
     fn name(&self) -> &'static str {
