@@ -334,11 +334,12 @@ impl<C: Clock> Store<C> {
     }
 
     #[inline]
-    fn run(&self, id: u64, now: Nanos, cost: u64, insert: bool) -> Decision {
+    fn run(&self, id: u64, now: Nanos, cost: u64, insert: bool, missed: bool) -> Decision {
         let (shard, home) = self.locate(id);
         let ctx = Ctx {
             limits: &self.limits,
             policy: self.policy,
+            missed,
         };
         let limits = &self.limits;
         match limits.single_packed() {
@@ -421,14 +422,15 @@ impl<C: Clock> Store<C> {
         };
         match hit {
             Some(d) => d,
-            None => self.run_cold(id, now, cost, cost > 0),
+            None => self.run_cold(id, now, cost, self.packed.is_some()),
         }
     }
 
-    /// The general path, out of line: new keys, arena records, a reclaimed slot.
+    /// The general path, out of line: new keys, arena records, a reclaimed slot. `missed`:
+    /// the packed fast path's lookup just missed (see `Ctx::missed`).
     #[inline(never)]
-    fn run_cold(&self, id: u64, now: Nanos, cost: u64, insert: bool) -> Decision {
-        self.run(id, now, cost, insert)
+    fn run_cold(&self, id: u64, now: Nanos, cost: u64, missed: bool) -> Decision {
+        self.run(id, now, cost, cost > 0, missed)
     }
 
     /// Looks at `key`'s limit without consuming (and without inserting it).
@@ -438,7 +440,7 @@ impl<C: Clock> Store<C> {
 
     /// [`Store::peek`] at `now`.
     pub fn peek_at<K: Key + ?Sized>(&self, key: &K, now: Nanos) -> Decision {
-        self.run(key.key_id(&self.hasher), now, 0, false)
+        self.run(key.key_id(&self.hasher), now, 0, false, false)
     }
 
     /// Gives `n` back to `key`'s limits.
@@ -453,6 +455,7 @@ impl<C: Clock> Store<C> {
         let ctx = Ctx {
             limits: &self.limits,
             policy: self.policy,
+            missed: false,
         };
         let limits = &self.limits;
         shard.with_key(
@@ -480,6 +483,7 @@ impl<C: Clock> Store<C> {
             &Ctx {
                 limits: &self.limits,
                 policy: self.policy,
+                missed: false,
             },
             id,
             home,

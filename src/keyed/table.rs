@@ -202,6 +202,11 @@ fn zeroed_buckets(n: usize) -> Box<[Bucket]> {
 pub(crate) struct Ctx<'a> {
     pub(crate) limits: &'a Limits,
     pub(crate) policy: FullPolicy,
+    /// A lookup of this key just missed (the packed fast path): [`Shard::with_key`] starts
+    /// with the insertion, which scans the range again under the header protocol, instead of
+    /// repeating the lookup (one 64-slot scan less per new key). A miss linearizes at that
+    /// lookup, so a peek may answer "absent" at once.
+    pub(crate) missed: bool,
 }
 
 impl Shard {
@@ -386,11 +391,14 @@ impl Shard {
         absent: &mut dyn FnMut() -> R,
         full: &mut dyn FnMut(Outcome) -> R,
     ) -> R {
+        let mut missed = ctx.missed;
         loop {
-            if let Some((s, v)) = self.find(home, key) {
-                match self.apply(s, v, key, packed, words) {
-                    Step::Done(r) => return r,
-                    Step::Retry => continue,
+            if !std::mem::take(&mut missed) {
+                if let Some((s, v)) = self.find(home, key) {
+                    match self.apply(s, v, key, packed, words) {
+                        Step::Done(r) => return r,
+                        Step::Retry => continue,
+                    }
                 }
             }
             if !insert {
@@ -470,18 +478,22 @@ impl Shard {
         // Two choices: the emptier of the two home buckets, else the first empty slot further on.
         let (mut first_empty, mut free) = (None, [0usize; 2]);
         let mut choice = [None; 2];
-        for off in 0..self.probe_len() {
-            // Acquire: as in `find`.
-            let v = self.slot(home, off).load(Ordering::Acquire);
-            if key_of(v) == key && state_of(v) & LIVE != 0 {
-                return Step::Retry;
-            }
-            if v == 0 {
-                if off < 2 * BUCKET {
-                    free[off / BUCKET] += 1;
-                    choice[off / BUCKET].get_or_insert(off);
+        // Bucket by bucket (the bucket index once per eight slots, as in `find_far`).
+        for k in 0..2 * RANGE {
+            for (i, s) in self.bucket(home, k).slots.iter().enumerate() {
+                // Acquire: as in `find`.
+                let v = s.load(Ordering::Acquire);
+                if key_of(v) == key && state_of(v) & LIVE != 0 {
+                    return Step::Retry;
                 }
-                first_empty.get_or_insert(off);
+                if v == 0 {
+                    let off = k * BUCKET + i;
+                    if k < 2 {
+                        free[k] += 1;
+                        choice[k].get_or_insert(off);
+                    }
+                    first_empty.get_or_insert(off);
+                }
             }
         }
         // h1 while at least H1_FREE of its slots are free or it is no fuller than h2, else the
