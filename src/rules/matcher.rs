@@ -55,16 +55,45 @@ struct Entry {
 }
 
 /// The rules a route selects, in file order: the enforcing ones (hard, soft, elastic), and
-/// the shadow ones (evaluated after the enforcing ones admitted).
-#[derive(Debug, Default)]
+/// the shadow ones (evaluated after the enforcing ones admitted); and the same lists already
+/// filtered by each (method index, priority) pair, so that the check path neither tests
+/// the candidates' masks nor steps over the filtered-out ones.
+#[derive(Debug)]
 pub(crate) struct Cands {
+    /// Every candidate of the route (filtered by [`Cand::admits`] on the check path).
     pub(crate) enforce: Box<[Cand]>,
     pub(crate) shadow: Box<[Cand]>,
+    /// Per [`sel`] bit: the index in `lists` of the candidates that admit it.
+    pick: [u8; SELS],
+    /// The distinct filtered lists (at most [`SELS`]); when they would hold more than
+    /// [`PICKED_BUDGET`] candidates, one list of every candidate instead (still filtered by
+    /// the masks on the check path, never `single`).
+    lists: Box<[Picked]>,
+    /// Every [`sel`] picks the same list, whose candidates admit every [`sel`]: the request's
+    /// method and priority need not be known to select its rules.
+    pub(crate) uniform: bool,
 }
+
+/// The candidates of a route that admit one (method index, priority) pair (or, over budget,
+/// all of them).
+#[derive(Debug, Default)]
+pub(crate) struct Picked {
+    pub(crate) enforce: Box<[Cand]>,
+    pub(crate) shadow: Box<[Cand]>,
+    /// Exactly one enforcing candidate, admitting this pair, and no shadow candidate.
+    pub(crate) single: bool,
+}
+
+/// Number of [`sel`] bits: (method index, priority) pairs.
+pub(crate) const SELS: usize = METHOD_INDEXES * 4;
+
+/// Most candidates the filtered lists of one route may hold together (beyond it the route
+/// keeps one unfiltered list): bounds their memory at 8 bytes × this per route prefix.
+const PICKED_BUDGET: usize = 4096;
 
 impl Cands {
     fn new(rules: &[Rule], select: impl Fn(u32) -> bool) -> Self {
-        let pick = |shadow: bool| {
+        let pick = |shadow: bool| -> Box<[Cand]> {
             (0..rules.len() as u32)
                 .filter(|&i| {
                     matches!(rules[i as usize].mode, super::model::Mode::Shadow) == shadow
@@ -73,10 +102,66 @@ impl Cands {
                 .map(|i| Cand::new(i, &rules[i as usize]))
                 .collect()
         };
-        Self {
-            enforce: pick(false),
-            shadow: pick(true),
+        let (enforce, shadow) = (pick(false), pick(true));
+        let filter = |l: &[Cand], s: u32| -> Box<[Cand]> {
+            l.iter().copied().filter(|c| c.admits(s)).collect()
+        };
+        let mut lists: Vec<Picked> = Vec::new();
+        let mut pick = [0u8; SELS];
+        for s in 0..SELS as u32 {
+            let (e, sh) = (filter(&enforce, s), filter(&shadow, s));
+            let same = |p: &Picked| {
+                p.enforce
+                    .iter()
+                    .map(|c| c.rule)
+                    .eq(e.iter().map(|c| c.rule))
+                    && p.shadow
+                        .iter()
+                        .map(|c| c.rule)
+                        .eq(sh.iter().map(|c| c.rule))
+            };
+            let k = match lists.iter().position(same) {
+                Some(k) => k,
+                None => {
+                    lists.push(Picked {
+                        single: e.len() == 1 && sh.is_empty(),
+                        enforce: e,
+                        shadow: sh,
+                    });
+                    lists.len() - 1
+                }
+            };
+            pick[s as usize] = k as u8;
         }
+        let held: usize = lists.iter().map(|p| p.enforce.len() + p.shadow.len()).sum();
+        if held > PICKED_BUDGET {
+            lists = vec![Picked {
+                enforce: enforce.clone(),
+                shadow: shadow.clone(),
+                single: false,
+            }];
+            pick = [0; SELS];
+        }
+        let all = u64::MAX >> (64 - SELS);
+        let uniform = lists.len() == 1
+            && lists[0]
+                .enforce
+                .iter()
+                .chain(lists[0].shadow.iter())
+                .all(|c| c.mask & all == all);
+        Self {
+            enforce,
+            shadow,
+            pick,
+            lists: lists.into(),
+            uniform,
+        }
+    }
+
+    /// The candidates that admit [`sel`] bit `s` (`s < SELS`).
+    #[inline(always)]
+    pub(crate) fn picked(&self, s: u32) -> &Picked {
+        &self.lists[self.pick[s as usize % SELS] as usize]
     }
 }
 
