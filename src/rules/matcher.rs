@@ -574,6 +574,82 @@ mod tests {
         }
     }
 
+    /// A route's filtered lists against its full lists: for every (method, priority) pair,
+    /// the picked candidates filtered by their masks are the full list filtered by them, and
+    /// exactly that list unless the route is over budget; `single` and `uniform` hold as
+    /// documented.
+    fn check_picked(c: &Cands) {
+        let ids = |l: &[Cand], s: u32| -> Vec<u32> {
+            l.iter().filter(|c| c.admits(s)).map(|c| c.rule).collect()
+        };
+        let over = c.lists.len() == 1 && !c.uniform;
+        for s in 0..SELS as u32 {
+            let p = c.picked(s);
+            for (picked, full) in [(&p.enforce, &c.enforce), (&p.shadow, &c.shadow)] {
+                assert_eq!(ids(picked, s), ids(full, s), "sel {s}");
+                if !over {
+                    let all: Vec<u32> = picked.iter().map(|c| c.rule).collect();
+                    assert_eq!(all, ids(full, s), "sel {s}: exactly the admitting ones");
+                }
+            }
+            assert_eq!(
+                p.single,
+                !over && ids(&c.enforce, s).len() == 1 && ids(&c.shadow, s).is_empty()
+            );
+            if c.uniform {
+                assert!(std::ptr::eq(p, c.picked(0)));
+                assert!(p
+                    .enforce
+                    .iter()
+                    .chain(p.shadow.iter())
+                    .all(|x| (0..SELS as u32).all(|t| x.admits(t))));
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn picked_lists_are_the_filtered_lists(
+            conds in proptest::collection::vec((0u16..1 << 9, 0u8..16, proptest::bool::ANY, 0u8..3), 1..10),
+            routes in proptest::collection::vec("[/ab]{0,6}", 1..10),
+        ) {
+            let rules: Vec<Rule> = conds
+                .iter()
+                .map(|&(methods, prios, shadow, route)| {
+                    let mut r = rule(&[["", "/a", "/ab/"][route as usize]].into_iter().filter(|p| !p.is_empty()).collect::<Vec<_>>());
+                    if methods & 1 == 1 {
+                        r.when.methods = (0..9).filter(|b| methods >> b & 1 == 1).map(|b| super::super::request::METHODS[b].to_string()).collect();
+                    }
+                    r.when.priorities = Priority::ALL.into_iter().filter(|p| prios & p.bit() != 0).collect();
+                    if shadow {
+                        r.mode = super::super::model::Mode::Shadow;
+                    }
+                    r
+                })
+                .collect();
+            let t = RouteTable::build(&rules);
+            check_picked(&t.unrouted);
+            for r in &routes {
+                check_picked(t.candidates(Some(r)));
+            }
+        }
+    }
+
+    #[test]
+    fn over_budget_routes_keep_one_unfiltered_list() {
+        // 600 rules without conditions and one per method: ten distinct lists of 600+.
+        let mut rules: Vec<Rule> = (0..600).map(|_| rule(&[])).collect();
+        for m in super::super::request::METHODS {
+            let mut r = rule(&[]);
+            r.when.methods = vec![m.to_string()];
+            rules.push(r);
+        }
+        let t = RouteTable::build(&rules);
+        assert_eq!(t.unrouted.lists.len(), 1);
+        assert!(!t.unrouted.uniform);
+        check_picked(&t.unrouted);
+    }
+
     #[test]
     fn composite_ids_differ_by_part() {
         let h = KeyHasher::with_seed(7, 64);
