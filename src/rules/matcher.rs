@@ -4,7 +4,9 @@
 //! **Routes.** Every route prefix of every rule goes into one sorted table. Each entry stores
 //! the full list of rules a route gets when this entry is its longest matching prefix (its own
 //! rules, those of every shorter prefix of it, and the rules without a route condition, in
-//! file order). A lookup is one binary search plus a walk up a short parent chain. The search
+//! file order), and the same lists filtered per (method index, priority) pair ([`Cands`]),
+//! so that the check picks its rules by one table lookup. A lookup is one binary search plus
+//! a walk up a short parent chain. The search
 //! compares the first 8 bytes as one word (big-endian, zero-padded: the same order) and the
 //! full strings only on a tie; a prefix test of up to 8 bytes is one masked compare.
 //!
