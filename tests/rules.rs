@@ -1029,3 +1029,126 @@ fn deeply_nested_input_is_refused_not_crashed() {
         assert!(Rules::parse(&text, "deep").is_err());
     }
 }
+
+// ---- the check's fast paths against the general path --------------------------------------
+
+const ROUTES: [&str; 5] = [
+    "/v1/",
+    "/v1/charges",
+    "/v2/",
+    "/admin/x",
+    "/v1/charges/refunds",
+];
+const VERBS: [&str; 5] = ["GET", "POST", "put", "PURGE", "DELETE"];
+/// The methods rules name (a rule cannot name an unknown method; a request can).
+const RULE_VERBS: [&str; 4] = ["GET", "POST", "PUT", "delete"];
+
+/// One rule from generated numbers: key class, route prefixes, methods, priorities, mode,
+/// limit and cost.
+fn arbitrary_rule(i: usize, g: &[u8; 8]) -> Rule {
+    let key = match g[0] % 4 {
+        0 => KeyClass::customer(),
+        1 => KeyClass::global(),
+        2 => KeyClass::customer().and(KeyPart::Route),
+        _ => KeyClass::ip(),
+    };
+    let mut r = Rule::new(format!("r{i}"), key)
+        .limit(fw(1 + g[1] as u64 % 4, Duration::from_secs(60)))
+        .cost(1 + g[2] as u64 % 2);
+    for (b, p) in ROUTES.iter().enumerate() {
+        if g[3] >> b & 1 == 1 && g[3] & 0x80 != 0 {
+            r = r.route_prefix(*p);
+        }
+    }
+    for (b, m) in RULE_VERBS.iter().enumerate() {
+        if g[4] >> b & 1 == 1 && g[4] & 0x80 != 0 {
+            r = r.method(*m);
+        }
+    }
+    for p in Priority::ALL {
+        if g[5] >> p.index() & 1 == 1 && g[5] & 0x80 != 0 {
+            r = r.priority(p);
+        }
+    }
+    r.mode(match g[6] % 6 {
+        0 => Mode::Soft { percent: 50 },
+        1 => Mode::Shadow,
+        2 => Mode::Elastic {
+            percent: 100,
+            below: 0.5,
+        },
+        _ => Mode::Hard,
+    })
+}
+
+/// A request from generated numbers (customer, address, route, method, priority, cost).
+fn arbitrary_request(g: &[u8; 6]) -> Request<'static> {
+    let mut q = Request::new().cost(g[5] as u64 % 3);
+    if g[0] % 4 != 0 {
+        q = q.customer(g[0] as u64 % 3);
+    }
+    if g[1] % 3 != 0 {
+        q = q.ip(IpAddr::from([10, 0, 0, g[1] % 2]));
+    }
+    if let Some(r) = ROUTES.get(g[2] as usize % 7) {
+        q = q.route(r);
+    } else if g[2] % 7 == 5 {
+        q = q.route("/other");
+    }
+    if let Some(m) = VERBS.get(g[3] as usize % 6) {
+        q = q.method(m);
+    }
+    if let Some(p) = Priority::ALL.get(g[4] as usize % 5) {
+        q = q.priority(*p);
+    }
+    q
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    /// `check` (pre-filtered lists, the one-rule path, no method parse where none is
+    /// needed), through the engine and through a `LocalEngine`, decides every request exactly
+    /// as `explain` (every candidate, each one's mask tested, the method always parsed), on
+    /// three engines fed the same requests; the rules' counters agree too.
+    #[test]
+    fn fast_paths_decide_as_the_general_path(
+        rules in proptest::collection::vec(any::<[u8; 8]>(), 1..7),
+        shedding in any::<bool>(),
+        busy in any::<bool>(),
+        reqs in proptest::collection::vec(any::<[u8; 6]>(), 1..60),
+    ) {
+        let mut b = Rules::builder();
+        if shedding {
+            b = b.shedding(Shedding::default().threshold(Priority::Test, 0.5, 0.4));
+        }
+        for (i, g) in rules.iter().enumerate() {
+            b = b.rule(arbitrary_rule(i, g));
+        }
+        let rules = b.build().unwrap();
+        let clock = Arc::new(ManualClock::new(1000 * S));
+        let make = || {
+            Engine::builder(rules.clone())
+                .seed(7)
+                .build_with_clock(clock.clone())
+                .unwrap()
+        };
+        let (fast, local, general) = (make(), make(), make());
+        if busy {
+            for e in [&fast, &local, &general] {
+                e.report_utilization(0.6);
+            }
+        }
+        let mut l = local.local();
+        for g in &reqs {
+            let q = arbitrary_request(g);
+            let want = general.explain(&q).decision;
+            prop_assert_eq!(fast.check(&q), want, "check of {:?}", q);
+            prop_assert_eq!(l.check(&q), want, "LocalEngine check of {:?}", q);
+        }
+        for n in general.rule_names() {
+            prop_assert_eq!(fast.rule_stats(&n), general.rule_stats(&n), "rule {}", n);
+            prop_assert_eq!(local.rule_stats(&n), general.rule_stats(&n), "rule {}", n);
+        }
+    }
+}

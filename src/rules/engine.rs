@@ -46,6 +46,9 @@ struct Why {
 /// What a check notes down along the way: nothing for [`Engine::check`] ([`Quiet`], compiled
 /// away), a [`Why`] for [`Engine::explain`].
 trait Track {
+    /// Whether the check takes the general path (every candidate of the route, filtered by
+    /// its mask, the method always parsed) rather than the precomputed fast paths.
+    const GENERAL: bool = false;
     fn shed(&mut self) {}
     fn matched(&mut self) {}
     fn denied(&mut self, _rule: u32) {}
@@ -70,6 +73,7 @@ enum Step {
 impl Track for Quiet {}
 
 impl Track for Why {
+    const GENERAL: bool = true;
     fn shed(&mut self) {
         self.shed = true;
     }
@@ -430,26 +434,52 @@ impl<C: Clock> Engine<C> {
         now: Nanos,
         why: &mut T,
     ) -> Decision {
-        let m = method_slot(req.method);
-        let prio = match req.priority {
-            Some(p) => p,
-            None => Priority::of_method_index(m),
-        };
         let mut load = 0.0;
-        if c.needs_load {
-            match self.load_or_shed(c, prio, now) {
-                Ok(l) => load = l,
-                Err(d) => {
-                    why.shed();
-                    return d;
+        let (cands, sel) = if c.needs_load || T::GENERAL {
+            let m = method_slot(req.method);
+            let prio = match req.priority {
+                Some(p) => p,
+                None => Priority::of_method_index(m),
+            };
+            if c.needs_load {
+                match self.load_or_shed(c, prio, now) {
+                    Ok(l) => load = l,
+                    Err(d) => {
+                        why.shed();
+                        return d;
+                    }
                 }
             }
-        }
-        let sel = sel(m, prio);
-        let cands = c.routes.candidates(req.route);
+            (c.routes.candidates(req.route), sel(m, prio))
+        } else {
+            let cands = c.routes.candidates(req.route);
+            // No shedding, and every candidate of the route admits every method and
+            // priority: neither needs to be known (any `sel` picks the same list).
+            if cands.uniform {
+                (cands, 0)
+            } else {
+                let m = method_slot(req.method);
+                let prio = match req.priority {
+                    Some(p) => p,
+                    None => Priority::of_method_index(m),
+                };
+                (cands, sel(m, prio))
+            }
+        };
+        // `explain` walks the full candidate lists, testing each one's mask: the reference
+        // the filtered lists and the single-rule path are tested against.
+        let (enforce, shadow) = if T::GENERAL {
+            (&*cands.enforce, &*cands.shadow)
+        } else {
+            let p = cands.picked(sel);
+            if p.single {
+                return self.single(c, p.enforce[0].rule, req, now, load, sel);
+            }
+            (&*p.enforce, &*p.shadow)
+        };
         let mut acc = UNLIMITED;
         let mut pooled = [0u64; W];
-        for (k, cand) in cands.enforce.iter().enumerate() {
+        for (k, cand) in enforce.iter().enumerate() {
             if !cand.admits(sel) {
                 continue;
             }
@@ -461,15 +491,34 @@ impl<C: Clock> Engine<C> {
                     why.matched();
                 }
                 Step::Denied => {
-                    self.deny(c, req, &cands.enforce[..k], now, &pooled, sel, cand.rule);
+                    self.deny(c, req, &enforce[..k], now, &pooled, sel, cand.rule);
                     why.denied(cand.rule);
                     // `apply` left the denial in `acc`.
                     return acc;
                 }
             }
         }
-        if !cands.shadow.is_empty() {
-            self.shadow(c, req, &cands.shadow, sel, now, why);
+        if !shadow.is_empty() {
+            self.shadow(c, req, shadow, sel, now, why);
+        }
+        acc
+    }
+
+    /// The check when exactly one enforcing rule, and no shadow rule, can apply to the
+    /// request (`Picked::single`): no loop, no refund, no pool bookkeeping.
+    #[inline(always)]
+    fn single(
+        &self,
+        c: &Compiled<C>,
+        rule: u32,
+        req: &Request<'_>,
+        now: Nanos,
+        load: f64,
+        sel: u32,
+    ) -> Decision {
+        let mut acc = UNLIMITED;
+        if let Step::Denied = self.apply(&c.rules[rule as usize], req, now, load, &mut acc) {
+            self.deny(c, req, &[], now, &[], sel, rule);
         }
         acc
     }

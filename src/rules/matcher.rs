@@ -4,7 +4,9 @@
 //! **Routes.** Every route prefix of every rule goes into one sorted table. Each entry stores
 //! the full list of rules a route gets when this entry is its longest matching prefix (its own
 //! rules, those of every shorter prefix of it, and the rules without a route condition, in
-//! file order). A lookup is one binary search plus a walk up a short parent chain. The search
+//! file order), and the same lists filtered per (method index, priority) pair ([`Cands`]),
+//! so that the check picks its rules by one table lookup. A lookup is one binary search plus
+//! a walk up a short parent chain. The search
 //! compares the first 8 bytes as one word (big-endian, zero-padded: the same order) and the
 //! full strings only on a tie; a prefix test of up to 8 bytes is one masked compare.
 //!
@@ -55,16 +57,45 @@ struct Entry {
 }
 
 /// The rules a route selects, in file order: the enforcing ones (hard, soft, elastic), and
-/// the shadow ones (evaluated after the enforcing ones admitted).
-#[derive(Debug, Default)]
+/// the shadow ones (evaluated after the enforcing ones admitted); and the same lists already
+/// filtered by each (method index, priority) pair, so that the check path neither tests
+/// the candidates' masks nor steps over the filtered-out ones.
+#[derive(Debug)]
 pub(crate) struct Cands {
+    /// Every candidate of the route (filtered by [`Cand::admits`] on the check path).
     pub(crate) enforce: Box<[Cand]>,
     pub(crate) shadow: Box<[Cand]>,
+    /// Per [`sel`] bit: the index in `lists` of the candidates that admit it.
+    pick: [u8; SELS],
+    /// The distinct filtered lists (at most [`SELS`]); when they would hold more than
+    /// [`PICKED_BUDGET`] candidates, one list of every candidate instead (still filtered by
+    /// the masks on the check path, never `single`).
+    lists: Box<[Picked]>,
+    /// Every [`sel`] picks the same list, whose candidates admit every [`sel`]: the request's
+    /// method and priority need not be known to select its rules.
+    pub(crate) uniform: bool,
 }
+
+/// The candidates of a route that admit one (method index, priority) pair (or, over budget,
+/// all of them).
+#[derive(Debug, Default)]
+pub(crate) struct Picked {
+    pub(crate) enforce: Box<[Cand]>,
+    pub(crate) shadow: Box<[Cand]>,
+    /// Exactly one enforcing candidate, admitting this pair, and no shadow candidate.
+    pub(crate) single: bool,
+}
+
+/// Number of [`sel`] bits: (method index, priority) pairs.
+pub(crate) const SELS: usize = METHOD_INDEXES * 4;
+
+/// Most candidates the filtered lists of one route may hold together (beyond it the route
+/// keeps one unfiltered list): bounds their memory at 8 bytes × this per route prefix.
+const PICKED_BUDGET: usize = 4096;
 
 impl Cands {
     fn new(rules: &[Rule], select: impl Fn(u32) -> bool) -> Self {
-        let pick = |shadow: bool| {
+        let pick = |shadow: bool| -> Box<[Cand]> {
             (0..rules.len() as u32)
                 .filter(|&i| {
                     matches!(rules[i as usize].mode, super::model::Mode::Shadow) == shadow
@@ -73,10 +104,66 @@ impl Cands {
                 .map(|i| Cand::new(i, &rules[i as usize]))
                 .collect()
         };
-        Self {
-            enforce: pick(false),
-            shadow: pick(true),
+        let (enforce, shadow) = (pick(false), pick(true));
+        let filter = |l: &[Cand], s: u32| -> Box<[Cand]> {
+            l.iter().copied().filter(|c| c.admits(s)).collect()
+        };
+        let mut lists: Vec<Picked> = Vec::new();
+        let mut pick = [0u8; SELS];
+        for s in 0..SELS as u32 {
+            let (e, sh) = (filter(&enforce, s), filter(&shadow, s));
+            let same = |p: &Picked| {
+                p.enforce
+                    .iter()
+                    .map(|c| c.rule)
+                    .eq(e.iter().map(|c| c.rule))
+                    && p.shadow
+                        .iter()
+                        .map(|c| c.rule)
+                        .eq(sh.iter().map(|c| c.rule))
+            };
+            let k = match lists.iter().position(same) {
+                Some(k) => k,
+                None => {
+                    lists.push(Picked {
+                        single: e.len() == 1 && sh.is_empty(),
+                        enforce: e,
+                        shadow: sh,
+                    });
+                    lists.len() - 1
+                }
+            };
+            pick[s as usize] = k as u8;
         }
+        let held: usize = lists.iter().map(|p| p.enforce.len() + p.shadow.len()).sum();
+        if held > PICKED_BUDGET {
+            lists = vec![Picked {
+                enforce: enforce.clone(),
+                shadow: shadow.clone(),
+                single: false,
+            }];
+            pick = [0; SELS];
+        }
+        let all = u64::MAX >> (64 - SELS);
+        let uniform = lists.len() == 1
+            && lists[0]
+                .enforce
+                .iter()
+                .chain(lists[0].shadow.iter())
+                .all(|c| c.mask & all == all);
+        Self {
+            enforce,
+            shadow,
+            pick,
+            lists: lists.into(),
+            uniform,
+        }
+    }
+
+    /// The candidates that admit [`sel`] bit `s` (`s < SELS`).
+    #[inline(always)]
+    pub(crate) fn picked(&self, s: u32) -> &Picked {
+        &self.lists[self.pick[s as usize % SELS] as usize]
     }
 }
 
@@ -487,6 +574,82 @@ mod tests {
                 proptest::prop_assert_eq!(got, want, "route {:?}", r);
             }
         }
+    }
+
+    /// A route's filtered lists against its full lists: for every (method, priority) pair,
+    /// the picked candidates filtered by their masks are the full list filtered by them, and
+    /// exactly that list unless the route is over budget; `single` and `uniform` hold as
+    /// documented.
+    fn check_picked(c: &Cands) {
+        let ids = |l: &[Cand], s: u32| -> Vec<u32> {
+            l.iter().filter(|c| c.admits(s)).map(|c| c.rule).collect()
+        };
+        let over = c.lists.len() == 1 && !c.uniform;
+        for s in 0..SELS as u32 {
+            let p = c.picked(s);
+            for (picked, full) in [(&p.enforce, &c.enforce), (&p.shadow, &c.shadow)] {
+                assert_eq!(ids(picked, s), ids(full, s), "sel {s}");
+                if !over {
+                    let all: Vec<u32> = picked.iter().map(|c| c.rule).collect();
+                    assert_eq!(all, ids(full, s), "sel {s}: exactly the admitting ones");
+                }
+            }
+            assert_eq!(
+                p.single,
+                !over && ids(&c.enforce, s).len() == 1 && ids(&c.shadow, s).is_empty()
+            );
+            if c.uniform {
+                assert!(std::ptr::eq(p, c.picked(0)));
+                assert!(p
+                    .enforce
+                    .iter()
+                    .chain(p.shadow.iter())
+                    .all(|x| (0..SELS as u32).all(|t| x.admits(t))));
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn picked_lists_are_the_filtered_lists(
+            conds in proptest::collection::vec((0u16..1 << 9, 0u8..16, proptest::bool::ANY, 0u8..3), 1..10),
+            routes in proptest::collection::vec("[/ab]{0,6}", 1..10),
+        ) {
+            let rules: Vec<Rule> = conds
+                .iter()
+                .map(|&(methods, prios, shadow, route)| {
+                    let mut r = rule(&[["", "/a", "/ab/"][route as usize]].into_iter().filter(|p| !p.is_empty()).collect::<Vec<_>>());
+                    if methods & 1 == 1 {
+                        r.when.methods = (0..9).filter(|b| methods >> b & 1 == 1).map(|b| super::super::request::METHODS[b].to_string()).collect();
+                    }
+                    r.when.priorities = Priority::ALL.into_iter().filter(|p| prios & p.bit() != 0).collect();
+                    if shadow {
+                        r.mode = super::super::model::Mode::Shadow;
+                    }
+                    r
+                })
+                .collect();
+            let t = RouteTable::build(&rules);
+            check_picked(&t.unrouted);
+            for r in &routes {
+                check_picked(t.candidates(Some(r)));
+            }
+        }
+    }
+
+    #[test]
+    fn over_budget_routes_keep_one_unfiltered_list() {
+        // 600 rules without conditions and one per method: ten distinct lists of 600+.
+        let mut rules: Vec<Rule> = (0..600).map(|_| rule(&[])).collect();
+        for m in super::super::request::METHODS {
+            let mut r = rule(&[]);
+            r.when.methods = vec![m.to_string()];
+            rules.push(r);
+        }
+        let t = RouteTable::build(&rules);
+        assert_eq!(t.unrouted.lists.len(), 1);
+        assert!(!t.unrouted.uniform);
+        check_picked(&t.unrouted);
     }
 
     #[test]
