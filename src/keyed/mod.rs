@@ -8,12 +8,12 @@
 //! * One packed limit (fixed_window, sliding_window, token_bucket, leaky_bucket) lives
 //!   entirely in its slot: 8 bytes of key, 8 of state, one 16-byte CAS per check, nothing
 //!   else touched. Other limits (sliding_log, window_ring, concurrency, several limits per
-//!   key) keep a record in the shard's arena, referenced from the slot ([`arena`]).
+//!   key) keep a record in the shard's arena, referenced from the slot (`src/keyed/arena.rs`).
 //! * Memory is allocated once, when the store is built, from the budget or key capacity, and
 //!   never grows. Idle records are reclaimed in place by probes that need room; when a probe
 //!   range is full of live keys the [`FullPolicy`] decides, and every outcome is counted.
 //!
-//! The table's protocol and why it is correct are in [`table`]'s docs.
+//! The table's protocol and why it is correct are in the docs of `src/keyed/table.rs`.
 
 pub(crate) mod arena;
 pub mod key;
