@@ -366,3 +366,70 @@ fn string_and_ip_keys() {
         "same /64 shares the limit"
     );
 }
+
+/// `check_batch_at` must decide exactly as the same checks made one by one with `check_at`, in
+/// order: batches shorter and longer than its prefetch distance (8), empty ones, keys repeated
+/// inside a batch (a later check of a key sees the earlier one's update), new keys inserted
+/// mid-batch, and time moving between batches; packed and arena-backed limits, and a store
+/// small enough to fill.
+#[test]
+fn check_batch_decides_as_sequential_checks() {
+    use turnstile::{Decision, ManualClock};
+    let limits = [
+        Limit::token_bucket(5, 3, Duration::from_secs(1)).unwrap(),
+        Limit::fixed_window(4, Duration::from_secs(1)).unwrap(),
+        Limit::sliding_window(4, Duration::from_secs(1)).unwrap(),
+        Limit::sliding_log(3, Duration::from_secs(1)).unwrap(),
+    ];
+    for l in limits {
+        for capacity in [40u64, 4_000] {
+            let build = || {
+                Store::builder(Limits::new(vec![l.clone()]).unwrap())
+                    .capacity(capacity)
+                    .seed(11)
+                    .shards(2)
+                    .build_with_clock(ManualClock::new(0))
+                    .unwrap()
+            };
+            let (batched, single) = (build(), build());
+            let mut x = 0x2545_f491_4f6c_dd1du64;
+            let mut rnd = |n: u64| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x % n
+            };
+            let mut now = 1_000_000_000u64;
+            let mut checks = 0;
+            for round in 0..300 {
+                let len = rnd(41) as usize;
+                let keys: Vec<u64> = (0..len).map(|_| rnd(60)).collect();
+                let cost = 1 + rnd(2);
+                let blank = Decision {
+                    outcome: Outcome::Limited,
+                    limit: u64::MAX,
+                    remaining: u64::MAX,
+                    reset_after_ns: u64::MAX,
+                    retry_after_ns: None,
+                    delay_ns: u64::MAX,
+                };
+                let mut out = vec![blank; len];
+                batched.check_batch_at(&keys, cost, now, &mut out);
+                for (i, k) in keys.iter().enumerate() {
+                    let d = single.check_at(k, cost, now);
+                    assert_eq!(
+                        out[i], d,
+                        "{l:?}, capacity {capacity}, round {round}, key {k} at {i} of {len}"
+                    );
+                }
+                checks += len;
+                now += rnd(300_000_000);
+            }
+            assert!(checks > 5_000);
+            let (mut a, mut b) = (batched.live_ids(), single.live_ids());
+            a.sort_unstable();
+            b.sort_unstable();
+            assert_eq!(a, b, "{l:?}: live keys differ");
+        }
+    }
+}
