@@ -471,10 +471,11 @@ impl<C: Clock> Engine<C> {
         let (enforce, shadow) = if T::GENERAL {
             (&*cands.enforce, &*cands.shadow)
         } else {
-            let p = cands.picked(sel);
-            if p.single {
-                return self.single(c, p.enforce[0].rule, req, now, load, sel);
+            // One rule: its index straight from the route's entry (no list to reach).
+            if let Some(rule) = cands.single(sel) {
+                return self.single(c, rule, req, now, load, sel);
             }
+            let p = cands.picked(sel);
             (&*p.enforce, &*p.shadow)
         };
         let mut acc = UNLIMITED;
