@@ -471,10 +471,11 @@ impl<C: Clock> Engine<C> {
         let (enforce, shadow) = if T::GENERAL {
             (&*cands.enforce, &*cands.shadow)
         } else {
-            let p = cands.picked(sel);
-            if p.single {
-                return self.single(c, p.enforce[0].rule, req, now, load, sel);
+            // One rule: its index straight from the route's entry (no list to reach).
+            if let Some(rule) = cands.single(sel) {
+                return self.single(c, rule, req, now, load, sel);
             }
+            let p = cands.picked(sel);
             (&*p.enforce, &*p.shadow)
         };
         let mut acc = UNLIMITED;
@@ -516,11 +517,35 @@ impl<C: Clock> Engine<C> {
         load: f64,
         sel: u32,
     ) -> Decision {
-        let mut acc = UNLIMITED;
-        if let Step::Denied = self.apply(&c.rules[rule as usize], req, now, load, &mut acc) {
-            self.deny(c, req, &[], now, &[], sel, rule);
+        let r = &c.rules[rule as usize];
+        let Some(id) = r.plan.id(req, &self.hasher) else {
+            return UNLIMITED;
+        };
+        let cost = req.cost.saturating_mul(r.cost);
+        let slot = r.slot(id);
+        let d = slot.main.store.check_at(&id, cost, now);
+        let d = if matches!(r.kind, Kind::Hard) && d.allowed() {
+            d
+        } else {
+            match self.decide(r, slot, d, id, cost, now, load) {
+                Ok((d, _)) => d,
+                Err(d) => {
+                    self.deny(c, req, &[], now, &[], sel, rule);
+                    return d;
+                }
+            }
+        };
+        // `d` merged into `UNLIMITED` (as `apply` would): `d` itself, unless its remainder
+        // is not below `UNLIMITED`'s.
+        if d.remaining < u64::MAX {
+            d
+        } else {
+            Decision {
+                reset_after_ns: d.reset_after_ns,
+                delay_ns: d.delay_ns,
+                ..UNLIMITED
+            }
         }
-        acc
     }
 
     /// One enforcing rule that the request's route, method and priority select: its key, its

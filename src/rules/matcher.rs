@@ -74,6 +74,9 @@ pub(crate) struct Cands {
     /// Every [`sel`] picks the same list, whose candidates admit every [`sel`]: the request's
     /// method and priority need not be known to select its rules.
     pub(crate) uniform: bool,
+    /// Per [`sel`] bit: the one rule of its list when that list is [`Picked::single`], else
+    /// `NONE`: the one-rule check reads its rule here, one load, without reaching the list.
+    one: [u32; SELS],
 }
 
 /// The candidates of a route that admit one (method index, priority) pair (or, over budget,
@@ -151,12 +154,31 @@ impl Cands {
                 .iter()
                 .chain(lists[0].shadow.iter())
                 .all(|c| c.mask & all == all);
+        let one = std::array::from_fn(|s| {
+            let p = &lists[pick[s] as usize];
+            if p.single {
+                p.enforce[0].rule
+            } else {
+                NONE
+            }
+        });
         Self {
             enforce,
             shadow,
             pick,
             lists: lists.into(),
             uniform,
+            one,
+        }
+    }
+
+    /// The rule of the request when exactly one enforcing rule and no shadow rule admit
+    /// [`sel`] bit `s` (the picked list is [`Picked::single`]), else `None`.
+    #[inline(always)]
+    pub(crate) fn single(&self, s: u32) -> Option<u32> {
+        match self.one.get(s as usize) {
+            Some(&r) if r != NONE => Some(r),
+            _ => None,
         }
     }
 
@@ -598,6 +620,7 @@ mod tests {
                 p.single,
                 !over && ids(&c.enforce, s).len() == 1 && ids(&c.shadow, s).is_empty()
             );
+            assert_eq!(c.single(s), p.single.then(|| p.enforce[0].rule), "sel {s}");
             if c.uniform {
                 assert!(std::ptr::eq(p, c.picked(0)));
                 assert!(p
