@@ -384,7 +384,7 @@ fn check_batch_decides_as_sequential_checks() {
     for l in limits {
         for capacity in [40u64, 4_000] {
             let build = || {
-                Store::builder(Limits::new(vec![l.clone()]).unwrap())
+                Store::builder(Limits::new(vec![l]).unwrap())
                     .capacity(capacity)
                     .seed(11)
                     .shards(2)
