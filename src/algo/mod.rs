@@ -372,13 +372,18 @@ impl Limit {
     /// The packed transition; `None` for a variable-size algorithm.
     #[inline]
     pub fn decide_packed(&self, s: u64, now: u64, cost: u64) -> Option<(u64, Decision)> {
-        Some(match self {
-            Limit::FixedWindow(p) => fixed_window::decide(s, now, p, cost),
-            Limit::SlidingWindow(p) => sliding_window::decide(s, now, p, cost),
-            Limit::TokenBucket(p) => token_bucket::decide(s, now, p, cost),
-            Limit::LeakyBucket(p) => leaky_bucket::decide(s, now, p, cost),
-            _ => return None,
-        })
+        struct Decide {
+            s: u64,
+            now: u64,
+            cost: u64,
+        }
+        impl PackedFn<(u64, Decision)> for Decide {
+            #[inline(always)]
+            fn call<P: Packed>(self, p: &P) -> (u64, Decision) {
+                p.decide(self.s, self.now, self.cost)
+            }
+        }
+        with_packed(self, Decide { s, now, cost })
     }
 
     /// One limit's step over its words `c` (at offset 0). `apply = false` evaluates only.

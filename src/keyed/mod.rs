@@ -342,7 +342,7 @@ impl<C: Clock> Store<C> {
             missed,
         };
         let limits = &self.limits;
-        match limits.single_packed() {
+        match &self.packed {
             Some(l) => shard.with_key(
                 &ctx,
                 id,
