@@ -33,7 +33,7 @@ pub struct Limiter<C: Clock = DefaultClock> {
 }
 
 impl Limiter<DefaultClock> {
-    /// One limit, on the monotonic clock.
+    /// One limit, on the default clock ([`DefaultClock`]).
     pub fn new(limit: Limit) -> Self {
         Self::with_limits(
             Limits::new(vec![limit]).expect("one limit is valid"),
