@@ -380,6 +380,8 @@ fn check_batch_decides_as_sequential_checks() {
         Limit::fixed_window(4, Duration::from_secs(1)).unwrap(),
         Limit::sliding_window(4, Duration::from_secs(1)).unwrap(),
         Limit::sliding_log(3, Duration::from_secs(1)).unwrap(),
+        Limit::leaky_bucket(3, Duration::from_secs(1), 4, Some(2)).unwrap(),
+        Limit::window_ring(6, Duration::from_secs(1), 4).unwrap(),
     ];
     for l in limits {
         for capacity in [40u64, 4_000] {

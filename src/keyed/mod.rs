@@ -403,7 +403,7 @@ impl<C: Clock> Store<C> {
             #[inline(always)]
             fn call<P: Packed>(self, p: &P) -> Option<Decision> {
                 self.shard
-                    .update_live(self.home, self.id, p, self.now, self.cost)
+                    .update_live::<P, true>(self.home, self.id, p, self.now, self.cost)
             }
         }
         let hit = match &self.packed {
@@ -503,8 +503,60 @@ impl<C: Clock> Store<C> {
             out.len(),
             "check_batch: `out` must have one Decision per key"
         );
-        // Each key is hashed and located once; its home bucket is prefetched AHEAD keys before
-        // it is checked, so that the misses of consecutive keys overlap (docs/performance.md).
+        // The packed algorithm is dispatched once per batch: one copy of the loop per algorithm,
+        // its transition inlined.
+        struct Batch<'a, C: Clock, K> {
+            store: &'a Store<C>,
+            keys: &'a [K],
+            cost: u64,
+            now: Nanos,
+            out: &'a mut [Decision],
+        }
+        impl<C: Clock, K: Key> PackedFn<()> for Batch<'_, C, K> {
+            #[inline(always)]
+            fn call<P: Packed>(self, p: &P) {
+                let Batch {
+                    store,
+                    keys,
+                    cost,
+                    now,
+                    out,
+                } = self;
+                store.batch_loop(keys, out, |sh, home, id| {
+                    match sh.update_live::<P, false>(home, id, p, now, cost) {
+                        Some(d) => d,
+                        None => store.run_cold(id, now, cost, true),
+                    }
+                })
+            }
+        }
+        match &self.packed {
+            Some(l) => {
+                let b = Batch {
+                    store: self,
+                    keys,
+                    cost,
+                    now,
+                    out,
+                };
+                with_packed(l, b).expect("the store's packed limit is packed");
+            }
+            None => self.batch_loop(keys, out, |sh, home, id| {
+                self.check_located(sh, home, id, now, cost)
+            }),
+        }
+    }
+
+    /// The ring of [`Store::check_batch_at`]: each key is hashed and located once, and both its
+    /// home buckets are prefetched AHEAD keys before `check` runs on it, so that the misses of
+    /// consecutive keys overlap (docs/performance.md).
+    #[inline(always)]
+    fn batch_loop<K: Key>(
+        &self,
+        keys: &[K],
+        out: &mut [Decision],
+        mut check: impl FnMut(&Shard, Loc, u64) -> Decision,
+    ) {
         const AHEAD: usize = 8;
         let n = keys.len();
         let mut ring = [(0u64, 0usize, Loc { h1: 0, h2: 0 }); AHEAD];
@@ -512,7 +564,7 @@ impl<C: Clock> Store<C> {
             let r = i % AHEAD;
             if i >= AHEAD {
                 let (id, sh, home) = ring[r];
-                out[i - AHEAD] = self.check_located(&self.shards[sh], home, id, now, cost);
+                out[i - AHEAD] = check(&self.shards[sh], home, id);
             }
             if i < n {
                 let id = keys[i].key_id(&self.hasher);

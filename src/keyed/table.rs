@@ -315,8 +315,9 @@ impl Shard {
     /// inlined into the loop. `None` if `key` has no live slot (or it was reclaimed between the
     /// lookup and the CAS): the caller then takes [`Shard::with_key`], which inserts. Only for
     /// shards without an arena (a packed state in the slot).
+    /// `PREFETCH_H2`: fetch h2 first (a single check; a batch has prefetched both homes).
     #[inline(always)]
-    pub(crate) fn update_live<P: Packed>(
+    pub(crate) fn update_live<P: Packed, const PREFETCH_H2: bool>(
         &self,
         home: Loc,
         key: u64,
@@ -327,7 +328,9 @@ impl Shard {
         debug_assert!(self.arena.is_none());
         // A fifth of the keys live in h2 (module docs): fetch it while h1 is scanned, so that
         // their lookup waits for one miss, not two in a row (docs/performance.md).
-        self.prefetch_bucket(home.h2);
+        if PREFETCH_H2 {
+            self.prefetch_bucket(home.h2);
+        }
         let (s, mut v) = self.find(home, key)?;
         loop {
             let (ns, r) = p.decide(state_of(v) & !LIVE, now, cost);
@@ -346,10 +349,12 @@ impl Shard {
         }
     }
 
-    /// Prefetches the first home bucket (both lines), where most keys live.
+    /// Prefetches both home buckets (both lines of each): a fifth of the keys live in h2, and a
+    /// batch that fetched only h1 ahead waited for a miss on each of them (docs/performance.md).
     #[inline(always)]
     pub(crate) fn prefetch_home(&self, home: Loc) {
-        self.prefetch_bucket(home.h1)
+        self.prefetch_bucket(home.h1);
+        self.prefetch_bucket(home.h2);
     }
 
     /// Prefetches both lines of bucket `b`.
