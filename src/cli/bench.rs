@@ -9,6 +9,7 @@
 //! key count and threads, as an SVG) and `--callgrind` (a fixed workload to count instructions
 //! per check under valgrind). Results and their caveats: `docs/performance.md`.
 
+mod atomics;
 mod clocks;
 mod keys;
 mod limits;
@@ -48,7 +49,9 @@ options:
   --clocks              cost of each clock, raw and inside a keyed check, and exit
   --plot FILE           sweep keys (1k..10M) and threads, write an SVG plot to FILE
   --callgrind           a fixed, untimed workload for `valgrind --tool=callgrind`
-                        (see docs/performance.md); --checks N sets its length (default 1M)";
+                        (see docs/performance.md); --checks N sets its length (default 1M)
+  --atomics             cost of an 8-byte and a 16-byte read-then-CAS update, on 1 thread
+                        and on 2 threads sharing one location (the hot key's bound)";
 
 /// Which engines run.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -338,15 +341,21 @@ pub fn run(mut args: Args) -> Result<(), String> {
     let o = Options::parse(&mut args)?;
     let clocks = args.flag("clocks");
     let callgrind = args.flag("callgrind");
+    let atomics = args.flag("atomics");
     let plot_file = args.opt::<String>("plot")?;
     args.finish()?;
-    if [clocks, callgrind, plot_file.is_some()]
+    if [clocks, callgrind, atomics, plot_file.is_some()]
         .iter()
         .filter(|x| **x)
         .count()
         > 1
     {
-        return Err("--clocks, --plot and --callgrind are separate modes: give one".into());
+        return Err(
+            "--clocks, --plot, --callgrind and --atomics are separate modes: give one".into(),
+        );
+    }
+    if atomics {
+        return atomics::run();
     }
     if clocks {
         return clocks::run(&o.keys_and_seconds());
