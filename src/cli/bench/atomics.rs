@@ -6,6 +6,10 @@
 //! the cache line between the cores on every update, and this mode measures the instruction
 //! pair alone (no clock, no transition) so that the gap between the two rows of the main
 //! table can be read against it (docs/performance.md).
+//!
+//! It also times random accesses into a 20 MB table of 16-byte records (a 1M-key store's
+//! size): one dependent miss at a time, against reads-then-CAS at independent addresses, which
+//! the core overlaps although each CAS is a locked instruction.
 
 use super::run::thread_cpu_ns;
 use super::{fmt_count, progress};
@@ -97,7 +101,56 @@ fn measure(threads: usize, f: fn(&Cells, u64)) -> f64 {
     per_round[ROUNDS / 2]
 }
 
-/// Runs the mode: a four-row table on stdout.
+/// 16-byte records in the random-access table (20 MB, the size of a 1M-key store).
+const TABLE_SLOTS: usize = 1_250_000;
+/// Accesses per pattern and round.
+const ACCESSES: u64 = 5_000_000;
+
+/// Slot `i`'s place in the table: a fixed mix of `i`, reduced by multiply-shift.
+#[inline(always)]
+fn slot_of(i: u64) -> usize {
+    let x = (i ^ (i >> 31)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    (((x ^ (x >> 29)) as u128 * TABLE_SLOTS as u128) >> 64) as usize
+}
+
+/// Each address depends on the previous load: one miss at a time.
+#[inline(never)]
+fn dependent(t: &[AtomicU128]) -> u64 {
+    let mut j = 0u64;
+    for i in 0..ACCESSES {
+        // Relaxed: a read of a private table.
+        j = t[slot_of(i ^ j)].load(Ordering::Relaxed) as u64 & 1;
+    }
+    j
+}
+
+/// Independent addresses, each read then CASed: how far the core overlaps the misses of
+/// consecutive locked updates.
+#[inline(never)]
+fn independent_cas(t: &[AtomicU128]) -> u64 {
+    for i in 0..ACCESSES {
+        let s = &t[slot_of(i)];
+        // Orderings of the store's slot update (see `wide`).
+        let v = s.load(Ordering::Acquire);
+        let _ = s.compare_exchange(v, v + 1, Ordering::AcqRel, Ordering::Acquire);
+    }
+    0
+}
+
+/// Median CPU-ns per access of `f` over `ROUNDS` rounds on the calling thread.
+fn per_access(t: &[AtomicU128], f: fn(&[AtomicU128]) -> u64) -> f64 {
+    let mut v: Vec<f64> = (0..ROUNDS)
+        .map(|_| {
+            let t0 = thread_cpu_ns();
+            black_box(f(black_box(t)));
+            (thread_cpu_ns() - t0) as f64 / ACCESSES as f64
+        })
+        .collect();
+    v.sort_by(f64::total_cmp);
+    v[ROUNDS / 2]
+}
+
+/// Runs the mode: two small tables on stdout.
 pub fn run() -> Result<(), String> {
     progress(format!(
         "atomics: {} rounds of {} read-then-CAS updates per thread",
@@ -119,6 +172,20 @@ pub fn run() -> Result<(), String> {
     println!();
     println!(
         "CPU-ns per update, median of {ROUNDS} rounds; every increment is counted (asserted)."
+    );
+    progress("atomics: random 16-byte accesses into a 20 MB table, 1 thread");
+    let t: Vec<AtomicU128> = (0..TABLE_SLOTS)
+        .map(|i| AtomicU128::new(i as u128))
+        .collect();
+    println!();
+    println!("random access into a 20 MB table, 1 thread      CPU-ns per access");
+    println!(
+        "load, each address depending on the last load   {:7.1}",
+        per_access(&t, dependent)
+    );
+    println!(
+        "load + 16-byte CAS, independent addresses       {:7.1}",
+        per_access(&t, independent_cas)
     );
     Ok(())
 }
