@@ -338,24 +338,24 @@ pub fn run(mut args: Args) -> Result<(), String> {
         println!("{HELP}");
         return Ok(());
     }
+    if args.flag("atomics") {
+        // Its workloads are fixed: an option given with it would be silently ignored.
+        args.finish()
+            .map_err(|e| format!("--atomics takes no other option: {e}"))?;
+        return atomics::run();
+    }
     let o = Options::parse(&mut args)?;
     let clocks = args.flag("clocks");
     let callgrind = args.flag("callgrind");
-    let atomics = args.flag("atomics");
     let plot_file = args.opt::<String>("plot")?;
     args.finish()?;
-    if [clocks, callgrind, atomics, plot_file.is_some()]
+    if [clocks, callgrind, plot_file.is_some()]
         .iter()
         .filter(|x| **x)
         .count()
         > 1
     {
-        return Err(
-            "--clocks, --plot, --callgrind and --atomics are separate modes: give one".into(),
-        );
-    }
-    if atomics {
-        return atomics::run();
+        return Err("--clocks, --plot and --callgrind are separate modes: give one".into());
     }
     if clocks {
         return clocks::run(&o.keys_and_seconds());

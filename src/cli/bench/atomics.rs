@@ -28,21 +28,21 @@ struct Cells {
     narrow: AtomicU64,
 }
 
+/// One read-then-CAS increment of a 16-byte cell, as the store updates a slot.
+#[inline(always)]
+fn bump_wide(a: &AtomicU128) {
+    // Acquire read, AcqRel/Acquire CAS: the orderings of the store's slot update.
+    let mut v = a.load(Ordering::Acquire);
+    while let Err(x) = a.compare_exchange(v, v + 1, Ordering::AcqRel, Ordering::Acquire) {
+        v = x;
+    }
+}
+
 /// `n` read-then-CAS increments of the 16-byte cell.
 #[inline(never)]
 fn wide(c: &Cells, n: u64) {
     for _ in 0..n {
-        // Acquire read, AcqRel/Acquire CAS: the orderings of the store's slot update.
-        let mut v = c.wide.load(Ordering::Acquire);
-        loop {
-            match c
-                .wide
-                .compare_exchange(v, v + 1, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => break,
-                Err(x) => v = x,
-            }
-        }
+        bump_wide(&c.wide);
     }
 }
 
@@ -129,10 +129,7 @@ fn dependent(t: &[AtomicU128]) -> u64 {
 #[inline(never)]
 fn independent_cas(t: &[AtomicU128]) -> u64 {
     for i in 0..ACCESSES {
-        let s = &t[slot_of(i)];
-        // Orderings of the store's slot update (see `wide`).
-        let v = s.load(Ordering::Acquire);
-        let _ = s.compare_exchange(v, v + 1, Ordering::AcqRel, Ordering::Acquire);
+        bump_wide(&t[slot_of(i)]);
     }
     0
 }
