@@ -49,6 +49,7 @@ pub(crate) fn write<R>(
 /// Takes the writer bit; returns the even sequence it started from.
 #[inline]
 pub(crate) fn lock(seq: &AtomicU64) -> u64 {
+    #[cfg(not(loom))]
     let mut spins = 0u32;
     loop {
         // Relaxed: only a hint; the CAS below is the synchronizing step.
@@ -63,12 +64,14 @@ pub(crate) fn lock(seq: &AtomicU64) -> u64 {
             }
         }
         spin_hint();
-        spins += 1;
         // A writer preempted inside its section would keep us spinning for a whole time
         // slice on an oversubscribed machine: after a short spin, give the core away.
         #[cfg(not(loom))]
-        if spins % 64 == 0 {
-            std::thread::yield_now();
+        {
+            spins += 1;
+            if spins % 64 == 0 {
+                std::thread::yield_now();
+            }
         }
     }
 }
