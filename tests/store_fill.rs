@@ -53,7 +53,8 @@ fn fill_to_capacity_places_every_key() {
 fn structured_ids_fill_like_random_ones() {
     let l = Limit::token_bucket(10, 10, Duration::from_secs(1)).unwrap();
     let n = 200_000u64;
-    let families: [(&str, fn(u64) -> u64); 5] = [
+    type Family = (&'static str, fn(u64) -> u64);
+    let families: [Family; 5] = [
         ("sequential", |k| k),
         ("high bits", |k| k << 40),
         ("stride 4096", |k| k * 4096),
@@ -62,7 +63,7 @@ fn structured_ids_fill_like_random_ones() {
     ];
     for (name, id) in families {
         for seed in [1, 2, 3] {
-            let s = Store::builder(Limits::new(vec![l.clone()]).unwrap())
+            let s = Store::builder(Limits::new(vec![l]).unwrap())
                 .capacity(n)
                 .seed(seed)
                 .shards(2)
