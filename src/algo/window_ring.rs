@@ -38,8 +38,11 @@
 //! nanoseconds. A stored index ahead of `now`'s by less than 2^37 (time went backwards) keeps
 //! the stored sub-window current and its straddling sub-window whole: conservative. A ring
 //! idle for 2^37 sub-windows or more can look the same and then keeps its counts until the
-//! index comes round again: spurious denials, never over-admission. A ring whose counters are
-//! all 0 is fresh at any index.
+//! index comes round again: spurious denials, never over-admission. An aliased index that
+//! reads as N or more sub-windows behind empties the ring, as the truth would; one that reads
+//! as fewer keeps the counts until they slide out. While a ring counts anything it is never
+//! reported idle (`idle_in`), so reclaiming an idle record never changes a decision. A ring
+//! whose counters are all 0 is fresh at any index.
 
 use super::Cells;
 use crate::decision::{ConfigError, Decision};
@@ -227,9 +230,17 @@ fn view<C: Cells + ?Sized>(c: &C, now: u64, p: &Params) -> View {
     // N newest (the last of them is now the straddling one, if d ≤ N).
     let stored = b - d;
     let mut full = total;
-    for k in 1..=d.min(n) {
-        // Sub-window stored − N + k ≡ stored + k + 1 (mod N + 1).
-        full -= get_counter(c, p, slot(p, stored, k + 1)).min(full);
+    if d >= n {
+        // All N sub-windows the total counted have left the window. Set, not subtracted:
+        // after 2^38 sub-windows or more the index aliases (module docs), `stored` is then
+        // not the sub-window that wrote the counters, and subtracting the counters at its
+        // slots would keep a total that no live counter holds.
+        full = 0;
+    } else {
+        for k in 1..=d {
+            // Sub-window stored − N + k ≡ stored + k + 1 (mod N + 1).
+            full -= get_counter(c, p, slot(p, stored, k + 1)).min(full);
+        }
     }
     let old = if d <= n && b >= n {
         get_counter(c, p, slot(p, b, 1))
@@ -287,8 +298,7 @@ pub fn decide<C: Cells + ?Sized>(
 ) -> Decision {
     let v = view(c, now, p);
     let count = v.count(p);
-    // The record is idle once the newest non-zero sub-window has slid out whole.
-    let reset = newest_nonzero(c, p, &v).map_or(0, |j| until_end(p, j, p.buckets, now));
+    let reset = reset_in(c, p, &v, now);
     if cost == 0 {
         return Decision::allow(p.limit, p.limit.saturating_sub(count), reset);
     }
@@ -400,8 +410,20 @@ pub fn refund<C: Cells + ?Sized>(c: &mut C, now: u64, p: &Params, n: u64) {
 /// Nanoseconds until the record is equivalent to a fresh one: the end of the sub-window in
 /// which the newest non-zero sub-window straddles the window's start.
 pub fn idle_in<C: Cells + ?Sized>(c: &C, now: u64, p: &Params) -> u64 {
-    let v = view(c, now, p);
-    newest_nonzero(c, p, &v).map_or(0, |j| until_end(p, j, p.buckets, now))
+    reset_in(c, p, &view(c, now, p), now)
+}
+
+/// Nanoseconds until the record is idle: the newest non-zero sub-window has slid out whole.
+/// A count that no live counter holds (an index aliased after 2^38 idle sub-windows, module
+/// docs) keeps the record busy until the current sub-window has slid out too, when `view`
+/// drops it: never idle while it still counts, so a record reported idle decides as a fresh
+/// one.
+fn reset_in<C: Cells + ?Sized>(c: &C, p: &Params, v: &View, now: u64) -> u64 {
+    match newest_nonzero(c, p, v) {
+        Some(j) => until_end(p, j, p.buckets, now),
+        None if v.full > 0 || v.old > 0 => until_end(p, v.cur, p.buckets, now),
+        None => 0,
+    }
 }
 
 #[cfg(test)]
@@ -498,5 +520,73 @@ mod tests {
         assert!(Params::new(70_000, 60, 60, false).is_err());
         assert!(Params::new(5, 61, 60, false).is_err());
         assert!(Params::new(5, 60, 0, false).is_err());
+    }
+
+    /// Found by fuzzing (store_differential): 4 per 4 ns in four 1 ns sub-windows, a record
+    /// last written more than 2^38 sub-windows before `now`. Its index aliased to a sub-window
+    /// that had not written the counters, the total was kept, and the record counted 4 while
+    /// `idle_in` called it idle, so reclaiming it would have changed a decision.
+    #[test]
+    fn an_aliased_index_is_idle_only_when_it_counts_nothing() {
+        let p = Params::new(4, 4, 4, false).unwrap();
+        let rec = [0x4cb6_8c00_0000_0004u64, 4];
+        let now = 31_540_420_899_000_000;
+        assert_eq!(idle_in(&rec[..], now, &p), 0);
+        for cost in 0..6 {
+            let mut r = rec;
+            let mut fresh = [0u64; 2];
+            assert_eq!(
+                decide(&mut r[..], now, &p, cost, true),
+                decide(&mut fresh[..], now, &p, cost, true),
+                "cost {cost}"
+            );
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever the record holds (any words, any index, any time): if it is idle it
+        /// decides as a fresh one, the property the store's reclaim relies on.
+        #[test]
+        fn any_idle_record_decides_as_fresh(
+            limit in 1u64..20,
+            buckets in 1u64..9,
+            sub in 1u64..6,
+            words in proptest::collection::vec(proptest::prelude::any::<u64>(), 4),
+            now in 0u64..1 << 62,
+            count_denied in proptest::prelude::any::<bool>(),
+            behind in proptest::option::of(0u64..12),
+            counters in 0u8..3,
+        ) {
+            let p = Params::new(limit, sub * buckets, buckets, count_denied).unwrap();
+            let mut words = words;
+            // Random counters, all zero (a total no counter holds), or one non-zero.
+            match counters {
+                0 => {}
+                1 => words[1..].fill(0),
+                _ => {
+                    let w = words[1];
+                    words[1..].fill(0);
+                    words[1] = w & 0xffff;
+                }
+            }
+            if let Some(k) = behind {
+                // A stored index a few sub-windows behind now's, counters at any slots: what
+                // an index aliased after 2^38 sub-windows looks like.
+                let idx = (now / sub).wrapping_sub(k) & INDEX_MASK;
+                words[0] = idx << TOTAL_BITS | (words[0] & TOTAL_MASK);
+            }
+            let rec = &words[..p.words()];
+            if idle_in(rec, now, &p) == 0 {
+                for cost in 0..limit + 2 {
+                    let mut r = rec.to_vec();
+                    let mut fresh = vec![0u64; p.words()];
+                    proptest::prop_assert_eq!(
+                        decide(&mut r[..], now, &p, cost, true),
+                        decide(&mut fresh[..], now, &p, cost, true),
+                        "cost {}", cost
+                    );
+                }
+            }
+        }
     }
 }
