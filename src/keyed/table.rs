@@ -57,8 +57,9 @@
 //! published before the header stopped being pending, so the scan saw K. Loom checks this.
 //!
 //! *Reclaim*: a probe that finds no empty slot CASes a live slot whose state is equivalent to
-//! absent (window passed, bucket full again, log empty — for at least `RECLAIM_GRACE_NS`) back
-//! to zero. No sweeper thread. When none is idle, the store's [`FullPolicy`] decides.
+//! absent (window passed, bucket full again, log empty — for at least `RECLAIM_GRACE_NS`, and
+//! still at the probe's `now`, since a wrapped window index can make an idle record count
+//! again) back to zero. No sweeper thread. When none is idle, the store's [`FullPolicy`] decides.
 
 use super::arena::Arena;
 use super::FullPolicy;
@@ -666,21 +667,21 @@ impl Shard {
             self.headers[home.h1].compare_exchange(h, h & !1, Ordering::AcqRel, Ordering::Acquire);
     }
 
-    /// Nanoseconds until the live slot value `v` is idle, taking its record's writer bit for an
-    /// arena record; `None` if the slot changed meanwhile.
+    /// Nanoseconds until the live slot value `v` is idle at each of `at` (the largest),
+    /// taking its record's writer bit for an arena record; `None` if the slot changed meanwhile.
     fn idle_in(
         &self,
         ctx: &Ctx<'_>,
         s: &AtomicU128,
         v: u128,
-        now: u64,
+        at: &[u64],
         remove: impl Fn(u64) -> bool,
     ) -> Option<u64> {
         let st = state_of(v) & !LIVE;
         match &self.arena {
             None => {
                 let l = ctx.limits.single_packed().expect("packed store");
-                let idle = l.idle_in(&[st], now);
+                let idle = at.iter().map(|&t| l.idle_in(&[st], t)).max().unwrap_or(0);
                 if remove(idle) {
                     // AcqRel: empties the slot only if unchanged since it was judged.
                     s.compare_exchange(v, 0, Ordering::AcqRel, Ordering::Acquire)
@@ -697,7 +698,11 @@ impl Shard {
                 let out = if s.load(Ordering::Acquire) != v {
                     None
                 } else {
-                    let idle = ctx.limits.idle_in(&mut AtomicCells(cells), now);
+                    let idle = at
+                        .iter()
+                        .map(|&t| ctx.limits.idle_in(&mut AtomicCells(cells), t))
+                        .max()
+                        .unwrap_or(0);
                     if remove(idle) {
                         // AcqRel: under the writer bit, nobody else empties this slot.
                         let r = s.compare_exchange(v, 0, Ordering::AcqRel, Ordering::Acquire);
@@ -747,7 +752,11 @@ impl Shard {
                 }
                 continue;
             }
-            match self.idle_in(ctx, s, v, judged, |idle| idle == 0) {
+            // Idle at `judged` (the grace for other threads' clocks) and at `now` as well: a
+            // packed window index wraps (sliding_window, window_ring: module docs), so a record
+            // idle at one time can count again at a later one, and the check that follows at
+            // `now` must see the record it would have seen had it stayed.
+            match self.idle_in(ctx, s, v, &[judged, now], |idle| idle == 0) {
                 Some(0) => {
                     // Relaxed: statistics.
                     self.counters.reclaimed.fetch_add(1, Ordering::Relaxed);
@@ -776,7 +785,7 @@ impl Shard {
             FullPolicy::EvictStalest => {
                 if let Some((_, off, v)) = stalest {
                     if self
-                        .idle_in(ctx, self.slot(home, off), v, judged, |_| true)
+                        .idle_in(ctx, self.slot(home, off), v, &[judged], |_| true)
                         .is_some()
                     {
                         // Relaxed: statistics.
@@ -800,7 +809,7 @@ impl Shard {
     /// Removes `key`'s record (reset to fresh). Returns whether it was present.
     pub(crate) fn remove(&self, ctx: &Ctx<'_>, key: u64, home: Loc) -> bool {
         while let Some((s, v)) = self.find(home, key) {
-            if self.idle_in(ctx, s, v, 0, |_| true).is_some() {
+            if self.idle_in(ctx, s, v, &[0], |_| true).is_some() {
                 return true;
             }
         }
