@@ -2,44 +2,55 @@ use std::time::Duration;
 use turnstile::keyed::{FullPolicy, Store};
 use turnstile::{Limit, Limits, Outcome};
 
-#[test]
-fn fill_to_capacity_places_every_key() {
+/// A store of capacity `n` filled with the ids `id(0..n)`: the store and how many keys found no
+/// slot (`StoreFull`). Every key placed or refused, none lost.
+fn fill(n: u64, seed: u64, id: impl Fn(u64) -> u64) -> (Store, u64) {
     let l = Limit::token_bucket(10, 10, Duration::from_secs(1)).unwrap();
-    let n = 1_000_000u64;
     let s = Store::builder(Limits::new(vec![l]).unwrap())
         .capacity(n)
-        .seed(7)
+        .seed(seed)
         .shards(2)
         .build()
         .unwrap();
-    let mut full = 0;
-    for k in 0..n {
-        let d = s.check_at(&(k * 7919), 1, 1_000);
-        if d.outcome == Outcome::StoreFull {
-            full += 1;
-        }
-    }
+    let full = (0..n)
+        .filter(|&k| s.check_at(&id(k), 1, 1_000).outcome == Outcome::StoreFull)
+        .count() as u64;
+    assert_eq!(s.len() as u64 + full, n, "seed {seed}: a key was lost");
+    (s, full)
+}
+
+/// Lookups scan h1 first, and an insertion takes h1 while it has room: at full load most keys
+/// must be found in one bucket and few past the two home buckets (docs/performance.md has the
+/// measured split).
+fn assert_home_placement(s: &Store, what: &str) {
+    let [h1, h2, far] = s.placement();
+    eprintln!("{what}: h1 {h1} h2 {h2} further {far}");
+    assert_eq!(h1 + h2 + far, s.len() as u64);
+    assert!(
+        h1 * 100 >= s.len() as u64 * 75,
+        "{what}: only {h1} keys in h1"
+    );
+    assert!(
+        far * 100 <= s.len() as u64,
+        "{what}: {far} keys past their home buckets"
+    );
+}
+
+#[test]
+fn fill_to_capacity_places_every_key() {
+    let n = 1_000_000u64;
+    let (s, full) = fill(n, 7, |k| k * 7919);
     eprintln!(
         "full {full} live {} mem {} B/key {:.2}",
         s.len(),
         s.memory_bytes(),
         s.memory_bytes() as f64 / n as f64
     );
-    assert_eq!(s.len() as u64 + full, n);
     assert!(
         full * 100_000 <= n,
         "more than 0.001% of keys found no slot: {full}"
     );
-    // Lookups scan h1 first, and an insertion takes h1 while it has room: at full load most
-    // keys must be found in one bucket (docs/performance.md has the measured split).
-    let [h1, h2, far] = s.placement();
-    eprintln!("placement: h1 {h1} h2 {h2} further {far}");
-    assert_eq!(h1 + h2 + far, s.len() as u64);
-    assert!(h1 * 100 >= s.len() as u64 * 75, "only {h1} keys in h1");
-    assert!(
-        far * 100 <= s.len() as u64,
-        "{far} keys past their home buckets"
-    );
+    assert_home_placement(&s, "random ids");
     let _ = FullPolicy::Reject;
 }
 
@@ -51,7 +62,6 @@ fn fill_to_capacity_places_every_key() {
 /// slot.)
 #[test]
 fn structured_ids_fill_like_random_ones() {
-    let l = Limit::token_bucket(10, 10, Duration::from_secs(1)).unwrap();
     let n = 200_000u64;
     type Family = (&'static str, fn(u64) -> u64);
     let families: [Family; 5] = [
@@ -63,28 +73,12 @@ fn structured_ids_fill_like_random_ones() {
     ];
     for (name, id) in families {
         for seed in [1, 2, 3] {
-            let s = Store::builder(Limits::new(vec![l]).unwrap())
-                .capacity(n)
-                .seed(seed)
-                .shards(2)
-                .build()
-                .unwrap();
-            let full = (0..n)
-                .filter(|&k| s.check_at(&id(k), 1, 1_000).outcome == Outcome::StoreFull)
-                .count() as u64;
-            let [h1, _h2, far] = s.placement();
+            let (s, full) = fill(n, seed, id);
             assert!(
                 full * 10_000 <= n,
                 "{name}, seed {seed}: {full} of {n} keys found no slot"
             );
-            assert!(
-                h1 * 100 >= s.len() as u64 * 75,
-                "{name}, seed {seed}: only {h1} in h1"
-            );
-            assert!(
-                far * 100 <= s.len() as u64,
-                "{name}, seed {seed}: {far} keys past their home buckets"
-            );
+            assert_home_placement(&s, &format!("{name}, seed {seed}"));
         }
     }
 }
