@@ -112,6 +112,12 @@ pub(crate) struct Bucket {
     slots: [AtomicU128; BUCKET],
 }
 
+/// Nanoseconds until a record is idle at every time of `at`: the largest of `idle_in(t)`
+/// (the reclaim rule: idle at the grace point and still at `now`, module docs).
+fn latest_idle(at: &[u64], mut idle_in: impl FnMut(u64) -> u64) -> u64 {
+    at.iter().map(|&t| idle_in(t)).max().unwrap_or(0)
+}
+
 #[inline]
 fn join(key: u64, state: u64) -> u128 {
     (state as u128) << 64 | key as u128
@@ -681,7 +687,7 @@ impl Shard {
         match &self.arena {
             None => {
                 let l = ctx.limits.single_packed().expect("packed store");
-                let idle = at.iter().map(|&t| l.idle_in(&[st], t)).max().unwrap_or(0);
+                let idle = latest_idle(at, |t| l.idle_in(&[st], t));
                 if remove(idle) {
                     // AcqRel: empties the slot only if unchanged since it was judged.
                     s.compare_exchange(v, 0, Ordering::AcqRel, Ordering::Acquire)
@@ -698,11 +704,7 @@ impl Shard {
                 let out = if s.load(Ordering::Acquire) != v {
                     None
                 } else {
-                    let idle = at
-                        .iter()
-                        .map(|&t| ctx.limits.idle_in(&mut AtomicCells(cells), t))
-                        .max()
-                        .unwrap_or(0);
+                    let idle = latest_idle(at, |t| ctx.limits.idle_in(&mut AtomicCells(cells), t));
                     if remove(idle) {
                         // AcqRel: under the writer bit, nobody else empties this slot.
                         let r = s.compare_exchange(v, 0, Ordering::AcqRel, Ordering::Acquire);
