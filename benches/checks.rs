@@ -24,10 +24,10 @@ use turnstile::keyed::Store;
 use turnstile::{Algorithm, Clock, Decision, Limiter, Limits, Outcome};
 
 #[allow(dead_code)]
-#[path = "../src/cli/bench/keys.rs"]
+#[path = "../cli/src/bench/keys.rs"]
 mod keys;
 #[allow(dead_code)]
-#[path = "../src/cli/bench/limits.rs"]
+#[path = "../cli/src/bench/limits.rs"]
 mod limits;
 
 use keys::Distribution;

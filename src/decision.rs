@@ -5,6 +5,7 @@ use std::time::Duration;
 
 /// Why a check was answered the way it was.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Outcome {
     /// Admitted (possibly after `delay_ns`, for a shaping leaky bucket).
     Allowed,
@@ -98,6 +99,7 @@ impl Decision {
 
 /// A limit that cannot be built as asked. Says what, the value, and how to fix it.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ConfigError {
     /// The parameter at fault (`limit`, `window`, `burst`, ...).
     pub field: &'static str,

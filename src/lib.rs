@@ -19,7 +19,8 @@
 //! ```
 
 #![deny(unsafe_op_in_unsafe_fn)]
-#![warn(missing_docs, clippy::undocumented_unsafe_blocks)]
+#![deny(missing_docs)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod algo;
 pub mod clock;
@@ -27,6 +28,7 @@ mod decision;
 pub mod keyed;
 mod limiter;
 pub(crate) mod record;
+#[cfg(feature = "rules")]
 pub mod rules;
 pub(crate) mod sync;
 

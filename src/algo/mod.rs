@@ -61,6 +61,7 @@ impl<const N: usize> Cells for [u64; N] {
 
 /// The algorithms, by their stable names (used by the CLI, rules and JSON).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum Algorithm {
     /// `fixed_window`
     FixedWindow,

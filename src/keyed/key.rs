@@ -43,18 +43,11 @@ impl KeyHasher {
 
     /// A hasher with a random per-process seed.
     pub fn random(ipv6_prefix: u8) -> Self {
-        let mut b = [0u8; 8];
-        // A failing OS RNG falls back to the address-space-randomized stack address and time:
-        // weaker, but never a panic.
-        let seed = if getrandom::fill(&mut b).is_ok() {
-            u64::from_le_bytes(b)
-        } else {
-            let t = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(0);
-            t ^ (&b as *const _ as u64)
-        };
+        // std's `RandomState` keys SipHash from the OS random source (once per thread, then a
+        // counter): hashing a constant with it yields 64 unpredictable bits, the seed a
+        // HashDoS-resistant table needs, without a dependency of our own on an RNG crate.
+        use std::hash::{BuildHasher, RandomState};
+        let seed = RandomState::new().hash_one(0x7475_726e_7374_696c_u64);
         Self::with_seed(seed, ipv6_prefix)
     }
 

@@ -29,6 +29,7 @@ use table::{Ctx, Loc, Shard, BUCKET};
 
 /// What to do with a new key when its probe range is full of live keys.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
 pub enum FullPolicy {
     /// Refuse it: the check answers [`Outcome::StoreFull`] (fail closed).
     #[default]
@@ -56,6 +57,7 @@ pub const LOAD_FACTOR: f64 = 0.87;
 
 /// Counts of what the store did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct StoreStats {
     /// Live records.
     pub live: u64,

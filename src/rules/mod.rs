@@ -87,6 +87,7 @@ impl PartialEq for Rules {
 
 /// Why a rules file was refused: where, what, how to fix.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RulesError {
     /// The file (or origin label) it came from.
     pub origin: String,

@@ -1,6 +1,5 @@
 //! `turnstile demo`: the design notes' scenarios, decided by the engine on a manual clock.
 
-use super::args::Args;
 use std::time::Duration;
 use turnstile::{Decision, Limit, Limiter, Limits, ManualClock};
 
@@ -36,12 +35,7 @@ fn series(title: &str, l: &Limiter<ManualClock>, reqs: &[(u64, &str)]) {
 }
 
 /// Runs the demo.
-pub fn run(mut args: Args) -> Result<(), String> {
-    if args.help() {
-        println!("usage: turnstile demo\n\nPrints the decisions of each algorithm on the scenarios of the design notes.");
-        return Ok(());
-    }
-    args.finish()?;
+pub fn run() -> Result<(), String> {
     let m = |secs: u64| secs * S;
     let min = Duration::from_secs(60);
 

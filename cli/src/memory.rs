@@ -17,7 +17,8 @@
 //! (note 000: 34 B per user for a fixed window, 12 KB for a log of 500 timestamps, 1.6 KB for
 //! 60 per-minute counters). See docs/memory.md for the results and why they are what they are.
 
-use super::args::{opt_count, Args};
+use super::args::parse_count;
+use clap::Args;
 use serde::{Deserialize, Serialize};
 use std::num::NonZeroU32;
 use std::process::Command;
@@ -25,16 +26,22 @@ use std::time::{Duration, Instant};
 use turnstile::keyed::Store;
 use turnstile::{Algorithm, Limit, Limits, ManualClock};
 
-const HELP: &str = "\
-usage: turnstile memory [--users N] [--json]
-
-For each algorithm at 500 requests per hour, builds a keyed store with room for N users
-(default 1M), checks N distinct users once each, and reports the resident memory this cost
-per user (RSS growth of a fresh child process), the store's own accounting, the design
-notes' estimate and the ratio; and the same for governor's keyed limiter (DashMap).
-
-  --users N   users to insert (1000000, 1M, 20k, ...)
-  --json      one JSON document: {\"users\": N, \"results\": [...]}";
+/// For each algorithm at 500 requests per hour, builds a keyed store with room for N users,
+/// checks N distinct users once each, and reports the resident memory this cost per user (RSS
+/// growth of a fresh child process), the store's own accounting, the design notes' estimate
+/// and the ratio; and the same for governor's keyed limiter (DashMap).
+#[derive(Args)]
+pub struct MemoryArgs {
+    /// Users to insert (1000000, 1M, 20k, ...).
+    #[arg(long, value_name = "N", value_parser = parse_count, default_value = "1M")]
+    users: u64,
+    /// One JSON document on stdout: {"users": N, "results": [...]}.
+    #[arg(long)]
+    json: bool,
+    /// One row, measured in this process (the mode the report runs each row in).
+    #[arg(long, value_name = "SUBJECT", hide = true)]
+    one: Option<String>,
+}
 
 /// One hour, the notes' window ("500 requests per hour").
 const HOUR: Duration = Duration::from_secs(3600);
@@ -93,6 +100,7 @@ fn limit_for(a: Algorithm) -> Result<Limit, String> {
         Algorithm::TokenBucket => Limit::token_bucket(RATE, RATE, HOUR),
         Algorithm::LeakyBucket => Limit::leaky_bucket(RATE, HOUR, 0, None),
         Algorithm::Concurrency => return Err("`memory` does not measure concurrency".into()),
+        other => return Err(format!("`memory` does not measure {other}")),
     };
     l.map_err(|e| e.to_string())
 }
@@ -124,7 +132,7 @@ fn describe(s: Subject) -> &'static str {
         Subject::Turnstile(Algorithm::LeakyBucket) => "500/h, burst 0",
         Subject::Turnstile(Algorithm::WindowRing) => "500/h in 60 buckets",
         Subject::Turnstile(Algorithm::SlidingLog) => "500/h, 500 timestamps",
-        Subject::Turnstile(Algorithm::Concurrency) => "",
+        Subject::Turnstile(_) => "",
         Subject::Governor => "500/h GCRA, keyed (DashMap)",
     }
 }
@@ -166,15 +174,8 @@ struct Report<'a> {
 }
 
 /// Runs the subcommand.
-pub fn run(mut args: Args) -> Result<(), String> {
-    if args.help() {
-        println!("{HELP}");
-        return Ok(());
-    }
-    let users = opt_count(&mut args, "users")?.unwrap_or(1_000_000);
-    let json = args.flag("json");
-    let one: Option<String> = args.opt("one")?;
-    args.finish()?;
+pub fn run(a: MemoryArgs) -> Result<(), String> {
+    let MemoryArgs { users, json, one } = a;
     if users == 0 {
         return Err("option --users: give at least 1 user".into());
     }
@@ -187,15 +188,13 @@ pub fn run(mut args: Args) -> Result<(), String> {
         return Ok(());
     }
     let mut rows = Vec::with_capacity(SUBJECTS.len());
+    let bar = crate::progress::bar(SUBJECTS.len() as u64, json, "memory: measuring");
     for s in SUBJECTS {
-        if !json {
-            eprint!("  measuring {:<9} {:<15}\r", engine_of(s), s.id());
-        }
+        bar.set_message(format!("memory: {} {}", engine_of(s), s.id()));
         rows.push(in_child(s, users)?);
+        bar.inc(1);
     }
-    if !json {
-        eprint!("{:40}\r", "");
-    }
+    bar.finish_and_clear();
     if json {
         let doc = Report {
             users,

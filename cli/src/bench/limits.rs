@@ -26,6 +26,7 @@ pub fn throughput_limit(a: Algorithm) -> Result<Limit, String> {
         Algorithm::Concurrency => {
             return Err("concurrency limits acquire and release permits; `bench` measures rate checks (choose another --algorithm)".into())
         }
+        other => return Err(format!("`bench` has no throughput limit for {other}")),
     };
     l.map_err(|e| e.to_string())
 }

@@ -21,41 +21,59 @@
 
 mod traffic;
 
-use super::args::{opt_count, Args};
+use super::args::parse_count;
+use clap::Args;
 use serde::Serialize;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
-use traffic::{Kind, Mix, Shape, Traffic, MIXES, PRODUCTION};
+use traffic::{Kind, Mix, Shape, Traffic, MIXES};
 use turnstile::algo::{fixed_window, sliding_window, window_ring};
 use turnstile::keyed::Store;
 use turnstile::{Algorithm, Limit, LimitSpec, Limits, ManualClock};
 
-const HELP: &str = "\
-usage: turnstile accuracy [--requests N] [--sources S] [--seed X] [--json]
-                          [--mix production|adversarial] [--limit L] [--window SECS]
-                          [--buckets N] [--count-denied] [--min-count C]
-
-Replays deterministic synthetic traffic (steady heavy-tailed Poisson sources, on/off
-bursters, attackers aligned to window edges) through the exact sliding log and the
-approximate algorithms (sliding_window, window_ring, fixed_window), and reports how often
-each decides differently from the exact log (over all requests, and over the requests whose
-source's exact count is within 10 % of the limit), how far its rate estimate is from the
-exact count, and which sources it let through or limited wrongly.
-
-  --requests N     requests in the stream (default 20M; Cloudflare's run: 400M)
-  --sources S      distinct sources (default 20k; Cloudflare's run: 270k)
-  --seed X         traffic seed (default 1)
-  --mix NAME       production (default): most sources far below the limit, 3 % bursty,
-                   0.1 % edge attackers; adversarial: a heavy tail across the limit, 19 %
-                   bursty, 1 % edge attackers (see docs/accuracy.md)
-  --limit L        requests per window for every source (default 100)
-  --window SECS    the window, seconds (default 60)
-  --buckets N      window_ring sub-windows (default 60)
-  --count-denied   rejected requests count against the window too (default: they do not,
-                   as in the engine's default)
-  --min-count C    rate error only at requests whose source sent at least C requests in the
-                   last window (default: limit / 10)
-  --json           one JSON document";
+/// Replays deterministic synthetic traffic (steady heavy-tailed Poisson sources, on/off
+/// bursters, attackers aligned to window edges) through the exact sliding log and the
+/// approximate algorithms (sliding_window, window_ring, fixed_window), and reports how often
+/// each decides differently from the exact log (over all requests, and over the requests whose
+/// source's exact count is within 10 % of the limit), how far its rate estimate is from the
+/// exact count, and which sources it let through or limited wrongly.
+#[derive(Args)]
+pub struct AccuracyArgs {
+    /// Requests in the stream (Cloudflare's run: 400M).
+    #[arg(long, value_name = "N", value_parser = parse_count, default_value = "20M")]
+    requests: u64,
+    /// Distinct sources (Cloudflare's run: 270k).
+    #[arg(long, value_name = "S", value_parser = parse_count, default_value = "20k")]
+    sources: u64,
+    /// Traffic seed.
+    #[arg(long, value_name = "X", default_value_t = 1)]
+    seed: u64,
+    /// production: most sources far below the limit, 3 % bursty, 0.1 % edge attackers;
+    /// adversarial: a heavy tail across the limit, 19 % bursty, 1 % edge attackers
+    /// (see docs/accuracy.md).
+    #[arg(long, value_name = "NAME", default_value = "production")]
+    mix: String,
+    /// Requests per window for every source.
+    #[arg(long, value_name = "L", value_parser = parse_count, default_value = "100")]
+    limit: u64,
+    /// The window, seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 60.0)]
+    window: f64,
+    /// window_ring sub-windows.
+    #[arg(long, value_name = "N", value_parser = parse_count, default_value_t = BUCKETS)]
+    buckets: u64,
+    /// Rejected requests count against the window too (default: they do not, as in the
+    /// engine's default).
+    #[arg(long)]
+    count_denied: bool,
+    /// Rate error only at requests whose source sent at least C requests in the last window
+    /// (default: limit / 10).
+    #[arg(long, value_name = "C", value_parser = parse_count)]
+    min_count: Option<u64>,
+    /// One JSON document on stdout.
+    #[arg(long)]
+    json: bool,
+}
 
 /// Sub-windows of the window_ring by default (the notes' per-minute counters of an hour).
 const BUCKETS: u64 = 60;
@@ -187,28 +205,23 @@ struct Report {
 }
 
 /// Runs the subcommand.
-pub fn run(mut args: Args) -> Result<(), String> {
-    if args.help() {
-        println!("{HELP}");
-        return Ok(());
-    }
-    let requests = opt_count(&mut args, "requests")?.unwrap_or(20_000_000);
-    let sources = opt_count(&mut args, "sources")?.unwrap_or(20_000);
-    let seed: u64 = args.opt("seed")?.unwrap_or(1);
-    let mix_name: Option<String> = args.opt("mix")?;
-    let mix = match mix_name {
-        None => PRODUCTION,
-        Some(m) => *MIXES.iter().find(|x| x.name == m).ok_or_else(|| {
-            format!("option --mix: `{m}` is not a mix; give production or adversarial")
-        })?,
-    };
-    let limit = opt_count(&mut args, "limit")?.unwrap_or(100);
-    let window_s: f64 = args.opt("window")?.unwrap_or(60.0);
-    let count_denied = args.flag("count-denied");
-    let buckets = opt_count(&mut args, "buckets")?.unwrap_or(BUCKETS);
-    let min_count = opt_count(&mut args, "min-count")?.unwrap_or((limit / 10).max(1));
-    let json = args.flag("json");
-    args.finish()?;
+pub fn run(a: AccuracyArgs) -> Result<(), String> {
+    let AccuracyArgs {
+        requests,
+        sources,
+        seed,
+        mix: mix_name,
+        limit,
+        window: window_s,
+        buckets,
+        count_denied,
+        min_count,
+        json,
+    } = a;
+    let mix = *MIXES.iter().find(|x| x.name == mix_name).ok_or_else(|| {
+        format!("option --mix: `{mix_name}` is not a mix; give production or adversarial")
+    })?;
+    let min_count = min_count.unwrap_or((limit / 10).max(1));
     if sources == 0 || sources > u32::MAX as u64 {
         return Err("option --sources: give 1 to 4294967295 sources".into());
     }
@@ -365,6 +378,7 @@ fn simulate(c: &Config) -> Result<Report, String> {
     let mut at_limit_n = 0u64;
     let mut last = start;
     let tick = (c.requests / 100).max(1);
+    let bar = crate::progress::bar(100, !c.progress, "accuracy: replaying");
 
     for (k, (t, src)) in (&mut traffic).take(c.requests as usize).enumerate() {
         let s = src as usize;
@@ -372,7 +386,7 @@ fn simulate(c: &Config) -> Result<Report, String> {
         last = t;
         per_kind[kind].1 += 1;
         if c.progress && (k as u64) % tick == 0 {
-            eprint!("  {:>3} %\r", k as u64 / tick);
+            bar.set_position(k as u64 / tick);
         }
 
         let q = &mut recent[s];
@@ -417,7 +431,7 @@ fn simulate(c: &Config) -> Result<Report, String> {
         store_tally.record(d.allowed(), truth, s, kind, near_limit);
     }
     if c.progress {
-        eprint!("        \r");
+        bar.finish_and_clear();
     }
     let st = store.stats();
     if st.rejected > 0 || st.untracked > 0 {

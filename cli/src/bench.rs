@@ -16,45 +16,77 @@ mod limits;
 mod plot;
 mod run;
 
-use super::args::{opt_count, Args};
+use super::args::parse_count;
+use clap::{ArgGroup, Args, ValueEnum};
 use governor::RateLimiter;
 use keys::Distribution;
 pub(crate) use limits::{governor_quota, store_capacity, throughput_limit};
 use run::{Checker, Measured, Mode, Timer};
 use serde::Serialize;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::OnceLock;
 use std::time::Duration;
 use turnstile::keyed::Store;
 use turnstile::{Algorithm, Clock, Limit, Limiter, Limits, ManualClock};
 
-const HELP: &str = "\
-usage: turnstile bench [options]
-
-Checks/s and latency of turnstile and governor 0.10, side by side, on the same quota and keys.
-Progress goes to stderr; the table (or --json) to stdout.
-
-options:
-  --algorithm NAME      turnstile's algorithm: token_bucket (default), fixed_window,
-                        sliding_window, leaky_bucket, sliding_log, window_ring
-                        (governor always runs its GCRA, on the token bucket's numbers)
-  --keys N              keys in the keyed workloads (default 1M; accepts 10k, 1M, 1e6)
-  --distribution LIST   comma-separated: unkeyed, uniform, zipf, zipf:S, hot
-                        (default unkeyed,uniform,zipf,hot)
-  --threads LIST        worker threads, comma-separated (default 1,2); pinned to cores
-  --seconds S           measured seconds per run (default 1; plus a tenth as warm-up)
-  --batch N             check_batch size for turnstile's batch runs (default 32; 0: none)
-  --engine NAME         turnstile, governor or both (default both)
-  --repeat N            run every configuration N times, interleaved; report medians
-  --json                one JSON document on stdout instead of the table
-  --clocks              cost of each clock, raw and inside a keyed check, and exit
-  --plot FILE           sweep keys (1k..10M) and threads, write an SVG plot to FILE
-  --callgrind           a fixed, untimed workload for `valgrind --tool=callgrind`
-                        (see docs/performance.md); --checks N sets its length (default 1M)
-  --atomics             cost of an 8-byte and a 16-byte read-then-CAS update, on 1 thread
-                        and on 2 threads sharing one location (the hot key's bound)";
+/// Checks/s and latency of turnstile and governor 0.10, side by side, on the same quota and
+/// keys. Progress goes to stderr; the table (or --json) to stdout.
+#[derive(Args)]
+#[command(group(ArgGroup::new("mode").args(["clocks", "plot", "callgrind"])))]
+pub struct BenchArgs {
+    /// turnstile's algorithm: token_bucket, fixed_window, sliding_window, leaky_bucket,
+    /// sliding_log, window_ring (governor always runs its GCRA, on the token bucket's numbers).
+    #[arg(long, value_name = "NAME", default_value = "token_bucket")]
+    algorithm: Algorithm,
+    /// Keys in the keyed workloads (accepts 10k, 1M, 1e6).
+    #[arg(long, value_name = "N", value_parser = parse_count, default_value = "1M")]
+    keys: u64,
+    /// Comma-separated: unkeyed, uniform, zipf, zipf:S, hot.
+    #[arg(long, value_name = "LIST", default_value = "unkeyed,uniform,zipf,hot")]
+    distribution: String,
+    /// Worker threads, comma-separated; pinned to cores.
+    #[arg(long, value_name = "LIST", default_value = "1,2")]
+    threads: String,
+    /// Measured seconds per run (plus a tenth as warm-up).
+    #[arg(
+        long,
+        value_name = "S",
+        default_value_t = 1.0,
+        allow_negative_numbers = true
+    )]
+    seconds: f64,
+    /// check_batch size for turnstile's batch runs (0: none).
+    #[arg(long, value_name = "N", value_parser = parse_count, default_value = "32")]
+    batch: u64,
+    /// Which engines run.
+    #[arg(long, value_name = "NAME", value_enum, default_value = "both")]
+    engine: Engines,
+    /// Run every configuration N times, interleaved; report medians.
+    #[arg(long, value_name = "N", value_parser = parse_count, default_value = "1")]
+    repeat: u64,
+    /// One JSON document on stdout instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Cost of each clock, raw and inside a keyed check, and exit.
+    #[arg(long)]
+    clocks: bool,
+    /// Sweep keys (1k..10M) and threads, write an SVG plot to FILE.
+    #[arg(long, value_name = "FILE")]
+    plot: Option<String>,
+    /// A fixed, untimed workload for `valgrind --tool=callgrind` (see docs/performance.md).
+    #[arg(long)]
+    callgrind: bool,
+    /// Checks in the --callgrind workload.
+    #[arg(long, value_name = "N", value_parser = parse_count, default_value = "1048576")]
+    checks: u64,
+    /// Cost of an 8-byte and a 16-byte read-then-CAS update, on 1 thread and on 2 threads
+    /// sharing one location (the hot key's bound); takes no other option.
+    #[arg(long, exclusive = true)]
+    atomics: bool,
+}
 
 /// Which engines run.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Engines {
     Both,
     Turnstile,
@@ -92,44 +124,30 @@ fn list<T>(s: &str, name: &str, f: impl Fn(&str) -> Result<T, String>) -> Result
 }
 
 impl Options {
-    fn parse(a: &mut Args) -> Result<Self, String> {
-        let algorithm = match a.opt::<Algorithm>("algorithm")? {
-            None => Algorithm::TokenBucket,
-            Some(x) => x,
-        };
+    fn parse(a: &BenchArgs) -> Result<Self, String> {
+        let algorithm = a.algorithm;
         throughput_limit(algorithm).map_err(|e| format!("option --algorithm: {e}"))?;
-        let keys = opt_count(a, "keys")?.unwrap_or(1_000_000);
+        let keys = a.keys;
         if keys == 0 || keys > 1_000_000_000 {
             return Err(format!(
                 "option --keys: {keys} keys; give 1 to 1e9 (e.g. 1M)"
             ));
         }
-        let workloads = match a.opt::<String>("distribution")? {
-            None => vec![
-                Workload::Unkeyed,
-                Workload::Keyed(Distribution::Uniform),
-                Workload::Keyed(Distribution::Zipf(1.0)),
-                Workload::Keyed(Distribution::Hot),
-            ],
-            Some(s) => list(&s, "distribution", |w| match w {
-                "unkeyed" | "none" => Ok(Workload::Unkeyed),
-                _ => w.parse().map(Workload::Keyed),
-            })?,
-        };
-        let threads = match a.opt::<String>("threads")? {
-            None => vec![1, 2],
-            Some(s) => list(&s, "threads", |w| match w.parse::<usize>() {
-                Ok(t) if (1..=256).contains(&t) => Ok(t),
-                _ => Err(format!("`{w}` is not a thread count from 1 to 256")),
-            })?,
-        };
-        let seconds = a.opt::<f64>("seconds")?.unwrap_or(1.0);
+        let workloads = list(&a.distribution, "distribution", |w| match w {
+            "unkeyed" | "none" => Ok(Workload::Unkeyed),
+            _ => w.parse().map(Workload::Keyed),
+        })?;
+        let threads = list(&a.threads, "threads", |w| match w.parse::<usize>() {
+            Ok(t) if (1..=256).contains(&t) => Ok(t),
+            _ => Err(format!("`{w}` is not a thread count from 1 to 256")),
+        })?;
+        let seconds = a.seconds;
         if !(seconds.is_finite() && seconds > 0.0 && seconds <= 3600.0) {
             return Err(format!(
                 "option --seconds: {seconds} is not a duration from 0 to 3600 seconds (e.g. 0.5)"
             ));
         }
-        let batch = opt_count(a, "batch")?.unwrap_or(32) as usize;
+        let batch = a.batch as usize;
         if batch > run::CHUNK {
             return Err(format!(
                 "option --batch: {batch} is larger than {}; give 0 (no batch runs) to {}",
@@ -137,21 +155,11 @@ impl Options {
                 run::CHUNK
             ));
         }
-        let engines = match a.opt::<String>("engine")?.as_deref() {
-            None | Some("both") => Engines::Both,
-            Some("turnstile") => Engines::Turnstile,
-            Some("governor") => Engines::Governor,
-            Some(o) => {
-                return Err(format!(
-                    "option --engine: unknown engine `{o}`; expected turnstile, governor or both"
-                ))
-            }
-        };
-        let repeat = opt_count(a, "repeat")?.unwrap_or(1);
+        let repeat = a.repeat;
         if !(1..=100).contains(&repeat) {
             return Err(format!("option --repeat: {repeat}; give 1 to 100"));
         }
-        let checks = opt_count(a, "checks")?.unwrap_or(1 << 20);
+        let checks = a.checks;
         if checks == 0 || checks > 1 << 32 {
             return Err(format!("option --checks: {checks}; give 1 to 2^32"));
         }
@@ -162,9 +170,9 @@ impl Options {
             threads,
             seconds,
             batch,
-            engines,
+            engines: a.engine,
             repeat: repeat as usize,
-            json: a.flag("json"),
+            json: a.json,
             checks,
         })
     }
@@ -298,9 +306,34 @@ pub(crate) fn sequences(d: Distribution, keys: u64, threads: usize, len: usize) 
 /// cache-resident subset of a large key set.
 pub(crate) const SEQ_LEN: usize = 1 << 20;
 
-/// A progress line on stderr.
+/// Whether `--json` was given: progress is then not shown.
+static QUIET: AtomicBool = AtomicBool::new(false);
+/// The spinner drawn under the progress lines when stderr is a terminal.
+static SPINNER: OnceLock<indicatif::ProgressBar> = OnceLock::new();
+
+/// A progress line on stderr: above a spinner on a terminal, a plain line in a log, nothing
+/// with `--json`.
 pub(crate) fn progress(msg: impl AsRef<str>) {
-    eprintln!("bench: {}", msg.as_ref());
+    let json = QUIET.load(Ordering::Relaxed);
+    let line = format!("bench: {}", msg.as_ref());
+    if crate::progress::visible(json) {
+        let s = SPINNER.get_or_init(|| {
+            let s = indicatif::ProgressBar::new_spinner();
+            s.enable_steady_tick(Duration::from_millis(120));
+            s.set_message("bench: running");
+            s
+        });
+        s.println(line);
+    } else if !json {
+        eprintln!("{line}");
+    }
+}
+
+/// Clears the spinner, if one was drawn.
+fn progress_done() {
+    if let Some(s) = SPINNER.get() {
+        s.finish_and_clear();
+    }
 }
 
 /// What every run of one key sequence shares: the keys (one slice of `len` per thread), the
@@ -333,30 +366,13 @@ impl Runner<'_> {
 }
 
 /// Runs the command.
-pub fn run(mut args: Args) -> Result<(), String> {
-    if args.help() {
-        println!("{HELP}");
-        return Ok(());
-    }
-    if args.flag("atomics") {
-        // Its workloads are fixed: an option given with it would be silently ignored.
-        args.finish()
-            .map_err(|e| format!("--atomics takes no other option: {e}"))?;
+pub fn run(args: BenchArgs) -> Result<(), String> {
+    if args.atomics {
         return atomics::run();
     }
-    let o = Options::parse(&mut args)?;
-    let clocks = args.flag("clocks");
-    let callgrind = args.flag("callgrind");
-    let plot_file = args.opt::<String>("plot")?;
-    args.finish()?;
-    if [clocks, callgrind, plot_file.is_some()]
-        .iter()
-        .filter(|x| **x)
-        .count()
-        > 1
-    {
-        return Err("--clocks, --plot and --callgrind are separate modes: give one".into());
-    }
+    let o = Options::parse(&args)?;
+    QUIET.store(o.json, Ordering::Relaxed);
+    let (clocks, callgrind, plot_file) = (args.clocks, args.callgrind, args.plot);
     if clocks {
         return clocks::run(&o.keys_and_seconds());
     }
@@ -366,7 +382,9 @@ pub fn run(mut args: Args) -> Result<(), String> {
     if let Some(f) = plot_file {
         return plot::run(&f, o.algorithm, &o.threads, o.seconds, o.batch, o.json);
     }
-    suite(&o)
+    let r = suite(&o);
+    progress_done();
+    r
 }
 
 impl Options {

@@ -1,0 +1,91 @@
+//! The `turnstile` command: `bench`, `memory`, `accuracy`, `demo`, `rules check` and
+//! `completions`. Every subcommand is one module; the options are clap derives, so `--help`
+//! works everywhere and a bad option exits with status 2 and a message naming it.
+
+use clap::{CommandFactory, Parser, Subcommand};
+use mimalloc::MiMalloc;
+
+// mimalloc: the bench's per-thread allocations and the memory report's large tables; its
+// effect on the bench is measured in docs/performance.md. The core crate sets no allocator:
+// an embedder keeps its own.
+#[global_allocator]
+static GLOBAL: MiMalloc = MiMalloc;
+
+mod accuracy;
+mod args;
+mod bench;
+mod demo;
+mod memory;
+mod progress;
+mod rules;
+
+/// A lock-free rate-limiting engine: benchmarks, reports and tools.
+#[derive(Parser)]
+#[command(name = "turnstile", version, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print the decisions of each algorithm on the design notes' scenarios.
+    Demo,
+    /// Checks/s and latency of the embedded engine, side by side with governor (the main job).
+    Bench(bench::BenchArgs),
+    /// Measured bytes per user per algorithm, against the design notes' estimates.
+    Memory(memory::MemoryArgs),
+    /// The approximate algorithms against the exact sliding log, beside Cloudflare's figures.
+    Accuracy(accuracy::AccuracyArgs),
+    /// Rules files: validate them.
+    Rules {
+        #[command(subcommand)]
+        command: rules::RulesCommand,
+    },
+    /// Print a shell completion script (e.g. `turnstile completions bash > /etc/bash_completion.d/turnstile`).
+    Completions {
+        /// The shell: bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Demo => demo::run(),
+        Command::Bench(a) => bench::run(a),
+        Command::Memory(a) => memory::run(a),
+        Command::Accuracy(a) => accuracy::run(a),
+        Command::Rules { command } => rules::run(command),
+        Command::Completions { shell } => completions(shell),
+    };
+    if let Err(e) = result {
+        // The same form and status as clap's own usage errors.
+        eprintln!("error: {e}");
+        std::process::exit(2);
+    }
+}
+
+/// Writes the completion script; a closed pipe (`| head`) ends it quietly, not with a panic.
+fn completions(shell: clap_complete::Shell) -> Result<(), String> {
+    use std::io::Write;
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "turnstile", &mut script);
+    match std::io::stdout().write_all(&script) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(format!("cannot write the completion script: {e}"))
+        }
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+}

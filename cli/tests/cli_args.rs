@@ -1,0 +1,85 @@
+//! The command line as a clap user expects it: `--help` everywhere, exit status 2 and a
+//! message naming the option for bad input, completions for the shells.
+
+use std::process::{Command, Output};
+
+fn turnstile(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        .args(args)
+        .output()
+        .expect("the turnstile binary runs")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn help_for_every_subcommand() {
+    let top = turnstile(&["--help"]);
+    assert!(top.status.success());
+    let out = text(&top.stdout);
+    for cmd in [
+        "demo",
+        "bench",
+        "memory",
+        "accuracy",
+        "rules",
+        "completions",
+    ] {
+        assert!(out.contains(cmd), "`{cmd}` missing from --help:\n{out}");
+        let h = turnstile(&[cmd, "--help"]);
+        assert!(h.status.success(), "{cmd} --help failed");
+        assert!(text(&h.stdout).contains("Usage: turnstile"), "{cmd} --help");
+    }
+    let h = turnstile(&["rules", "check", "--help"]);
+    assert!(h.status.success());
+    let b = text(&turnstile(&["bench", "--help"]).stdout);
+    for opt in [
+        "--keys",
+        "--distribution",
+        "--threads",
+        "--json",
+        "--atomics",
+    ] {
+        assert!(b.contains(opt), "bench --help lacks {opt}");
+    }
+}
+
+#[test]
+fn bad_input_exits_2_naming_the_option() {
+    for (args, needle) in [
+        (&["bench", "--keys", "banana"][..], "--keys"),
+        (&["bench", "--keys", "0"][..], "--keys"),
+        (&["bench", "--threads", "0"][..], "--threads"),
+        (&["bench", "--seconds", "-1"][..], "--seconds"),
+        (&["bench", "--engine", "redis-ish"][..], "--engine"),
+        (&["bench", "--algorithm", "nope"][..], "--algorithm"),
+        (&["bench", "--clocks", "--callgrind"][..], "--c"),
+        (&["bench", "--atomics", "--keys", "5"][..], "--atomics"),
+        (&["memory", "--users", "x"][..], "--users"),
+        (
+            &["accuracy", "--mix", "calm", "--requests", "10"][..],
+            "--mix",
+        ),
+        (&["bench", "--no-such-flag"][..], "--no-such-flag"),
+        (&["no-such-command"][..], "no-such-command"),
+        (&["rules", "check"][..], "FILE"),
+    ] {
+        let o = turnstile(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o.stderr));
+        let err = text(&o.stderr);
+        assert!(err.starts_with("error: "), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?} should name {needle}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn completions_for_bash() {
+    let o = turnstile(&["completions", "bash"]);
+    assert!(o.status.success());
+    let s = text(&o.stdout);
+    assert!(s.contains("_turnstile()") && s.contains("bench"), "{s}");
+    assert_eq!(turnstile(&["completions", "tcsh"]).status.code(), Some(2));
+}
