@@ -350,3 +350,56 @@ fn reset_races_a_check_on_an_arena_key() {
         }
     });
 }
+
+/// Keys for the stale-helper model in a two-bucket store: `ko` and `kt` insert through
+/// bucket 0's header (`ko` first into bucket 0's slot 0, "Y"), `k` through bucket 1's header
+/// with bucket 0 as its second range (so Y is in its probe), `f` fills bucket 1 half-way.
+fn stale_helper_keys() -> (u64, u64, u64, u64) {
+    let mut h1_0 = (1..).filter(|&i| homes(i, 2).0 == 0);
+    let (ko, kt) = (h1_0.next().unwrap(), h1_0.next().unwrap());
+    let k = (1..).find(|&i| homes(i, 2) == (1, 0)).unwrap();
+    let f = (1..).find(|&i| homes(i, 2).0 == 1 && i != k).unwrap();
+    (ko, kt, k, f)
+}
+
+/// Issue 13, defect 1: a stale helper must not publish another insertion's pending slot.
+/// Bucket 0's header Ha and bucket 1's header Hb are brought to the same version (each had one
+/// commit: `ko` inserted and reset, `f` inserted). Then, with three threads:
+///
+/// * O inserts `ko` through Ha into slot Y (Ha pending, naming Y and its tag);
+/// * T checks `kt`, reads Ha pending and stalls before helping;
+/// * O publishes Y, clears Ha, resets `ko` (Y empty) and inserts `k` through Hb: it claims Y
+///   and stalls before its commit;
+/// * B inserts `k` too: Y is pending, not live, so B claims another slot, commits Hb,
+///   publishes;
+/// * T resumes: Y is pending with the tag it read from Ha (a tag only unique per header, not
+///   per shard, before the fix), so it publishes O's uncommitted claim; O's commit fails, and
+///   its undo finds the slot live.
+///
+/// `k` is then live twice (Y and B's slot). Three preemptions (O after its commit, T after
+/// reading Ha, O after its claim): the bound CI runs.
+#[test]
+fn stale_helper_does_not_publish_another_headers_claim() {
+    let (ko, kt, k, f) = stale_helper_keys();
+    loom::model(move || {
+        let s = store(fixed(1), 2, FullPolicy::Reject);
+        assert!(s.check_at(&ko, 1, T).allowed());
+        assert!(s.reset(&ko));
+        assert!(s.check_at(&f, 1, T).allowed());
+        let o = s.clone();
+        let ds = spawn_all(vec![
+            check(&s, kt, T),
+            Box::new(move || {
+                assert!(o.check_at(&ko, 1, T).allowed());
+                assert!(o.reset(&ko));
+                o.check_at(&k, 1, T)
+            }),
+            check(&s, k, T),
+        ]);
+        // `kt` may find its range full of live and pending slots (StoreFull): not checked.
+        assert_eq!(ds[1..].iter().filter(|d| d.allowed()).count(), 1, "{ds:?}");
+        let live = live_once(&s);
+        assert!(live.contains(&k) && live.contains(&f), "{live:?}");
+        assert_eq!(s.peek_at(&k, T).remaining, 0);
+    });
+}
