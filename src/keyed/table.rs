@@ -21,14 +21,24 @@
 //! +---+---+------------------------------------+----------------------------+
 //! all zero           : empty
 //! L = 1              : live; the rest is the packed state, or the arena index of the record
-//! L = 0, P = 1       : pending insertion: | version (32) | arena index (30) |
+//! L = 0, P = 1       : pending insertion: | ticket (32) | arena index (30) |
 //! ```
 //!
 //! # Bucket header (8 bytes per 8 slots)
 //!
 //! ```text
-//! | version (32) | index of the claimed slot in the shard (31) | pending (1) |
+//! | ticket (32) | index of the claimed slot in the shard (31) | pending (1) |
 //! ```
+//!
+//! A *ticket* names one claim: it is drawn from a counter of the shard (`Counters::tickets`),
+//! so no two claims in a shard carry the same ticket (until the 32-bit counter wraps, 2^32
+//! claims later). It must be unique across the shard, not only across one header's
+//! insertions: a helper that read header Ha (pending, slot Y, ticket t) may stall while that
+//! insertion is published, Y is emptied (reset, reclaim, eviction) and another insertion,
+//! through another header, claims Y. With per-header versions that claim could carry the same
+//! tag t; the helper would publish it although its commit had not happened (and might never:
+//! its undo then fails, and the key is live twice). Loom model
+//! `stale_helper_does_not_publish_another_headers_claim`.
 //!
 //! The claimed slot is named by its index in the shard, not by its offset in the probe
 //! sequence: keys that share a home bucket h1 (and so its header) have different h2, so the
@@ -44,16 +54,19 @@
 //!
 //! *Insertion* of key K (not found live) goes through the header of K's home bucket:
 //! 1. read the header `h` (if pending, help it finish and retry); scan the range again for K;
-//! 2. claim an empty slot: CAS 0 → (K, pending(version(h) + 1));
-//! 3. commit: CAS the header `h` → (version + 1, slot, pending). On failure another insertion
-//!    into this home committed since step 1 (perhaps of K): undo the claim, retry;
+//! 2. draw a ticket t and claim an empty slot: CAS 0 → (K, pending(t));
+//! 3. commit: CAS the header `h` → (t, slot, pending). On failure another insertion into this
+//!    home committed since step 1 (perhaps of K): undo the claim, retry. Only the holder of
+//!    ticket t ever writes a header naming t, so a claim whose commit failed is named by no
+//!    header, no helper publishes it, and the undo cannot fail (if it ever did, the store
+//!    panics rather than carry on with a key that may be live twice);
 //! 4. publish: CAS the slot pending → (K, live state), then clear the header's pending bit.
 //!    Anyone who finds the header pending does step 4 for the owner (with a fresh state, or
 //!    the owner's prepared arena record), so a stalled inserter blocks nobody.
 //!
-//! Why K can never be live twice: every commit of a key whose home is H changes H's header
-//! version, and a commit succeeds only if the version is the one read *before* the scan that
-//! found no K. A commit that happened after that read fails the CAS; one before it was
+//! Why K can never be live twice: every commit of a key whose home is H writes a new ticket
+//! into H's header, and a commit succeeds only if the header is the one read *before* the
+//! scan that found no K. A commit that happened after that read fails the CAS; one before it was
 //! published before the header stopped being pending, so the scan saw K. Loom checks this.
 //!
 //! *Reclaim*: a probe that finds no empty slot CASes a live slot whose state is equivalent to
@@ -66,7 +79,7 @@ use super::FullPolicy;
 use crate::algo::{Cells, Limits, Packed};
 use crate::decision::{Decision, Outcome};
 use crate::record::{self, AtomicCells};
-use crate::sync::{AtomicU128, AtomicU64, Ordering};
+use crate::sync::{AtomicU128, AtomicU32, AtomicU64, Ordering};
 use crossbeam_utils::CachePadded;
 
 /// Slots per bucket.
@@ -118,6 +131,19 @@ fn latest_idle(at: &[u64], mut idle_in: impl FnMut(u64) -> u64) -> u64 {
     at.iter().map(|&t| idle_in(t)).max().unwrap_or(0)
 }
 
+/// An undo of an uncommitted claim failed: another thread published it (module docs: no
+/// header names an uncommitted ticket, so this is unreachable while the protocol holds). A
+/// contract check kept in release builds: the key may be live twice, and carrying on would
+/// admit it twice or free an arena record still in use.
+#[cold]
+#[inline(never)]
+fn undo_failed(key: u64) -> ! {
+    panic!(
+        "keyed store: the uncommitted claim of key id {key:#x} was published by another \
+         thread; the table's insertion invariant is broken"
+    )
+}
+
 #[inline]
 fn join(key: u64, state: u64) -> u128 {
     (state as u128) << 64 | key as u128
@@ -157,9 +183,13 @@ fn holds_live(v: u128, key: u64) -> bool {
     }
 }
 
-/// Counters of what the store did, per shard (Relaxed: statistics only).
+/// Counters of what the store did, per shard (Relaxed: statistics only), and the shard's
+/// claim tickets (module docs), kept in the same cache line: an insertion writes both.
 #[derive(Default)]
 pub(crate) struct Counters {
+    /// The last ticket drawn. Relaxed: a ticket only has to be unique, which the read-modify-
+    /// write gives; what it names is published by the claim and commit CASes.
+    pub(crate) tickets: AtomicU32,
     pub(crate) live: AtomicU64,
     pub(crate) inserted: AtomicU64,
     pub(crate) reclaimed: AtomicU64,
@@ -581,8 +611,14 @@ impl Shard {
                 (idx as u64, LIVE | idx as u64, r)
             }
         };
-        let ver = (h >> HDR_VER_SHIFT).wrapping_add(1);
-        let pending = join(key, PENDING | (ver & VER_MASK) << ARENA_BITS | payload);
+        // A ticket unique across the shard (module docs). Relaxed: see `Counters::tickets`.
+        let ver = u64::from(
+            self.counters
+                .tickets
+                .fetch_add(1, Ordering::Relaxed)
+                .wrapping_add(1),
+        );
+        let pending = join(key, PENDING | ver << ARENA_BITS | payload);
         let s = self.slot(home, off);
         // AcqRel: claims the slot; Acquire on failure because we go back to scanning.
         if s.compare_exchange(0, pending, Ordering::AcqRel, Ordering::Acquire)
@@ -600,10 +636,16 @@ impl Shard {
             .compare_exchange(h, committed, Ordering::AcqRel, Ordering::Acquire)
             .is_err()
         {
-            // Not committed, so no helper touches our pending slot: the undo cannot fail.
-            // AcqRel: as for the claim.
-            let undone = s.compare_exchange(pending, 0, Ordering::AcqRel, Ordering::Acquire);
-            debug_assert!(undone.is_ok());
+            // Not committed, so no header names our ticket and no helper touches our pending
+            // slot: the undo cannot fail. AcqRel: as for the claim.
+            if s.compare_exchange(pending, 0, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+            {
+                // Someone published a claim that was never committed: the key may now be
+                // live twice, and an arena record freed here would still be referenced.
+                // Stop rather than answer from a table that broke its invariant.
+                undo_failed(key);
+            }
             self.release_arena(payload);
             return Step::Retry;
         }
