@@ -54,6 +54,30 @@ impl std::str::FromStr for FullPolicy {
 /// Slots filled per slot allocated, at capacity. Measured: see `docs/memory.md`.
 pub const LOAD_FACTOR: f64 = 0.87;
 
+/// Bits of the key's placement mix that pick each home bucket (two independent slices; the
+/// shard takes the top bits). A shard has at most `2^PLACE_BITS` buckets: with more, some
+/// would be reachable by no key. Wider slices would need a second mix on every check (the
+/// 64-bit mix has no 2 × 28 bits left beside 16 shard bits), so the builder refuses larger
+/// shards instead and asks for more of them.
+pub const PLACE_BITS: u32 = 24;
+
+/// Buckets a store of `keys` keys per shard gives each shard.
+fn buckets_for(keys: u64) -> u64 {
+    ((keys as f64 / (LOAD_FACTOR * BUCKET as f64)).ceil() as u64).max(1)
+}
+
+/// The most keys one shard holds: `2^PLACE_BITS` buckets at [`LOAD_FACTOR`] (116 769 423).
+pub fn max_keys_per_shard() -> u64 {
+    let mut k = ((1u64 << PLACE_BITS) as f64 * LOAD_FACTOR * BUCKET as f64) as u64;
+    while buckets_for(k) > 1 << PLACE_BITS {
+        k -= 1;
+    }
+    k
+}
+
+/// Shards a store allows at most.
+const MAX_SHARDS: usize = 1 << 16;
+
 /// Counts of what the store did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StoreStats {
@@ -127,7 +151,7 @@ impl StoreBuilder {
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
             .max(1)
             .next_power_of_two();
-        if shards > 1 << 16 {
+        if shards > MAX_SHARDS {
             return Err(ConfigError::new("shards", "at most 65536 shards"));
         }
         let arena_words = if self.limits.single_packed().is_some() {
@@ -155,6 +179,35 @@ impl StoreBuilder {
                 ))
             }
         };
+        // Sizes the placement cannot reach, or that would overflow the arithmetic below, are
+        // refused here (and an allocation that fails is an error too, at `Shard::new`).
+        let per_shard_max = max_keys_per_shard();
+        if capacity.div_ceil(shards as u64) > per_shard_max {
+            let (field, what) = match self.budget {
+                Some(b) => (
+                    "memory_budget",
+                    format!("a budget of {b} bytes holds about {capacity} keys"),
+                ),
+                None => ("capacity", format!("a capacity of {capacity} keys")),
+            };
+            let need = capacity.div_ceil(per_shard_max).next_power_of_two();
+            return Err(ConfigError::new(
+                field,
+                if need > MAX_SHARDS as u64 {
+                    format!(
+                        "{what} is more than a store holds: at most {per_shard_max} keys per \
+                         shard (2^{PLACE_BITS} buckets) in at most {MAX_SHARDS} shards; ask for \
+                         fewer keys"
+                    )
+                } else {
+                    format!(
+                        "{what} needs at least {need} shards (one holds at most \
+                         {per_shard_max} keys, 2^{PLACE_BITS} buckets), not {shards}; set \
+                         `shards({need})` or ask for fewer keys"
+                    )
+                },
+            ));
+        }
         let mut cap = capacity;
         loop {
             if cap == 0 {
@@ -174,27 +227,48 @@ impl StoreBuilder {
                     "at most 2^30 arena records per shard; add shards",
                 ));
             }
-            let buckets =
-                ((per_shard as f64 / (LOAD_FACTOR * BUCKET as f64)).ceil() as usize).max(1);
+            // At most 2^PLACE_BITS (checked above): fits a usize, and the sizes below too.
+            let buckets = buckets_for(per_shard) as usize;
             if let Some(b) = self.budget {
                 // Estimate first (building allocates, lazily zeroed, so a retry is cheap).
-                let est = shards
-                    * (buckets * (BUCKET * 16 + 8)
-                        + arena_words.map_or(0, |w| per_shard as usize * (8 * (1 + w) + 4))
-                        + 512);
+                // Saturating: an arena of many words per record can exceed usize here.
+                let arena = arena_words.map_or(0, |w| {
+                    (per_shard as usize).saturating_mul(w.saturating_add(1).saturating_mul(8) + 4)
+                });
+                let est = shards.saturating_mul(
+                    (buckets * (BUCKET * 16 + 8))
+                        .saturating_add(arena)
+                        .saturating_add(512),
+                );
                 if est > b {
                     cap = cap * 99 / 100;
                     continue;
                 }
             }
-            let shard_vec: Vec<CachePadded<Shard>> = (0..shards)
+            let shard_vec = (0..shards)
                 .map(|_| {
-                    CachePadded::new(Shard::new(
-                        buckets,
-                        arena_words.map(|w| (per_shard as u32, w)),
-                    ))
+                    Shard::new(buckets, arena_words.map(|w| (per_shard as u32, w)))
+                        .map(CachePadded::new)
                 })
-                .collect();
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| {
+                    ConfigError::new(
+                        if self.budget.is_some() {
+                            "memory_budget"
+                        } else {
+                            "capacity"
+                        },
+                        format!(
+                            "could not allocate {shards} shards of {buckets} buckets{}; ask \
+                             for fewer keys",
+                            if arena_words.is_some() {
+                                format!(" and {per_shard} records")
+                            } else {
+                                String::new()
+                            }
+                        ),
+                    )
+                })?;
             let hasher = match self.seed {
                 Some(s) => KeyHasher::with_seed(s, self.ipv6_prefix),
                 None => KeyHasher::random(self.ipv6_prefix),
@@ -333,6 +407,22 @@ impl<C: Clock> Store<C> {
         }
     }
 
+    /// The answer when the table refuses a key: the store is full (`full_decision`), or the
+    /// key is absent and `now` is before its shard's reclaim horizon (`Limited` until then: its
+    /// record may have been reclaimed, and the store can no longer tell what it held at `now`;
+    /// `table::RECLAIM_GRACE_NS`).
+    fn refused(&self, o: Outcome, shard: &Shard, now: Nanos) -> Decision {
+        if o != Outcome::Limited {
+            return self.full_decision(o);
+        }
+        let wait = shard.horizon().saturating_sub(now).max(1);
+        Decision {
+            reset_after_ns: wait,
+            retry_after_ns: Some(wait),
+            ..self.full_decision(o)
+        }
+    }
+
     #[inline]
     fn run(&self, id: u64, now: Nanos, cost: u64, insert: bool, missed: bool) -> Decision {
         let (shard, home) = self.locate(id);
@@ -352,7 +442,7 @@ impl<C: Clock> Store<C> {
                 &mut |s| l.decide_packed(s, now, cost).expect("packed"),
                 &mut |_| unreachable!("packed store has no arena"),
                 &mut || l.decide_packed(0, now, cost).expect("packed").1,
-                &mut |o| self.full_decision(o),
+                &mut |o| self.refused(o, shard, now),
             ),
             None => shard.with_key(
                 &ctx,
@@ -363,7 +453,7 @@ impl<C: Clock> Store<C> {
                 &mut |_| unreachable!("arena store has no packed slots"),
                 &mut |c| limits.decide(c, now, cost),
                 &mut || Shard::fresh(limits.words(), &mut |c| limits.decide(c, now, cost)),
-                &mut |o| self.full_decision(o),
+                &mut |o| self.refused(o, shard, now),
             ),
         }
     }
@@ -375,6 +465,13 @@ impl<C: Clock> Store<C> {
     }
 
     /// Checks a request of `cost` for `key` at `now`.
+    ///
+    /// `now` may lag the times other checks of this store were made at by up to 1 ms (clock
+    /// readings of different threads). Beyond that a reclaim may have judged the key's record
+    /// idle at a later time: a key found absent at a `now` before the latest time a reclaim in
+    /// its shard judged at is denied (`Limited`, `retry_after` the lag) rather than answered
+    /// as fresh, since the record it may have had could still hold state at `now`. Keys with a
+    /// live record are answered exactly at any `now`.
     #[inline]
     pub fn check_at<K: Key + ?Sized>(&self, key: &K, cost: u64, now: Nanos) -> Decision {
         self.check_id(key.key_id(&self.hasher), now, cost)
@@ -496,7 +593,7 @@ impl<C: Clock> Store<C> {
         self.check_batch_at(keys, cost, self.clock.now(), out)
     }
 
-    /// [`Store::check_batch`] at `now`.
+    /// [`Store::check_batch`] at `now` (which may lag as [`Store::check_at`]'s may).
     pub fn check_batch_at<K: Key>(&self, keys: &[K], cost: u64, now: Nanos, out: &mut [Decision]) {
         assert_eq!(
             keys.len(),

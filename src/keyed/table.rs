@@ -43,7 +43,8 @@
 //! The claimed slot is named by its index in the shard, not by its offset in the probe
 //! sequence: keys that share a home bucket h1 (and so its header) have different h2, so the
 //! same offset is a different slot in their sequences, and a helper would finish the wrong
-//! one. Hence at most 2^31 slots per shard (32 GiB of slots), asserted in `Shard::new`.
+//! one. Hence at most 2^31 slots per shard; the builder allows 2^27 (2^24 buckets, the reach
+//! of placement: `keyed::PLACE_BITS`).
 //!
 //! # Protocol
 //!
@@ -108,6 +109,12 @@ pub(crate) struct Loc {
 /// Records idle for less than this are not reclaimed: clock readings of concurrent threads
 /// differ by a little, and a record idle at one thread's `now` may still hold state at
 /// another's. 1 ms is far above that skew.
+///
+/// It is also the skew allowed to caller-supplied times (`check_at`, `check_batch_at`): a
+/// reclaim at `now` records `now - RECLAIM_GRACE_NS` as its shard's horizon, and a key found
+/// absent at a time before the horizon is denied until then (its record may have been
+/// reclaimed, and the store can no longer tell what it held at that time). Keys with a live
+/// record are answered exactly at any time.
 pub const RECLAIM_GRACE_NS: u64 = 1_000_000;
 
 const LIVE: u64 = 1 << 63;
@@ -190,6 +197,10 @@ pub(crate) struct Counters {
     /// The last ticket drawn. Relaxed: a ticket only has to be unique, which the read-modify-
     /// write gives; what it names is published by the claim and commit CASes.
     pub(crate) tickets: AtomicU32,
+    /// The latest time at which a reclaim in this shard judged a record idle (its `now`
+    /// less the grace): a key found absent may have had a record that held state before it,
+    /// so a check of an absent key at an earlier time is refused ([`Shard::with_key`]).
+    pub(crate) horizon: AtomicU64,
     pub(crate) live: AtomicU64,
     pub(crate) inserted: AtomicU64,
     pub(crate) reclaimed: AtomicU64,
@@ -212,55 +223,62 @@ pub(crate) struct Shard {
     pub(crate) counters: CachePadded<Counters>,
 }
 
-/// Allocates `n` zeroed `AtomicU64` without touching the pages (first touch by the user).
-pub(crate) fn zeroed_u64(n: usize) -> Box<[AtomicU64]> {
-    #[cfg(not(loom))]
-    {
-        if n == 0 {
-            return Box::new([]);
-        }
-        let layout = std::alloc::Layout::array::<AtomicU64>(n).expect("size fits");
-        // SAFETY: the layout has non-zero size; the all-zero bit pattern is a valid AtomicU64
-        // (0); the pointer is checked for null; the Box takes ownership with the same layout
-        // (Layout::array of the element type) that Box<[AtomicU64]> deallocates with.
-        unsafe {
-            let p = std::alloc::alloc_zeroed(layout) as *mut AtomicU64;
-            if p.is_null() {
-                std::alloc::handle_alloc_error(layout);
-            }
-            Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, n))
-        }
+/// Allocates `n` zeroed `T` without touching the pages (first touch by the user); `None` if
+/// the allocation fails (the builder turns that into a `ConfigError`).
+///
+/// # Safety
+///
+/// The all-zero bit pattern must be a valid `T`.
+#[cfg(not(loom))]
+unsafe fn alloc_zeroed<T>(n: usize) -> Option<Box<[T]>> {
+    let layout = std::alloc::Layout::array::<T>(n).ok()?;
+    if layout.size() == 0 {
+        // Only `n == 0` here (the element types are not zero-sized).
+        return (n == 0).then(|| Vec::new().into_boxed_slice());
     }
-    #[cfg(loom)]
-    {
-        (0..n).map(|_| AtomicU64::new(0)).collect()
+    // SAFETY: the layout has non-zero size; all-zero bits are a valid T (the caller's
+    // contract); the pointer is checked for null; the Box takes ownership with the same layout
+    // (Layout::array of the element type) that Box<[T]> deallocates with.
+    unsafe {
+        let p = std::alloc::alloc_zeroed(layout) as *mut T;
+        if p.is_null() {
+            return None;
+        }
+        Some(Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, n)))
     }
 }
 
-fn zeroed_buckets(n: usize) -> Box<[Bucket]> {
+/// `n` zeroed `AtomicU64`, untouched; `None` if the allocation fails.
+pub(crate) fn zeroed_u64(n: usize) -> Option<Box<[AtomicU64]>> {
+    // SAFETY: all-zero bits are a valid AtomicU64 (0).
     #[cfg(not(loom))]
-    {
-        let layout = std::alloc::Layout::array::<Bucket>(n).expect("size fits");
-        assert!(layout.size() > 0, "a shard has at least one bucket");
-        // SAFETY: non-zero size (asserted); a Bucket is 8 AtomicU128 (portable-atomic's is a
-        // plain u128 in an UnsafeCell), for which all-zero bits are valid (0); null is checked;
-        // Box<[Bucket]> frees with the same Layout::array::<Bucket>(n).
-        unsafe {
-            let p = std::alloc::alloc_zeroed(layout) as *mut Bucket;
-            if p.is_null() {
-                std::alloc::handle_alloc_error(layout);
-            }
-            Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, n))
-        }
-    }
+    return unsafe { alloc_zeroed(n) };
     #[cfg(loom)]
-    {
+    Some((0..n).map(|_| AtomicU64::new(0)).collect())
+}
+
+/// `n` zeroed `AtomicU32`, untouched; `None` if the allocation fails.
+pub(crate) fn zeroed_u32(n: usize) -> Option<Box<[AtomicU32]>> {
+    // SAFETY: all-zero bits are a valid AtomicU32 (0).
+    #[cfg(not(loom))]
+    return unsafe { alloc_zeroed(n) };
+    #[cfg(loom)]
+    Some((0..n).map(|_| AtomicU32::new(0)).collect())
+}
+
+fn zeroed_buckets(n: usize) -> Option<Box<[Bucket]>> {
+    // SAFETY: a Bucket is 8 AtomicU128 (portable-atomic's is a plain u128 in an UnsafeCell),
+    // for which all-zero bits are valid (0).
+    #[cfg(not(loom))]
+    return unsafe { alloc_zeroed(n) };
+    #[cfg(loom)]
+    Some(
         (0..n)
             .map(|_| Bucket {
                 slots: std::array::from_fn(|_| AtomicU128::new(0)),
             })
-            .collect()
-    }
+            .collect(),
+    )
 }
 
 /// What a shard operation needs to know about the store.
@@ -275,18 +293,25 @@ pub(crate) struct Ctx<'a> {
 }
 
 impl Shard {
-    pub(crate) fn new(buckets: usize, arena_records: Option<(u32, usize)>) -> Self {
-        assert!(
-            buckets.max(1) * BUCKET <= 1 << HDR_OFF_BITS,
-            "a shard holds at most 2^{HDR_OFF_BITS} slots (its bucket headers name a slot in \
-             {HDR_OFF_BITS} bits); use more shards"
-        );
-        Self {
-            buckets: zeroed_buckets(buckets.max(1)),
-            headers: zeroed_u64(buckets.max(1)),
-            arena: arena_records.map(|(n, w)| Arena::new(n, w)),
+    /// A shard of `buckets` buckets (and an arena of `n` records of `w` words); `None` if the
+    /// memory cannot be allocated. The builder keeps `buckets` within `2^PLACE_BITS`.
+    pub(crate) fn new(buckets: usize, arena_records: Option<(u32, usize)>) -> Option<Self> {
+        // The builder's bound (2^24 buckets, `keyed::PLACE_BITS`) is far inside this one.
+        debug_assert!(buckets.max(1) * BUCKET <= 1 << HDR_OFF_BITS);
+        Some(Self {
+            buckets: zeroed_buckets(buckets.max(1))?,
+            headers: zeroed_u64(buckets.max(1))?,
+            arena: match arena_records {
+                Some((n, w)) => Some(Arena::new(n, w)?),
+                None => None,
+            },
             counters: CachePadded::new(Counters::default()),
-        }
+        })
+    }
+
+    /// The shard's reclaim horizon (`Counters::horizon`). Relaxed: as in `with_key`.
+    pub(crate) fn horizon(&self) -> u64 {
+        self.counters.horizon.load(Ordering::Relaxed)
     }
 
     pub(crate) fn n_buckets(&self) -> usize {
@@ -439,7 +464,9 @@ impl Shard {
 
     /// Runs `op` on `key`'s live record (inserting a fresh one first if `insert`).
     /// `packed(state) -> (new_state, R)` is used for one packed limit, `words(cells) -> R` for
-    /// arena records. `absent()` answers for a missing key when not inserting.
+    /// arena records. `absent()` answers for a missing key when not inserting. `full(o)`
+    /// answers a new key the store cannot take (`StoreFull`, `Untracked`), or a key found
+    /// absent at a time before the shard's reclaim horizon (`Limited`: [`RECLAIM_GRACE_NS`]).
     // The four callbacks are the store's whole interface to the table; a struct of boxed
     // closures would cost an indirection per check.
     #[allow(clippy::too_many_arguments)]
@@ -467,6 +494,12 @@ impl Shard {
                         Step::Retry => continue,
                     }
                 }
+            }
+            // Relaxed: the scan that found no live slot read it emptied with Acquire, and a
+            // reclaimer raises the horizon before emptying a slot (`make_room`), so a record
+            // reclaimed before that scan shows here.
+            if now < self.counters.horizon.load(Ordering::Relaxed) {
+                return full(Outcome::Limited);
             }
             if !insert {
                 return absent();
@@ -800,7 +833,15 @@ impl Shard {
             // packed window index wraps (sliding_window, window_ring: module docs), so a record
             // idle at one time can count again at a later one, and the check that follows at
             // `now` must see the record it would have seen had it stayed.
-            match self.idle_in(ctx, s, v, &[judged, now], |idle| idle == 0) {
+            let reclaim = |idle| {
+                if idle == 0 {
+                    // Relaxed: ordered before the slot's emptying by that CAS (Release): a
+                    // checker that sees the slot empty sees this horizon (`with_key`).
+                    self.counters.horizon.fetch_max(judged, Ordering::Relaxed);
+                }
+                idle == 0
+            };
+            match self.idle_in(ctx, s, v, &[judged, now], reclaim) {
                 Some(0) => {
                     // Relaxed: statistics.
                     self.counters.reclaimed.fetch_add(1, Ordering::Relaxed);
