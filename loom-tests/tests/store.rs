@@ -403,3 +403,46 @@ fn stale_helper_does_not_publish_another_headers_claim() {
         assert_eq!(s.peek_at(&k, T).remaining, 0);
     });
 }
+
+/// Probing past the home buckets and wrapping around the table (issue 13, defect 2): a
+/// two-bucket store whose keys have ranges of two buckets (`loom_range(2)`), so that a key at
+/// home in bucket 1 probes buckets 1, 1, then 0, 0 (bucket 1 + 1 wraps to 0). Bucket 1 is full
+/// of busy keys; thread A inserts `a`, thread B inserts `b` and then checks `a`, all three
+/// with homes (1, 1): both new keys must be placed past their home buckets, across the wrap,
+/// and B's check of `a` must find it there (`find_far`), or help its pending insertion, or
+/// insert it itself — exactly once. Catches a probe or a lookup that stops at the home
+/// buckets (`a` inserted twice: admitted twice), a wrap computed on the wrong table size, and
+/// a helper that locates a slot past the home buckets wrongly.
+#[test]
+fn insertions_past_the_home_buckets_wrap_around_the_table() {
+    let mut ones = (1..).filter(|&i| homes(i, 2) == (1, 1));
+    let [f1, f2, a, b] = std::array::from_fn(|_| ones.next().unwrap());
+    loom::model(move || {
+        let s = Arc::new(
+            Store::builder(Limits::new(fixed(1)).unwrap())
+                .capacity(2)
+                .shards(1)
+                .seed(SEED)
+                .loom_range(2)
+                .build_with_clock(ManualClock::new(T))
+                .unwrap(),
+        );
+        assert!(s.check_at(&f1, 1, T).allowed());
+        assert!(s.check_at(&f2, 1, T).allowed());
+        let t = s.clone();
+        let ds = spawn_all(vec![
+            check(&s, a, T),
+            Box::new(move || {
+                assert!(t.check_at(&b, 1, T).allowed());
+                t.check_at(&a, 1, T)
+            }),
+        ]);
+        assert_eq!(ds.iter().filter(|d| d.allowed()).count(), 1, "{ds:?}");
+        let mut want = vec![f1, f2, a, b];
+        want.sort_unstable();
+        assert_eq!(live_once(&s), want);
+        // f1, f2 in their first home bucket; a, b past both.
+        assert_eq!(s.placement(), [2, 0, 2]);
+        accounted(&s);
+    });
+}

@@ -105,6 +105,8 @@ pub struct StoreBuilder {
     policy: FullPolicy,
     seed: Option<u64>,
     ipv6_prefix: u8,
+    #[cfg(loom)]
+    range: Option<usize>,
 }
 
 impl StoreBuilder {
@@ -136,6 +138,15 @@ impl StoreBuilder {
     /// Group IPv6 addresses by this prefix length (default 64).
     pub fn ipv6_prefix(mut self, bits: u8) -> Self {
         self.ipv6_prefix = bits;
+        self
+    }
+
+    /// Loom builds only: buckets in each of a key's two probe ranges (default 1 under loom), for
+    /// models that probe past the home buckets and wrap around the table.
+    #[cfg(loom)]
+    #[doc(hidden)]
+    pub fn loom_range(mut self, buckets: usize) -> Self {
+        self.range = Some(buckets);
         self
     }
 
@@ -269,6 +280,14 @@ impl StoreBuilder {
                         ),
                     )
                 })?;
+            #[cfg(loom)]
+            let mut shard_vec = shard_vec;
+            #[cfg(loom)]
+            if let Some(r) = self.range {
+                for s in &mut shard_vec {
+                    s.set_range(r);
+                }
+            }
             let hasher = match self.seed {
                 Some(s) => KeyHasher::with_seed(s, self.ipv6_prefix),
                 None => KeyHasher::random(self.ipv6_prefix),
@@ -322,6 +341,8 @@ impl Store<DefaultClock> {
             policy: FullPolicy::default(),
             seed: None,
             ipv6_prefix: 64,
+            #[cfg(loom)]
+            range: None,
         }
     }
 

@@ -221,6 +221,9 @@ pub(crate) struct Shard {
     headers: Box<[AtomicU64]>,
     arena: Option<Arena>,
     pub(crate) counters: CachePadded<Counters>,
+    /// Loom builds: buckets per range, [`RANGE`] unless a model asks for more (`range`).
+    #[cfg(loom)]
+    range: usize,
 }
 
 /// Allocates `n` zeroed `T` without touching the pages (first touch by the user); `None` if
@@ -306,7 +309,25 @@ impl Shard {
                 None => None,
             },
             counters: CachePadded::new(Counters::default()),
+            #[cfg(loom)]
+            range: RANGE,
         })
+    }
+
+    /// Loom builds: sets the buckets per range (models of probing past the home buckets and
+    /// of wrapping around the table; the default keeps the other models small).
+    #[cfg(loom)]
+    pub(crate) fn set_range(&mut self, range: usize) {
+        self.range = range.max(1);
+    }
+
+    /// Buckets in each of a key's two ranges.
+    #[inline(always)]
+    fn range(&self) -> usize {
+        #[cfg(not(loom))]
+        return RANGE;
+        #[cfg(loom)]
+        self.range
     }
 
     /// The shard's reclaim horizon (`Counters::horizon`). Relaxed: as in `with_key`.
@@ -341,7 +362,7 @@ impl Shard {
 
     #[inline]
     fn probe_len(&self) -> usize {
-        2 * RANGE * BUCKET
+        2 * self.range() * BUCKET
     }
 
     /// Slot `off` of a key's probe sequence: buckets h1, h2, h1 + 1, h2 + 1, ... alternately.
@@ -382,7 +403,7 @@ impl Shard {
     /// [`Shard::find`] over the probe sequence past the two home buckets.
     #[inline(never)]
     fn find_far(&self, home: Loc, key: u64) -> Option<(&AtomicU128, u128)> {
-        (2..2 * RANGE).find_map(|k| Self::scan(self.bucket(home, k), key))
+        (2..2 * self.range()).find_map(|k| Self::scan(self.bucket(home, k), key))
     }
 
     /// The live slot of bucket `b` holding `key`, with the value read.
@@ -580,7 +601,7 @@ impl Shard {
         let (mut first_empty, mut free) = (None, [0usize; 2]);
         let mut choice = [None; 2];
         // Bucket by bucket (the bucket index once per eight slots, as in `find_far`).
-        for k in 0..2 * RANGE {
+        for k in 0..2 * self.range() {
             for (i, s) in self.bucket(home, k).slots.iter().enumerate() {
                 // Acquire: as in `find`.
                 let v = s.load(Ordering::Acquire);
