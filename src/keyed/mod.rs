@@ -78,6 +78,22 @@ pub fn max_keys_per_shard() -> u64 {
 /// Shards a store allows at most.
 const MAX_SHARDS: usize = 1 << 16;
 
+/// The shard count for `capacity` keys: `shards` (a power of two), raised to the fewest that
+/// hold `capacity` when the caller did not choose it (`explicit`) and it is too few (e.g. a
+/// rule of 2^30 keys on a 2-core machine), as long as at most [`MAX_SHARDS`] do. Otherwise
+/// unchanged: the builder then refuses the size.
+fn shards_for(capacity: u64, shards: usize, explicit: bool) -> usize {
+    let need = capacity
+        .div_ceil(max_keys_per_shard())
+        .next_power_of_two()
+        .min(u64::MAX >> 1);
+    if explicit || need <= shards as u64 || need > MAX_SHARDS as u64 {
+        shards
+    } else {
+        need as usize
+    }
+}
+
 /// Counts of what the store did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StoreStats {
@@ -120,7 +136,8 @@ impl StoreBuilder {
         self.budget = Some(bytes);
         self
     }
-    /// Number of shards (rounded up to a power of two). Default: ≥ available cores.
+    /// Number of shards (rounded up to a power of two). Default: ≥ available cores, and as
+    /// many as a large capacity needs ([`max_keys_per_shard`] each).
     pub fn shards(mut self, n: usize) -> Self {
         self.shards = Some(n);
         self
@@ -193,6 +210,7 @@ impl StoreBuilder {
         // Sizes the placement cannot reach, or that would overflow the arithmetic below, are
         // refused here (and an allocation that fails is an error too, at `Shard::new`).
         let per_shard_max = max_keys_per_shard();
+        let shards = shards_for(capacity, shards, self.shards.is_some());
         if capacity.div_ceil(shards as u64) > per_shard_max {
             let (field, what) = match self.budget {
                 Some(b) => (
@@ -762,5 +780,21 @@ impl<C: Clock> Store<C> {
     /// The first limit's algorithm (for reports).
     pub fn algorithm(&self) -> Algorithm {
         self.limits.limits()[0].algorithm()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unchosen_shard_counts_grow_to_hold_the_capacity() {
+        let max = max_keys_per_shard();
+        assert_eq!(shards_for(1 << 30, 2, false), 16);
+        assert_eq!(shards_for(1 << 30, 2, true), 2);
+        assert_eq!(shards_for(2 * max, 2, false), 2);
+        assert_eq!(shards_for(2 * max + 1, 2, false), 4);
+        assert_eq!(shards_for(u64::MAX, 2, false), 2);
+        assert_eq!(shards_for(100, 8, false), 8);
     }
 }
