@@ -16,6 +16,8 @@
 //!   permits and lease expiry.
 //! * `tests/notes_race.rs` — the notes' race (limit 3, count 2, two requests at once) on the
 //!   limiter and the keyed store, and the naive read-then-write limiter that loom must catch.
+//! * `tests/rules.rs` — the rules engine: a hot reload racing admissions, and the load
+//!   counters kept across it.
 //! * `tests/store.rs` — the keyed `Store`: insertion through the bucket header with helping,
 //!   reclaim and eviction, the full-store policies, arena records and their free list; every
 //!   model checks that no key is ever live twice.

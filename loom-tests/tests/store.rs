@@ -350,3 +350,99 @@ fn reset_races_a_check_on_an_arena_key() {
         }
     });
 }
+
+/// Keys for the stale-helper model in a two-bucket store: `ko` and `kt` insert through
+/// bucket 0's header (`ko` first into bucket 0's slot 0, "Y"), `k` through bucket 1's header
+/// with bucket 0 as its second range (so Y is in its probe), `f` fills bucket 1 half-way.
+fn stale_helper_keys() -> (u64, u64, u64, u64) {
+    let mut h1_0 = (1..).filter(|&i| homes(i, 2).0 == 0);
+    let (ko, kt) = (h1_0.next().unwrap(), h1_0.next().unwrap());
+    let k = (1..).find(|&i| homes(i, 2) == (1, 0)).unwrap();
+    let f = (1..).find(|&i| homes(i, 2).0 == 1 && i != k).unwrap();
+    (ko, kt, k, f)
+}
+
+/// Issue 13, defect 1: a stale helper must not publish another insertion's pending slot.
+/// Bucket 0's header Ha and bucket 1's header Hb are brought to the same version (each had one
+/// commit: `ko` inserted and reset, `f` inserted). Then, with three threads:
+///
+/// * O inserts `ko` through Ha into slot Y (Ha pending, naming Y and its tag);
+/// * T checks `kt`, reads Ha pending and stalls before helping;
+/// * O publishes Y, clears Ha, resets `ko` (Y empty) and inserts `k` through Hb: it claims Y
+///   and stalls before its commit;
+/// * B inserts `k` too: Y is pending, not live, so B claims another slot, commits Hb,
+///   publishes;
+/// * T resumes: Y is pending with the tag it read from Ha (a tag only unique per header, not
+///   per shard, before the fix), so it publishes O's uncommitted claim; O's commit fails, and
+///   its undo finds the slot live.
+///
+/// `k` is then live twice (Y and B's slot). Three preemptions (O after its commit, T after
+/// reading Ha, O after its claim): the bound CI runs.
+#[test]
+fn stale_helper_does_not_publish_another_headers_claim() {
+    let (ko, kt, k, f) = stale_helper_keys();
+    loom::model(move || {
+        let s = store(fixed(1), 2, FullPolicy::Reject);
+        assert!(s.check_at(&ko, 1, T).allowed());
+        assert!(s.reset(&ko));
+        assert!(s.check_at(&f, 1, T).allowed());
+        let o = s.clone();
+        let ds = spawn_all(vec![
+            check(&s, kt, T),
+            Box::new(move || {
+                assert!(o.check_at(&ko, 1, T).allowed());
+                assert!(o.reset(&ko));
+                o.check_at(&k, 1, T)
+            }),
+            check(&s, k, T),
+        ]);
+        // `kt` may find its range full of live and pending slots (StoreFull): not checked.
+        assert_eq!(ds[1..].iter().filter(|d| d.allowed()).count(), 1, "{ds:?}");
+        let live = live_once(&s);
+        assert!(live.contains(&k) && live.contains(&f), "{live:?}");
+        assert_eq!(s.peek_at(&k, T).remaining, 0);
+    });
+}
+
+/// Probing past the home buckets and wrapping around the table (issue 13, defect 2): a
+/// two-bucket store whose keys have ranges of two buckets (`loom_range(2)`), so that a key at
+/// home in bucket 1 probes buckets 1, 1, then 0, 0 (bucket 1 + 1 wraps to 0). Bucket 1 is full
+/// of busy keys; thread A inserts `a`, thread B inserts `b` and then checks `a`, all three
+/// with homes (1, 1): both new keys must be placed past their home buckets, across the wrap,
+/// and B's check of `a` must find it there (`find_far`), or help its pending insertion, or
+/// insert it itself — exactly once. Catches a probe or a lookup that stops at the home
+/// buckets (`a` inserted twice: admitted twice), a wrap computed on the wrong table size, and
+/// a helper that locates a slot past the home buckets wrongly.
+#[test]
+fn insertions_past_the_home_buckets_wrap_around_the_table() {
+    let mut ones = (1..).filter(|&i| homes(i, 2) == (1, 1));
+    let [f1, f2, a, b] = std::array::from_fn(|_| ones.next().unwrap());
+    loom::model(move || {
+        let s = Arc::new(
+            Store::builder(Limits::new(fixed(1)).unwrap())
+                .capacity(2)
+                .shards(1)
+                .seed(SEED)
+                .loom_range(2)
+                .build_with_clock(ManualClock::new(T))
+                .unwrap(),
+        );
+        assert!(s.check_at(&f1, 1, T).allowed());
+        assert!(s.check_at(&f2, 1, T).allowed());
+        let t = s.clone();
+        let ds = spawn_all(vec![
+            check(&s, a, T),
+            Box::new(move || {
+                assert!(t.check_at(&b, 1, T).allowed());
+                t.check_at(&a, 1, T)
+            }),
+        ]);
+        assert_eq!(ds.iter().filter(|d| d.allowed()).count(), 1, "{ds:?}");
+        let mut want = vec![f1, f2, a, b];
+        want.sort_unstable();
+        assert_eq!(live_once(&s), want);
+        // f1, f2 in their first home bucket; a, b past both.
+        assert_eq!(s.placement(), [2, 0, 2]);
+        accounted(&s);
+    });
+}

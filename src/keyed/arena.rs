@@ -28,16 +28,17 @@ pub(crate) struct Arena {
 }
 
 impl Arena {
-    pub(crate) fn new(capacity: u32, words: usize) -> Self {
-        let n = capacity as usize * (1 + words);
-        Self {
+    /// `None` if the memory cannot be allocated.
+    pub(crate) fn new(capacity: u32, words: usize) -> Option<Self> {
+        let n = (capacity as usize).checked_mul(words.checked_add(1)?)?;
+        Some(Self {
             words,
             capacity,
-            cells: super::table::zeroed_u64(n),
-            next: (0..capacity).map(|_| AtomicU32::new(0)).collect(),
+            cells: super::table::zeroed_u64(n)?,
+            next: super::table::zeroed_u32(capacity as usize)?,
             bump: AtomicU32::new(0),
             head: AtomicU64::new(0),
-        }
+        })
     }
 
     pub(crate) fn bytes(&self) -> usize {

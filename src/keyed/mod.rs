@@ -55,6 +55,46 @@ impl std::str::FromStr for FullPolicy {
 /// Slots filled per slot allocated, at capacity. Measured: see `docs/memory.md`.
 pub const LOAD_FACTOR: f64 = 0.87;
 
+/// Bits of the key's placement mix that pick each home bucket (two independent slices; the
+/// shard takes the top bits). A shard has at most `2^PLACE_BITS` buckets: with more, some
+/// would be reachable by no key. Wider slices would need a second mix on every check (the
+/// 64-bit mix has no 2 × 28 bits left beside 16 shard bits), so the builder refuses larger
+/// shards instead and asks for more of them.
+pub const PLACE_BITS: u32 = 24;
+
+/// Buckets a store of `keys` keys per shard gives each shard.
+fn buckets_for(keys: u64) -> u64 {
+    ((keys as f64 / (LOAD_FACTOR * BUCKET as f64)).ceil() as u64).max(1)
+}
+
+/// The most keys one shard holds: `2^PLACE_BITS` buckets at [`LOAD_FACTOR`] (116 769 423).
+pub fn max_keys_per_shard() -> u64 {
+    let mut k = ((1u64 << PLACE_BITS) as f64 * LOAD_FACTOR * BUCKET as f64) as u64;
+    while buckets_for(k) > 1 << PLACE_BITS {
+        k -= 1;
+    }
+    k
+}
+
+/// Shards a store allows at most.
+const MAX_SHARDS: usize = 1 << 16;
+
+/// The shard count for `capacity` keys: `shards` (a power of two), raised to the fewest that
+/// hold `capacity` when the caller did not choose it (`explicit`) and it is too few (e.g. a
+/// rule of 2^30 keys on a 2-core machine), as long as at most [`MAX_SHARDS`] do. Otherwise
+/// unchanged: the builder then refuses the size.
+fn shards_for(capacity: u64, shards: usize, explicit: bool) -> usize {
+    let need = capacity
+        .div_ceil(max_keys_per_shard())
+        .next_power_of_two()
+        .min(u64::MAX >> 1);
+    if explicit || need <= shards as u64 || need > MAX_SHARDS as u64 {
+        shards
+    } else {
+        need as usize
+    }
+}
+
 /// Counts of what the store did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -83,6 +123,8 @@ pub struct StoreBuilder {
     policy: FullPolicy,
     seed: Option<u64>,
     ipv6_prefix: u8,
+    #[cfg(loom)]
+    range: Option<usize>,
 }
 
 impl StoreBuilder {
@@ -96,7 +138,8 @@ impl StoreBuilder {
         self.budget = Some(bytes);
         self
     }
-    /// Number of shards (rounded up to a power of two). Default: ≥ available cores.
+    /// Number of shards (rounded up to a power of two). Default: ≥ available cores, and as
+    /// many as a large capacity needs ([`max_keys_per_shard`] each).
     pub fn shards(mut self, n: usize) -> Self {
         self.shards = Some(n);
         self
@@ -117,6 +160,15 @@ impl StoreBuilder {
         self
     }
 
+    /// Loom builds only: buckets in each of a key's two probe ranges (default 1 under loom), for
+    /// models that probe past the home buckets and wrap around the table.
+    #[cfg(loom)]
+    #[doc(hidden)]
+    pub fn loom_range(mut self, buckets: usize) -> Self {
+        self.range = Some(buckets);
+        self
+    }
+
     /// Builds on the default clock ([`DefaultClock`]: the calibrated TSC).
     pub fn build(self) -> Result<Store<DefaultClock>, ConfigError> {
         self.build_with_clock(DefaultClock::new())
@@ -129,7 +181,7 @@ impl StoreBuilder {
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
             .max(1)
             .next_power_of_two();
-        if shards > 1 << 16 {
+        if shards > MAX_SHARDS {
             return Err(ConfigError::new("shards", "at most 65536 shards"));
         }
         let arena_words = if self.limits.single_packed().is_some() {
@@ -157,6 +209,36 @@ impl StoreBuilder {
                 ))
             }
         };
+        // Sizes the placement cannot reach, or that would overflow the arithmetic below, are
+        // refused here (and an allocation that fails is an error too, at `Shard::new`).
+        let per_shard_max = max_keys_per_shard();
+        let shards = shards_for(capacity, shards, self.shards.is_some());
+        if capacity.div_ceil(shards as u64) > per_shard_max {
+            let (field, what) = match self.budget {
+                Some(b) => (
+                    "memory_budget",
+                    format!("a budget of {b} bytes holds about {capacity} keys"),
+                ),
+                None => ("capacity", format!("a capacity of {capacity} keys")),
+            };
+            let need = capacity.div_ceil(per_shard_max).next_power_of_two();
+            return Err(ConfigError::new(
+                field,
+                if need > MAX_SHARDS as u64 {
+                    format!(
+                        "{what} is more than a store holds: at most {per_shard_max} keys per \
+                         shard (2^{PLACE_BITS} buckets) in at most {MAX_SHARDS} shards; ask for \
+                         fewer keys"
+                    )
+                } else {
+                    format!(
+                        "{what} needs at least {need} shards (one holds at most \
+                         {per_shard_max} keys, 2^{PLACE_BITS} buckets), not {shards}; set \
+                         `shards({need})` or ask for fewer keys"
+                    )
+                },
+            ));
+        }
         let mut cap = capacity;
         loop {
             if cap == 0 {
@@ -176,27 +258,56 @@ impl StoreBuilder {
                     "at most 2^30 arena records per shard; add shards",
                 ));
             }
-            let buckets =
-                ((per_shard as f64 / (LOAD_FACTOR * BUCKET as f64)).ceil() as usize).max(1);
+            // At most 2^PLACE_BITS (checked above): fits a usize, and the sizes below too.
+            let buckets = buckets_for(per_shard) as usize;
             if let Some(b) = self.budget {
                 // Estimate first (building allocates, lazily zeroed, so a retry is cheap).
-                let est = shards
-                    * (buckets * (BUCKET * 16 + 8)
-                        + arena_words.map_or(0, |w| per_shard as usize * (8 * (1 + w) + 4))
-                        + 512);
+                // Saturating: an arena of many words per record can exceed usize here.
+                let arena = arena_words.map_or(0, |w| {
+                    (per_shard as usize).saturating_mul(w.saturating_add(1).saturating_mul(8) + 4)
+                });
+                let est = shards.saturating_mul(
+                    (buckets * (BUCKET * 16 + 8))
+                        .saturating_add(arena)
+                        .saturating_add(512),
+                );
                 if est > b {
                     cap = cap * 99 / 100;
                     continue;
                 }
             }
-            let shard_vec: Vec<CachePadded<Shard>> = (0..shards)
+            let shard_vec = (0..shards)
                 .map(|_| {
-                    CachePadded::new(Shard::new(
-                        buckets,
-                        arena_words.map(|w| (per_shard as u32, w)),
-                    ))
+                    Shard::new(buckets, arena_words.map(|w| (per_shard as u32, w)))
+                        .map(CachePadded::new)
                 })
-                .collect();
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| {
+                    ConfigError::new(
+                        if self.budget.is_some() {
+                            "memory_budget"
+                        } else {
+                            "capacity"
+                        },
+                        format!(
+                            "could not allocate {shards} shards of {buckets} buckets{}; ask \
+                             for fewer keys",
+                            if arena_words.is_some() {
+                                format!(" and {per_shard} records")
+                            } else {
+                                String::new()
+                            }
+                        ),
+                    )
+                })?;
+            #[cfg(loom)]
+            let mut shard_vec = shard_vec;
+            #[cfg(loom)]
+            if let Some(r) = self.range {
+                for s in &mut shard_vec {
+                    s.set_range(r);
+                }
+            }
             let hasher = match self.seed {
                 Some(s) => KeyHasher::with_seed(s, self.ipv6_prefix),
                 None => KeyHasher::random(self.ipv6_prefix),
@@ -250,6 +361,8 @@ impl Store<DefaultClock> {
             policy: FullPolicy::default(),
             seed: None,
             ipv6_prefix: 64,
+            #[cfg(loom)]
+            range: None,
         }
     }
 
@@ -335,6 +448,22 @@ impl<C: Clock> Store<C> {
         }
     }
 
+    /// The answer when the table refuses a key: the store is full (`full_decision`), or the
+    /// key is absent and `now` is before its shard's reclaim horizon (`Limited` until then: its
+    /// record may have been reclaimed, and the store can no longer tell what it held at `now`;
+    /// `table::RECLAIM_GRACE_NS`).
+    fn refused(&self, o: Outcome, shard: &Shard, now: Nanos) -> Decision {
+        if o != Outcome::Limited {
+            return self.full_decision(o);
+        }
+        let wait = shard.horizon().saturating_sub(now).max(1);
+        Decision {
+            reset_after_ns: wait,
+            retry_after_ns: Some(wait),
+            ..self.full_decision(o)
+        }
+    }
+
     #[inline]
     fn run(&self, id: u64, now: Nanos, cost: u64, insert: bool, missed: bool) -> Decision {
         let (shard, home) = self.locate(id);
@@ -354,7 +483,7 @@ impl<C: Clock> Store<C> {
                 &mut |s| l.decide_packed(s, now, cost).expect("packed"),
                 &mut |_| unreachable!("packed store has no arena"),
                 &mut || l.decide_packed(0, now, cost).expect("packed").1,
-                &mut |o| self.full_decision(o),
+                &mut |o| self.refused(o, shard, now),
             ),
             None => shard.with_key(
                 &ctx,
@@ -365,7 +494,7 @@ impl<C: Clock> Store<C> {
                 &mut |_| unreachable!("arena store has no packed slots"),
                 &mut |c| limits.decide(c, now, cost),
                 &mut || Shard::fresh(limits.words(), &mut |c| limits.decide(c, now, cost)),
-                &mut |o| self.full_decision(o),
+                &mut |o| self.refused(o, shard, now),
             ),
         }
     }
@@ -377,6 +506,13 @@ impl<C: Clock> Store<C> {
     }
 
     /// Checks a request of `cost` for `key` at `now`.
+    ///
+    /// `now` may lag the times other checks of this store were made at by up to 1 ms (clock
+    /// readings of different threads). Beyond that a reclaim may have judged the key's record
+    /// idle at a later time: a key found absent at a `now` before the latest time a reclaim in
+    /// its shard judged at is denied (`Limited`, `retry_after` the lag) rather than answered
+    /// as fresh, since the record it may have had could still hold state at `now`. Keys with a
+    /// live record are answered exactly at any `now`.
     #[inline]
     pub fn check_at<K: Key + ?Sized>(&self, key: &K, cost: u64, now: Nanos) -> Decision {
         self.check_id(key.key_id(&self.hasher), now, cost)
@@ -498,7 +634,7 @@ impl<C: Clock> Store<C> {
         self.check_batch_at(keys, cost, self.clock.now(), out)
     }
 
-    /// [`Store::check_batch`] at `now`.
+    /// [`Store::check_batch`] at `now` (which may lag as [`Store::check_at`]'s may).
     pub fn check_batch_at<K: Key>(&self, keys: &[K], cost: u64, now: Nanos, out: &mut [Decision]) {
         assert_eq!(
             keys.len(),
@@ -646,5 +782,21 @@ impl<C: Clock> Store<C> {
     /// The first limit's algorithm (for reports).
     pub fn algorithm(&self) -> Algorithm {
         self.limits.limits()[0].algorithm()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unchosen_shard_counts_grow_to_hold_the_capacity() {
+        let max = max_keys_per_shard();
+        assert_eq!(shards_for(1 << 30, 2, false), 16);
+        assert_eq!(shards_for(1 << 30, 2, true), 2);
+        assert_eq!(shards_for(2 * max, 2, false), 2);
+        assert_eq!(shards_for(2 * max + 1, 2, false), 4);
+        assert_eq!(shards_for(u64::MAX, 2, false), 2);
+        assert_eq!(shards_for(100, 8, false), 8);
     }
 }

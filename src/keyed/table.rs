@@ -21,19 +21,30 @@
 //! +---+---+------------------------------------+----------------------------+
 //! all zero           : empty
 //! L = 1              : live; the rest is the packed state, or the arena index of the record
-//! L = 0, P = 1       : pending insertion: | version (32) | arena index (30) |
+//! L = 0, P = 1       : pending insertion: | ticket (32) | arena index (30) |
 //! ```
 //!
 //! # Bucket header (8 bytes per 8 slots)
 //!
 //! ```text
-//! | version (32) | index of the claimed slot in the shard (31) | pending (1) |
+//! | ticket (32) | index of the claimed slot in the shard (31) | pending (1) |
 //! ```
+//!
+//! A *ticket* names one claim: it is drawn from a counter of the shard (`Counters::tickets`),
+//! so no two claims in a shard carry the same ticket (until the 32-bit counter wraps, 2^32
+//! claims later). It must be unique across the shard, not only across one header's
+//! insertions: a helper that read header Ha (pending, slot Y, ticket t) may stall while that
+//! insertion is published, Y is emptied (reset, reclaim, eviction) and another insertion,
+//! through another header, claims Y. With per-header versions that claim could carry the same
+//! tag t; the helper would publish it although its commit had not happened (and might never:
+//! its undo then fails, and the key is live twice). Loom model
+//! `stale_helper_does_not_publish_another_headers_claim`.
 //!
 //! The claimed slot is named by its index in the shard, not by its offset in the probe
 //! sequence: keys that share a home bucket h1 (and so its header) have different h2, so the
 //! same offset is a different slot in their sequences, and a helper would finish the wrong
-//! one. Hence at most 2^31 slots per shard (32 GiB of slots), asserted in `Shard::new`.
+//! one. Hence at most 2^31 slots per shard; the builder allows 2^27 (2^24 buckets, the reach
+//! of placement: `keyed::PLACE_BITS`).
 //!
 //! # Protocol
 //!
@@ -44,16 +55,19 @@
 //!
 //! *Insertion* of key K (not found live) goes through the header of K's home bucket:
 //! 1. read the header `h` (if pending, help it finish and retry); scan the range again for K;
-//! 2. claim an empty slot: CAS 0 → (K, pending(version(h) + 1));
-//! 3. commit: CAS the header `h` → (version + 1, slot, pending). On failure another insertion
-//!    into this home committed since step 1 (perhaps of K): undo the claim, retry;
+//! 2. draw a ticket t and claim an empty slot: CAS 0 → (K, pending(t));
+//! 3. commit: CAS the header `h` → (t, slot, pending). On failure another insertion into this
+//!    home committed since step 1 (perhaps of K): undo the claim, retry. Only the holder of
+//!    ticket t ever writes a header naming t, so a claim whose commit failed is named by no
+//!    header, no helper publishes it, and the undo cannot fail (if it ever did, the store
+//!    panics rather than carry on with a key that may be live twice);
 //! 4. publish: CAS the slot pending → (K, live state), then clear the header's pending bit.
 //!    Anyone who finds the header pending does step 4 for the owner (with a fresh state, or
 //!    the owner's prepared arena record), so a stalled inserter blocks nobody.
 //!
-//! Why K can never be live twice: every commit of a key whose home is H changes H's header
-//! version, and a commit succeeds only if the version is the one read *before* the scan that
-//! found no K. A commit that happened after that read fails the CAS; one before it was
+//! Why K can never be live twice: every commit of a key whose home is H writes a new ticket
+//! into H's header, and a commit succeeds only if the header is the one read *before* the
+//! scan that found no K. A commit that happened after that read fails the CAS; one before it was
 //! published before the header stopped being pending, so the scan saw K. Loom checks this.
 //!
 //! *Reclaim*: a probe that finds no empty slot CASes a live slot whose state is equivalent to
@@ -66,7 +80,7 @@ use super::FullPolicy;
 use crate::algo::{Cells, Limits, Packed};
 use crate::decision::{Decision, Outcome};
 use crate::record::{self, AtomicCells};
-use crate::sync::{AtomicU128, AtomicU64, Ordering};
+use crate::sync::{AtomicU128, AtomicU32, AtomicU64, Ordering};
 use crossbeam_utils::CachePadded;
 
 /// Slots per bucket.
@@ -95,6 +109,12 @@ pub(crate) struct Loc {
 /// Records idle for less than this are not reclaimed: clock readings of concurrent threads
 /// differ by a little, and a record idle at one thread's `now` may still hold state at
 /// another's. 1 ms is far above that skew.
+///
+/// It is also the skew allowed to caller-supplied times (`check_at`, `check_batch_at`): a
+/// reclaim at `now` records `now - RECLAIM_GRACE_NS` as its shard's horizon, and a key found
+/// absent at a time before the horizon is denied until then (its record may have been
+/// reclaimed, and the store can no longer tell what it held at that time). Keys with a live
+/// record are answered exactly at any time.
 pub const RECLAIM_GRACE_NS: u64 = 1_000_000;
 
 const LIVE: u64 = 1 << 63;
@@ -116,6 +136,19 @@ pub(crate) struct Bucket {
 /// (the reclaim rule: idle at the grace point and still at `now`, module docs).
 fn latest_idle(at: &[u64], mut idle_in: impl FnMut(u64) -> u64) -> u64 {
     at.iter().map(|&t| idle_in(t)).max().unwrap_or(0)
+}
+
+/// An undo of an uncommitted claim failed: another thread published it (module docs: no
+/// header names an uncommitted ticket, so this is unreachable while the protocol holds). A
+/// contract check kept in release builds: the key may be live twice, and carrying on would
+/// admit it twice or free an arena record still in use.
+#[cold]
+#[inline(never)]
+fn undo_failed(key: u64) -> ! {
+    panic!(
+        "keyed store: the uncommitted claim of key id {key:#x} was published by another \
+         thread; the table's insertion invariant is broken"
+    )
 }
 
 #[inline]
@@ -157,9 +190,17 @@ fn holds_live(v: u128, key: u64) -> bool {
     }
 }
 
-/// Counters of what the store did, per shard (Relaxed: statistics only).
+/// Counters of what the store did, per shard (Relaxed: statistics only), and the shard's
+/// claim tickets (module docs), kept in the same cache line: an insertion writes both.
 #[derive(Default)]
 pub(crate) struct Counters {
+    /// The last ticket drawn. Relaxed: a ticket only has to be unique, which the read-modify-
+    /// write gives; what it names is published by the claim and commit CASes.
+    pub(crate) tickets: AtomicU32,
+    /// The latest time at which a reclaim in this shard judged a record idle (its `now`
+    /// less the grace): a key found absent may have had a record that held state before it,
+    /// so a check of an absent key at an earlier time is refused ([`Shard::with_key`]).
+    pub(crate) horizon: AtomicU64,
     pub(crate) live: AtomicU64,
     pub(crate) inserted: AtomicU64,
     pub(crate) reclaimed: AtomicU64,
@@ -180,57 +221,67 @@ pub(crate) struct Shard {
     headers: Box<[AtomicU64]>,
     arena: Option<Arena>,
     pub(crate) counters: CachePadded<Counters>,
+    /// Loom builds: buckets per range, [`RANGE`] unless a model asks for more (`range`).
+    #[cfg(loom)]
+    range: usize,
 }
 
-/// Allocates `n` zeroed `AtomicU64` without touching the pages (first touch by the user).
-pub(crate) fn zeroed_u64(n: usize) -> Box<[AtomicU64]> {
-    #[cfg(not(loom))]
-    {
-        if n == 0 {
-            return Box::new([]);
-        }
-        let layout = std::alloc::Layout::array::<AtomicU64>(n).expect("size fits");
-        // SAFETY: the layout has non-zero size; the all-zero bit pattern is a valid AtomicU64
-        // (0); the pointer is checked for null; the Box takes ownership with the same layout
-        // (Layout::array of the element type) that Box<[AtomicU64]> deallocates with.
-        unsafe {
-            let p = std::alloc::alloc_zeroed(layout) as *mut AtomicU64;
-            if p.is_null() {
-                std::alloc::handle_alloc_error(layout);
-            }
-            Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, n))
-        }
+/// Allocates `n` zeroed `T` without touching the pages (first touch by the user); `None` if
+/// the allocation fails (the builder turns that into a `ConfigError`).
+///
+/// # Safety
+///
+/// The all-zero bit pattern must be a valid `T`.
+#[cfg(not(loom))]
+unsafe fn alloc_zeroed<T>(n: usize) -> Option<Box<[T]>> {
+    let layout = std::alloc::Layout::array::<T>(n).ok()?;
+    if layout.size() == 0 {
+        // Only `n == 0` here (the element types are not zero-sized).
+        return (n == 0).then(|| Vec::new().into_boxed_slice());
     }
-    #[cfg(loom)]
-    {
-        (0..n).map(|_| AtomicU64::new(0)).collect()
+    // SAFETY: the layout has non-zero size; all-zero bits are a valid T (the caller's
+    // contract); the pointer is checked for null; the Box takes ownership with the same layout
+    // (Layout::array of the element type) that Box<[T]> deallocates with.
+    unsafe {
+        let p = std::alloc::alloc_zeroed(layout) as *mut T;
+        if p.is_null() {
+            return None;
+        }
+        Some(Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, n)))
     }
 }
 
-fn zeroed_buckets(n: usize) -> Box<[Bucket]> {
+/// `n` zeroed `AtomicU64`, untouched; `None` if the allocation fails.
+pub(crate) fn zeroed_u64(n: usize) -> Option<Box<[AtomicU64]>> {
+    // SAFETY: all-zero bits are a valid AtomicU64 (0).
     #[cfg(not(loom))]
-    {
-        let layout = std::alloc::Layout::array::<Bucket>(n).expect("size fits");
-        assert!(layout.size() > 0, "a shard has at least one bucket");
-        // SAFETY: non-zero size (asserted); a Bucket is 8 AtomicU128 (portable-atomic's is a
-        // plain u128 in an UnsafeCell), for which all-zero bits are valid (0); null is checked;
-        // Box<[Bucket]> frees with the same Layout::array::<Bucket>(n).
-        unsafe {
-            let p = std::alloc::alloc_zeroed(layout) as *mut Bucket;
-            if p.is_null() {
-                std::alloc::handle_alloc_error(layout);
-            }
-            Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, n))
-        }
-    }
+    return unsafe { alloc_zeroed(n) };
     #[cfg(loom)]
-    {
+    Some((0..n).map(|_| AtomicU64::new(0)).collect())
+}
+
+/// `n` zeroed `AtomicU32`, untouched; `None` if the allocation fails.
+pub(crate) fn zeroed_u32(n: usize) -> Option<Box<[AtomicU32]>> {
+    // SAFETY: all-zero bits are a valid AtomicU32 (0).
+    #[cfg(not(loom))]
+    return unsafe { alloc_zeroed(n) };
+    #[cfg(loom)]
+    Some((0..n).map(|_| AtomicU32::new(0)).collect())
+}
+
+fn zeroed_buckets(n: usize) -> Option<Box<[Bucket]>> {
+    // SAFETY: a Bucket is 8 AtomicU128 (portable-atomic's is a plain u128 in an UnsafeCell),
+    // for which all-zero bits are valid (0).
+    #[cfg(not(loom))]
+    return unsafe { alloc_zeroed(n) };
+    #[cfg(loom)]
+    Some(
         (0..n)
             .map(|_| Bucket {
                 slots: std::array::from_fn(|_| AtomicU128::new(0)),
             })
-            .collect()
-    }
+            .collect(),
+    )
 }
 
 /// What a shard operation needs to know about the store.
@@ -245,18 +296,43 @@ pub(crate) struct Ctx<'a> {
 }
 
 impl Shard {
-    pub(crate) fn new(buckets: usize, arena_records: Option<(u32, usize)>) -> Self {
-        assert!(
-            buckets.max(1) * BUCKET <= 1 << HDR_OFF_BITS,
-            "a shard holds at most 2^{HDR_OFF_BITS} slots (its bucket headers name a slot in \
-             {HDR_OFF_BITS} bits); use more shards"
-        );
-        Self {
-            buckets: zeroed_buckets(buckets.max(1)),
-            headers: zeroed_u64(buckets.max(1)),
-            arena: arena_records.map(|(n, w)| Arena::new(n, w)),
+    /// A shard of `buckets` buckets (and an arena of `n` records of `w` words); `None` if the
+    /// memory cannot be allocated. The builder keeps `buckets` within `2^PLACE_BITS`.
+    pub(crate) fn new(buckets: usize, arena_records: Option<(u32, usize)>) -> Option<Self> {
+        // The builder's bound (2^24 buckets, `keyed::PLACE_BITS`) is far inside this one.
+        debug_assert!(buckets.max(1) * BUCKET <= 1 << HDR_OFF_BITS);
+        Some(Self {
+            buckets: zeroed_buckets(buckets.max(1))?,
+            headers: zeroed_u64(buckets.max(1))?,
+            arena: match arena_records {
+                Some((n, w)) => Some(Arena::new(n, w)?),
+                None => None,
+            },
             counters: CachePadded::new(Counters::default()),
-        }
+            #[cfg(loom)]
+            range: RANGE,
+        })
+    }
+
+    /// Loom builds: sets the buckets per range (models of probing past the home buckets and
+    /// of wrapping around the table; the default keeps the other models small).
+    #[cfg(loom)]
+    pub(crate) fn set_range(&mut self, range: usize) {
+        self.range = range.max(1);
+    }
+
+    /// Buckets in each of a key's two ranges.
+    #[inline(always)]
+    fn range(&self) -> usize {
+        #[cfg(not(loom))]
+        return RANGE;
+        #[cfg(loom)]
+        self.range
+    }
+
+    /// The shard's reclaim horizon (`Counters::horizon`). Relaxed: as in `with_key`.
+    pub(crate) fn horizon(&self) -> u64 {
+        self.counters.horizon.load(Ordering::Relaxed)
     }
 
     pub(crate) fn n_buckets(&self) -> usize {
@@ -286,7 +362,7 @@ impl Shard {
 
     #[inline]
     fn probe_len(&self) -> usize {
-        2 * RANGE * BUCKET
+        2 * self.range() * BUCKET
     }
 
     /// Slot `off` of a key's probe sequence: buckets h1, h2, h1 + 1, h2 + 1, ... alternately.
@@ -327,7 +403,7 @@ impl Shard {
     /// [`Shard::find`] over the probe sequence past the two home buckets.
     #[inline(never)]
     fn find_far(&self, home: Loc, key: u64) -> Option<(&AtomicU128, u128)> {
-        (2..2 * RANGE).find_map(|k| Self::scan(self.bucket(home, k), key))
+        (2..2 * self.range()).find_map(|k| Self::scan(self.bucket(home, k), key))
     }
 
     /// The live slot of bucket `b` holding `key`, with the value read.
@@ -409,7 +485,9 @@ impl Shard {
 
     /// Runs `op` on `key`'s live record (inserting a fresh one first if `insert`).
     /// `packed(state) -> (new_state, R)` is used for one packed limit, `words(cells) -> R` for
-    /// arena records. `absent()` answers for a missing key when not inserting.
+    /// arena records. `absent()` answers for a missing key when not inserting. `full(o)`
+    /// answers a new key the store cannot take (`StoreFull`, `Untracked`), or a key found
+    /// absent at a time before the shard's reclaim horizon (`Limited`: [`RECLAIM_GRACE_NS`]).
     // The four callbacks are the store's whole interface to the table; a struct of boxed
     // closures would cost an indirection per check.
     #[allow(clippy::too_many_arguments)]
@@ -437,6 +515,12 @@ impl Shard {
                         Step::Retry => continue,
                     }
                 }
+            }
+            // Relaxed: the scan that found no live slot read it emptied with Acquire, and a
+            // reclaimer raises the horizon before emptying a slot (`make_room`), so a record
+            // reclaimed before that scan shows here.
+            if now < self.counters.horizon.load(Ordering::Relaxed) {
+                return full(Outcome::Limited);
             }
             if !insert {
                 return absent();
@@ -517,7 +601,7 @@ impl Shard {
         let (mut first_empty, mut free) = (None, [0usize; 2]);
         let mut choice = [None; 2];
         // Bucket by bucket (the bucket index once per eight slots, as in `find_far`).
-        for k in 0..2 * RANGE {
+        for k in 0..2 * self.range() {
             for (i, s) in self.bucket(home, k).slots.iter().enumerate() {
                 // Acquire: as in `find`.
                 let v = s.load(Ordering::Acquire);
@@ -581,8 +665,14 @@ impl Shard {
                 (idx as u64, LIVE | idx as u64, r)
             }
         };
-        let ver = (h >> HDR_VER_SHIFT).wrapping_add(1);
-        let pending = join(key, PENDING | (ver & VER_MASK) << ARENA_BITS | payload);
+        // A ticket unique across the shard (module docs). Relaxed: see `Counters::tickets`.
+        let ver = u64::from(
+            self.counters
+                .tickets
+                .fetch_add(1, Ordering::Relaxed)
+                .wrapping_add(1),
+        );
+        let pending = join(key, PENDING | ver << ARENA_BITS | payload);
         let s = self.slot(home, off);
         // AcqRel: claims the slot; Acquire on failure because we go back to scanning.
         if s.compare_exchange(0, pending, Ordering::AcqRel, Ordering::Acquire)
@@ -600,10 +690,16 @@ impl Shard {
             .compare_exchange(h, committed, Ordering::AcqRel, Ordering::Acquire)
             .is_err()
         {
-            // Not committed, so no helper touches our pending slot: the undo cannot fail.
-            // AcqRel: as for the claim.
-            let undone = s.compare_exchange(pending, 0, Ordering::AcqRel, Ordering::Acquire);
-            debug_assert!(undone.is_ok());
+            // Not committed, so no header names our ticket and no helper touches our pending
+            // slot: the undo cannot fail. AcqRel: as for the claim.
+            if s.compare_exchange(pending, 0, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+            {
+                // Someone published a claim that was never committed: the key may now be
+                // live twice, and an arena record freed here would still be referenced.
+                // Stop rather than answer from a table that broke its invariant.
+                undo_failed(key);
+            }
             self.release_arena(payload);
             return Step::Retry;
         }
@@ -758,7 +854,15 @@ impl Shard {
             // packed window index wraps (sliding_window, window_ring: module docs), so a record
             // idle at one time can count again at a later one, and the check that follows at
             // `now` must see the record it would have seen had it stayed.
-            match self.idle_in(ctx, s, v, &[judged, now], |idle| idle == 0) {
+            let reclaim = |idle| {
+                if idle == 0 {
+                    // Relaxed: ordered before the slot's emptying by that CAS (Release): a
+                    // checker that sees the slot empty sees this horizon (`with_key`).
+                    self.counters.horizon.fetch_max(judged, Ordering::Relaxed);
+                }
+                idle == 0
+            };
+            match self.idle_in(ctx, s, v, &[judged, now], reclaim) {
                 Some(0) => {
                     // Relaxed: statistics.
                     self.counters.reclaimed.fetch_add(1, Ordering::Relaxed);
