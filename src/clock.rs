@@ -131,6 +131,8 @@ pub const MAX_BRACKET_NS: u64 = 20_000;
 
 /// One thread's map from counter ticks to process nanoseconds (see [`TscClock`]). A plain
 /// value over an injectable source, so that tests can drive it with any counter.
+// Used by the x86-64 counter only (and tests); other targets and loom builds use `Instant`.
+#[cfg_attr(not(all(target_arch = "x86_64", not(loom))), allow(dead_code))]
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Anchor {
     /// Counter reading and process nanoseconds of the anchor.
@@ -147,11 +149,13 @@ pub(crate) struct Anchor {
 }
 
 /// Where an [`Anchor`] reads time: the counter, and a bracket of it around `Instant`.
+#[cfg_attr(not(all(target_arch = "x86_64", not(loom))), allow(dead_code))]
 pub(crate) trait TickSource {
     /// `(ticks before, process nanoseconds, ticks after)`.
     fn bracket(&mut self) -> (u64, u64, u64);
 }
 
+#[cfg_attr(not(all(target_arch = "x86_64", not(loom))), allow(dead_code))]
 impl Anchor {
     /// The reading at counter value `t` (read just before).
     #[inline(always)]
