@@ -1139,7 +1139,8 @@ proptest! {
 // ------------------------------------------------------------------------------------------
 
 /// Leases as a list: (stamp, cells). A lease expires at its stamp; a new stamp is now + TTL, or
-/// if a live lease holds it, the value the documented search over `limit + 1` candidates finds
+/// if a live lease holds it, the value the documented search over `limit + 1` candidates from
+/// it up finds
 /// (`algo::concurrency`: stamps are unique, even when now + TTL saturates).
 #[derive(Clone, Debug)]
 struct ConcurrencyModel {
@@ -1189,20 +1190,20 @@ impl ConcurrencyModel {
         let stamp = if held(target, target) == 0 {
             target
         } else {
-            // The documented search: limit + 1 candidates after now, ending at the target (or
-            // starting right after now for a shorter lease), halved towards the upper half
-            // while fewer cells than values are held there.
-            let mut lo = (now + 1).max(target.saturating_sub(self.limit));
-            let mut hi = target.max(lo.saturating_add(self.limit));
+            // The documented search: limit + 1 candidates from the target up (the last
+            // limit + 1 values where that passes u64::MAX), never at or before now, halved
+            // towards the lower half while fewer cells than values are held there.
+            let mut hi = target.saturating_add(self.limit);
+            let mut lo = (hi - self.limit).max(now + 1);
             if held(lo, hi) > hi - lo {
                 return (Answer::deny(self.limit - live, true), None, None);
             }
             while lo < hi {
                 let mid = lo + (hi - lo) / 2;
-                if held(mid + 1, hi) < hi - mid {
-                    lo = mid + 1;
-                } else {
+                if held(lo, mid) <= mid - lo {
                     hi = mid;
+                } else {
+                    lo = mid + 1;
                 }
             }
             lo

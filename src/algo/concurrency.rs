@@ -12,12 +12,13 @@
 //! ```
 //!
 //! A permit's stamp is acquire + TTL (saturating), or, if a cell holds that value already,
-//! the nearest free value below it, never at or before `now` (`free_stamp`): at most `limit`
-//! values are held, so one of the `limit + 1` values up to the target is free. A TTL shorter
-//! than `limit` ns may stretch by up to `limit` ns. So a lease of `Duration::MAX`, or one that
-//! runs past the clock's end, still gets a stamp of its own, and one release frees only its
-//! own cells (a saturated `now + TTL` shared by every permit let one release free them all).
-//! Only within `limit + 1` ns of the clock's end (584 years) may no stamp be left: the
+//! the nearest free value above it (`free_stamp`): at most `limit` values are held, so one of
+//! the `limit + 1` values from the target up is free, and a lease is never shorter than asked
+//! and at most `limit` ns longer. Where that range would pass `u64::MAX` (a lease of
+//! `Duration::MAX`, or one running past the clock's end) the last `limit + 1` values are used:
+//! each permit still gets a stamp of its own, and one release frees only its own cells (a
+//! saturated `now + TTL` shared by every permit let one release free them all). Only within
+//! `limit + 1` ns of the clock's end (584 years) may no stamp be left: the
 //! acquire is then refused as never fitting.
 //!
 //! 8 bytes per concurrent slot. Releasing an expired (and perhaps re-issued) lease is a no-op,
@@ -83,29 +84,28 @@ fn held<C: Cells + ?Sized>(c: &C, p: &Params, lo: u64, hi: u64) -> u64 {
 }
 
 /// A stamp after `now` that no cell holds: `now + lease` if free, else the nearest free value
-/// below it (module docs). `None` only within `limit + 1` ns of `u64::MAX`.
+/// above it (module docs). `None` only within `limit + 1` ns of `u64::MAX`.
 fn free_stamp<C: Cells + ?Sized>(c: &C, p: &Params, now: u64) -> Option<u64> {
     let target = now.saturating_add(p.lease);
     if held(c, p, target, target) == 0 {
         return Some(target);
     }
-    // `limit + 1` candidates after `now` ending at the target (or starting right after `now`,
-    // for a lease shorter than that); fewer only at the clock's end.
-    let lo = now.checked_add(1)?.max(target.saturating_sub(p.limit));
-    let mut hi = target.max(lo.saturating_add(p.limit));
-    let mut lo = lo;
+    // `limit + 1` candidates from the target up (a lease never shorter than asked), or, where
+    // that would pass `u64::MAX`, the last `limit + 1` values; never at or before `now`.
+    let mut hi = target.saturating_add(p.limit);
+    let mut lo = (hi - p.limit).max(now.checked_add(1)?);
     // Invariant: fewer cells hold a value in lo..=hi than there are values in it, so one is
-    // free. Halve towards the upper half whenever that half keeps the invariant; otherwise
-    // the lower half does (the counts add up).
+    // free. Halve towards the lower half whenever that half keeps the invariant; otherwise
+    // the upper half does (the counts add up).
     if held(c, p, lo, hi) > hi - lo {
         return None;
     }
     while lo < hi {
         let mid = lo + (hi - lo) / 2;
-        if held(c, p, mid + 1, hi) < hi - mid {
-            lo = mid + 1;
-        } else {
+        if held(c, p, lo, mid) <= mid - lo {
             hi = mid;
+        } else {
+            lo = mid + 1;
         }
     }
     Some(lo)
