@@ -11,6 +11,12 @@
 //! hundred nanoseconds delays other writers of that key only, never other keys, and no
 //! operating-system lock or syscall is involved. This is the one place in the engine where a
 //! thread can wait for another; the packed algorithms never do.
+//!
+//! The writer bit is held by a [`WriteGuard`], which publishes the sequence when dropped,
+//! unwinding included: a panic inside a section (none should be reachable; the algorithms are
+//! total) leaves the record's words as the section left them, and frees the record for the
+//! next writer instead of wedging it — and, through reclaim and eviction, which take the
+//! writer bit of every record they judge, every insertion whose probe range holds it.
 
 use crate::algo::Cells;
 use crate::sync::{spin_hint, AtomicU64, Ordering};
@@ -39,16 +45,29 @@ pub(crate) fn write<R>(
     words: &[AtomicU64],
     f: impl FnOnce(&mut AtomicCells<'_>) -> R,
 ) -> R {
-    let s = lock(seq);
-    let r = f(&mut AtomicCells(words));
-    // Release: publishes the words written above to the next writer's Acquire and to readers.
-    seq.store(s + 2, Ordering::Release);
-    r
+    let _writer = lock(seq);
+    f(&mut AtomicCells(words))
 }
 
-/// Takes the writer bit; returns the even sequence it started from.
+/// The writer bit of a record, held. Dropping it (or unwinding past it) ends the section.
+#[must_use = "dropping the guard releases the writer bit at once"]
+pub(crate) struct WriteGuard<'a> {
+    seq: &'a AtomicU64,
+    /// The even sequence the section started from.
+    start: u64,
+}
+
+impl Drop for WriteGuard<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        // Release: publishes the words written in the section to the next writer's Acquire.
+        self.seq.store(self.start + 2, Ordering::Release);
+    }
+}
+
+/// Takes the writer bit of `seq`; it is released when the guard drops.
 #[inline]
-pub(crate) fn lock(seq: &AtomicU64) -> u64 {
+pub(crate) fn lock(seq: &AtomicU64) -> WriteGuard<'_> {
     #[cfg(not(loom))]
     let mut spins = 0u32;
     loop {
@@ -60,7 +79,7 @@ pub(crate) fn lock(seq: &AtomicU64) -> u64 {
                 .compare_exchange_weak(s, s + 1, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok()
             {
-                return s;
+                return WriteGuard { seq, start: s };
             }
         }
         spin_hint();
@@ -73,5 +92,30 @@ pub(crate) fn lock(seq: &AtomicU64) -> u64 {
                 std::thread::yield_now();
             }
         }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::algo::Cells;
+
+    /// A panic inside a section releases the writer bit (before, the record stayed odd and
+    /// the next writer spun forever).
+    #[test]
+    fn a_panic_inside_a_section_releases_the_writer_bit() {
+        let seq = AtomicU64::new(0);
+        let words = [AtomicU64::new(0), AtomicU64::new(0)];
+        let r = std::panic::catch_unwind(|| {
+            write(&seq, &words, |c| {
+                c.set(0, 7);
+                panic!("a transition that panics")
+            })
+        });
+        assert!(r.is_err());
+        assert_eq!(seq.load(Ordering::Relaxed), 2, "released and published");
+        // The next writer gets in and sees what the section wrote.
+        assert_eq!(write(&seq, &words, |c| c.get(0)), 7);
+        assert_eq!(seq.load(Ordering::Relaxed), 4);
     }
 }

@@ -1138,8 +1138,10 @@ proptest! {
 // concurrency: acquire / release instead of check / refund.
 // ------------------------------------------------------------------------------------------
 
-/// Leases as a list: (stamp, cells). A lease expires at its stamp; a new stamp is the later of
-/// now + TTL and the largest live stamp + 1 (documented: stamps are unique).
+/// Leases as a list: (stamp, cells). A lease expires at its stamp; a new stamp is now + TTL, or
+/// if a live lease holds it, the value the documented search over `limit + 1` candidates from
+/// it up finds
+/// (`algo::concurrency`: stamps are unique, even when now + TTL saturates).
 #[derive(Clone, Debug)]
 struct ConcurrencyModel {
     limit: u64,
@@ -1176,14 +1178,40 @@ impl ConcurrencyModel {
                 Some(at.expect("enough leases expire").0 - now),
             );
         }
-        let newest = self
-            .leases
-            .iter()
-            .filter(|l| l.0 > now)
-            .map(|l| l.0 + 1)
-            .max()
-            .unwrap_or(0);
-        let stamp = (now + self.ttl).max(newest);
+        // Cells of live leases whose stamp is in lo..=hi.
+        let held = |lo: u64, hi: u64| -> u64 {
+            self.leases
+                .iter()
+                .filter(|l| l.0 > now && (lo..=hi).contains(&l.0))
+                .map(|l| l.1)
+                .sum()
+        };
+        let target = now.saturating_add(self.ttl);
+        let stamp = if held(target, target) == 0 {
+            target
+        } else {
+            // The documented search: limit + 1 candidates from the target up (the last
+            // limit + 1 values where that passes u64::MAX), never at or before now, halved
+            // towards the lower half while fewer cells than values are held there.
+            let mut hi = target.saturating_add(self.limit);
+            let mut lo = (hi - self.limit).max(now + 1);
+            if held(lo, hi) > hi - lo {
+                return (Answer::deny(self.limit - live, true), None, None);
+            }
+            while lo < hi {
+                let mid = lo + (hi - lo) / 2;
+                if held(lo, mid) <= mid - lo {
+                    hi = mid;
+                } else {
+                    lo = mid + 1;
+                }
+            }
+            lo
+        };
+        assert!(
+            stamp > now && self.leases.iter().all(|l| l.0 <= now || l.0 != stamp),
+            "a stamp after now that no live lease holds"
+        );
         self.leases.push((stamp, cost));
         (Answer::allow(self.limit - live - cost), Some(stamp), None)
     }

@@ -256,6 +256,7 @@ fn slot_reuse_isolates_keys() {
         .capacity(16)
         .shards(1)
         .seed(9)
+        .policy(FullPolicy::Reject)
         .build()
         .unwrap();
     let mut now = MS;
@@ -367,6 +368,39 @@ fn string_and_ip_keys() {
     );
 }
 
+/// IPv4 clients of a dual-stack listener arrive as `::ffff:a.b.c.d`: each is its own key, the
+/// same key as its plain IPv4 address, and neither shares a limit with `::1` (before, every
+/// one of them and `::1` were the single key `::/64`).
+#[test]
+fn ipv4_mapped_clients_are_their_ipv4_keys() {
+    use std::net::IpAddr;
+    let l = Limit::fixed_window(1, Duration::from_secs(60)).unwrap();
+    let store = Store::builder(Limits::new(vec![l]).unwrap())
+        .capacity(100)
+        .seed(5)
+        .build()
+        .unwrap();
+    let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+    assert!(store.check_at(&ip("::ffff:198.51.100.1"), 1, MS).allowed());
+    assert!(
+        store.check_at(&ip("::ffff:198.51.100.2"), 1, MS).allowed(),
+        "another IPv4 client has its own limit"
+    );
+    assert!(
+        !store.check_at(&ip("198.51.100.1"), 1, MS).allowed(),
+        "the mapped and the plain address are one client"
+    );
+    assert!(
+        store.check_at(&ip("::1"), 1, MS).allowed(),
+        "::1 is not an IPv4 client"
+    );
+    assert!(store.check_at(&ip("127.0.0.1"), 1, MS).allowed());
+    // The same through parsed keys, as the CLI and rules files give them.
+    let k = turnstile::keyed::parse_key("::ffff:198.51.100.3").unwrap();
+    assert!(store.check_at(&k, 1, MS).allowed());
+    assert!(!store.check_at(&ip("198.51.100.3"), 1, MS).allowed());
+}
+
 /// `check_batch_at` must decide exactly as the same checks made one by one with `check_at`, in
 /// order: batches shorter and longer than its prefetch distance (8), empty ones, keys repeated
 /// inside a batch (a later check of a key sees the earlier one's update), new keys inserted
@@ -434,4 +468,56 @@ fn check_batch_decides_as_sequential_checks() {
             assert_eq!(a, b, "{l:?}: live keys differ");
         }
     }
+}
+
+/// A concurrency limit in a `Store`: owned permits (an `Arc` of the store inside, `Send` and
+/// `'static`, so they cross threads and `.await`) released on drop, one permit each.
+#[test]
+fn store_concurrency_permits_are_owned_and_released_on_drop() {
+    use std::sync::Arc;
+    use turnstile::keyed::StorePermit;
+    use turnstile::ManualClock;
+    fn send_static<T: Send + 'static>(_: &T) {}
+    let s = 1_000_000_000u64;
+    for lease in [Duration::from_secs(3600), Duration::MAX] {
+        let l = Limit::concurrency(2, lease).unwrap();
+        let store = Arc::new(
+            Store::builder(Limits::new(vec![l]).unwrap())
+                .capacity(100)
+                .seed(1)
+                .build_with_clock(ManualClock::new(s))
+                .unwrap(),
+        );
+        let a: StorePermit<ManualClock> = store.acquire_owned(&7u64, 1).unwrap();
+        send_static(&a);
+        let b = store.acquire_owned(&7u64, 1).unwrap();
+        let third = store.acquire_owned(&7u64, 1).unwrap_err();
+        assert_eq!(third.outcome, Outcome::Limited, "{lease:?}");
+        assert!(store.acquire_owned(&8u64, 1).is_ok(), "another key");
+        drop(a);
+        let c = store
+            .acquire_owned(&7u64, 1)
+            .expect("dropping a permit frees it");
+        assert!(
+            store.acquire_owned(&7u64, 1).is_err(),
+            "{lease:?}: and frees only its own"
+        );
+        std::thread::spawn(move || drop(b)).join().unwrap();
+        let d = store
+            .acquire_owned(&7u64, 1)
+            .expect("released on another thread");
+        assert!(store.acquire_owned(&7u64, 1).is_err());
+        drop((c, d));
+        assert_eq!(store.peek(&7u64).remaining, 2);
+    }
+    // Any other limit: the check's answer, and a permit that releases nothing.
+    let l = Limit::fixed_window(1, Duration::from_secs(60)).unwrap();
+    let store = Arc::new(
+        Store::builder(Limits::new(vec![l]).unwrap())
+            .capacity(10)
+            .build()
+            .unwrap(),
+    );
+    drop(store.acquire_owned(&1u64, 1).unwrap());
+    assert!(store.acquire_owned(&1u64, 1).is_err());
 }

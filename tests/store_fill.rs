@@ -1,5 +1,5 @@
 use std::time::Duration;
-use turnstile::keyed::Store;
+use turnstile::keyed::{FullPolicy, Store};
 use turnstile::{Limit, Limits, Outcome};
 
 /// A store of capacity `n` filled with the ids `id(0..n)`: the store and how many keys found no
@@ -10,6 +10,7 @@ fn fill(n: u64, seed: u64, id: impl Fn(u64) -> u64) -> (Store, u64) {
         .capacity(n)
         .seed(seed)
         .shards(2)
+        .policy(FullPolicy::Reject)
         .build()
         .unwrap();
     let full = (0..n)

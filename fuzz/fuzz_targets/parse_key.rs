@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 use turnstile::keyed::key::MAX_KEY_LEN;
 use turnstile::keyed::{parse_key, Key, KeyHasher, ParsedKey};
 
@@ -46,15 +46,31 @@ fn check(s: &str) {
             let again = parse_key(&text).expect("an address's display form parses");
             assert_eq!(again, ParsedKey::Ip(a), "{s:?} → {text:?}");
             assert_eq!(parse_key(&format!("ip:{text}")), Ok(ParsedKey::Ip(a)));
-            if let IpAddr::V6(v6) = a {
-                // Grouped by /64: the same id for any interface id in the prefix.
-                let other = (u128::from(v6) & !0xffff_ffff_ffff_ffff) | 0x1234;
-                let other = IpAddr::V6(other.into());
-                assert_eq!(
-                    a.key_id(&h),
-                    other.key_id(&h),
-                    "{a} and {other} share a /64"
-                );
+            match a {
+                IpAddr::V4(v4) => assert_eq!(id(&k, &h), u32::from(v4) as u64),
+                IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                    // An IPv4 client of a dual-stack socket is its IPv4 address, alone.
+                    Some(v4) => {
+                        assert_eq!(id(&k, &h), u32::from(v4) as u64, "{a} is {v4}");
+                        // Its neighbour is another client, not the same `::/64`.
+                        let next = Ipv4Addr::from_bits(v4.to_bits().wrapping_add(1));
+                        let next = IpAddr::V6(next.to_ipv6_mapped());
+                        assert_ne!(a.key_id(&h), next.key_id(&h), "{a} and {next}");
+                    }
+                    None => {
+                        // Kept apart from every IPv4 id.
+                        assert!(id(&k, &h) >= 1 << 63, "{a}: an IPv6 id sets bit 63");
+                        // Grouped by /64: the same id for any interface id in the prefix
+                        // (`::1234` is not IPv4-mapped, so the whole of `::/64` stays IPv6).
+                        let other = (u128::from(v6) & !0xffff_ffff_ffff_ffff) | 0x1234;
+                        let other = IpAddr::V6(other.into());
+                        assert_eq!(
+                            a.key_id(&h),
+                            other.key_id(&h),
+                            "{a} and {other} share a /64"
+                        );
+                    }
+                },
             }
         }
         ParsedKey::Text(t) => {

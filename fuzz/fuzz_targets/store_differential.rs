@@ -269,12 +269,21 @@ struct Run<'a> {
 
 impl Run<'_> {
     fn full_decision(&self, o: Outcome) -> Decision {
+        // A refusal hints when a record one request makes now is reclaimable.
+        let retry = (o == Outcome::StoreFull).then(|| {
+            let limits = &self.model.limits;
+            let mut rec = vec![0u64; limits.words()];
+            limits.decide(&mut rec[..], self.now, 1);
+            limits
+                .idle_in(&mut rec[..], self.now)
+                .saturating_add(RECLAIM_GRACE_NS)
+        });
         Decision {
             outcome: o,
             limit: self.model.limits.limits()[0].capacity(),
             remaining: 0,
             reset_after_ns: 0,
-            retry_after_ns: None,
+            retry_after_ns: retry,
             delay_ns: 0,
         }
     }

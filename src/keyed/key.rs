@@ -6,7 +6,8 @@
 //! |---|---|
 //! | `u64` (customer or user id), `u32` | the number itself (the notes' 8-byte UserID) |
 //! | IPv4 address | its 32 bits, as a number |
-//! | IPv6 address | its first `ipv6_prefix` bits (default /64: one subscriber), hashed |
+//! | IPv4-mapped IPv6 address (`::ffff:a.b.c.d`) | the IPv4 address's id |
+//! | other IPv6 address | its first `ipv6_prefix` bits (default /64: one subscriber), hashed, bit 63 set |
 //! | `&str`, `&[u8]` (API keys, `"user:241531"`) | a keyed hash of the bytes |
 //!
 //! Hashing uses foldhash (a fast, seeded, HashDoS-resistant multiply-mix hash, ~1-2 ns for
@@ -19,6 +20,12 @@
 //! 2.7e-6 for ten million. Numeric keys never collide with each other. One store holds one key
 //! class (a customer id 5 and the IPv4 address 0.0.0.5 would share an id); the rules layer
 //! tags classes.
+//!
+//! Addresses: a dual-stack listener (`[::]`) sees its IPv4 clients as `::ffff:a.b.c.d`. Their
+//! /64 is `::/64`, the same for every IPv4 client (and for `::1`), so they are mapped to their
+//! IPv4 address first: one client, one key, whichever socket it came through. IPv6 ids keep
+//! bit 63 set and IPv4 ids are below 2^32, so the two families never share an id (the rules
+//! layer does the same, `src/rules/matcher.rs`).
 
 use std::hash::{BuildHasher, Hasher};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -104,6 +111,10 @@ impl Key for Ipv4Addr {
 impl Key for Ipv6Addr {
     #[inline]
     fn key_id(&self, h: &KeyHasher) -> u64 {
+        // An IPv4 client of a dual-stack socket is that IPv4 client (module docs).
+        if let Some(v4) = self.to_ipv4_mapped() {
+            return v4.key_id(h);
+        }
         let bits = u128::from(*self);
         let p = h.ipv6_prefix as u32;
         let masked = if p == 0 {
@@ -111,7 +122,8 @@ impl Key for Ipv6Addr {
         } else {
             bits & (u128::MAX << (128 - p))
         };
-        h.bytes(&masked.to_be_bytes())
+        // Bit 63 keeps IPv6 ids out of the IPv4 range (below 2^32).
+        h.bytes(&masked.to_be_bytes()) | 1 << 63
     }
 }
 impl Key for IpAddr {
@@ -272,6 +284,31 @@ mod tests {
         let c: Ipv6Addr = "2001:db8:1:3::1".parse().unwrap();
         assert_eq!(a.key_id(&h), b.key_id(&h));
         assert_ne!(a.key_id(&h), c.key_id(&h));
+    }
+
+    /// A dual-stack listener's IPv4 clients (`::ffff:a.b.c.d`) are their IPv4 addresses, each
+    /// its own key, not one shared `::/64`; `::1` is not an IPv4 client; the families never
+    /// share an id.
+    #[test]
+    fn ipv4_mapped_ipv6_is_the_ipv4_key() {
+        for prefix in [0, 32, 64, 128] {
+            let h = KeyHasher::with_seed(1, prefix);
+            let id = |s: &str| parse_key(s).unwrap().key_id(&h);
+            assert_eq!(id("::ffff:203.0.113.9"), id("203.0.113.9"));
+            assert_eq!(id("::ffff:10.0.0.1"), id("10.0.0.1"));
+            assert_ne!(id("::ffff:10.0.0.1"), id("::ffff:10.0.0.2"));
+            let ip: IpAddr = "::ffff:10.0.0.1".parse().unwrap();
+            let v6: Ipv6Addr = "::ffff:10.0.0.1".parse().unwrap();
+            assert_eq!(ip.key_id(&h), 0x0a00_0001);
+            assert_eq!(v6.key_id(&h), 0x0a00_0001);
+            // IPv6 ids (loopback included) are never an IPv4 id.
+            for a in ["::1", "::", "2001:db8::1", "::a00:1", "64:ff9b::a00:1"] {
+                let x = id(a);
+                assert!(x >= 1 << 63, "{a}: {x:#x}");
+                assert_ne!(x, id("10.0.0.1"));
+                assert_ne!(x, id("::ffff:10.0.0.1"));
+            }
+        }
     }
 
     #[test]

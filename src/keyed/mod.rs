@@ -19,22 +19,33 @@ pub(crate) mod arena;
 pub mod key;
 pub(crate) mod table;
 
-use crate::algo::{with_packed, Algorithm, Limit, Limits, Packed, PackedFn};
+use crate::algo::{concurrency, with_packed, Algorithm, Limit, Limits, Packed, PackedFn};
 use crate::clock::{Clock, DefaultClock, Nanos};
 use crate::decision::{ConfigError, Decision, Outcome};
 use crate::sync::Ordering;
 use crossbeam_utils::CachePadded;
+// std's `Arc`, not the sync shim's: it is the receiver of `acquire_owned` (public API), and
+// loom's `Arc` cannot be a method receiver.
 pub use key::{parse_key, Key, KeyError, KeyHasher, ParsedKey};
+use std::sync::Arc;
 use table::{Ctx, Loc, Shard, BUCKET};
 
 /// What to do with a new key when its probe range is full of live keys.
+///
+/// The default is `AllowUntracked`, chosen by measurement (`docs/memory.md`, "A key flood";
+/// `tests/store_flood.rs`): under a flood of ten times the capacity in one-shot keys, `Reject`
+/// refused 45 % of honest users' requests for a window limit, `EvictStalest` reset every
+/// abuser being limited (a window limit's records all become idle at the same instant, so
+/// "closest to idle" cannot tell an abuser from a one-shot key), and `AllowUntracked` refused
+/// no honest user and kept every abuser it already tracked limited: only keys new while the
+/// range is full go untracked, until it has room again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum FullPolicy {
-    /// Refuse it: the check answers [`Outcome::StoreFull`] (fail closed).
-    #[default]
+    /// Refuse it: the check answers [`Outcome::StoreFull`] (fail closed), with a retry hint.
     Reject,
     /// Admit it without tracking: [`Outcome::Untracked`] (fail open).
+    #[default]
     AllowUntracked,
     /// Evict the record closest to idle in the probe range and track the new key.
     EvictStalest,
@@ -335,6 +346,43 @@ impl StoreBuilder {
     }
 }
 
+/// In-flight capacity of one key of a [`Store`], held until dropped (see
+/// [`Store::acquire_owned`]). Owns an `Arc` of the store: `Send` and `'static` when the clock
+/// is, so it can be held across `.await` and moved between tasks.
+#[must_use = "the permit is released as soon as it is dropped"]
+pub struct StorePermit<C: Clock = DefaultClock> {
+    store: Arc<Store<C>>,
+    id: u64,
+    /// The lease's stamp; `None` for a permit that releases nothing.
+    stamp: Option<u64>,
+    decision: Decision,
+}
+
+impl<C: Clock> StorePermit<C> {
+    /// The decision that granted it.
+    pub fn decision(&self) -> &Decision {
+        &self.decision
+    }
+}
+
+impl<C: Clock> Drop for StorePermit<C> {
+    fn drop(&mut self) {
+        if let Some(stamp) = self.stamp {
+            self.store.release(self.id, stamp);
+        }
+    }
+}
+
+impl<C: Clock> std::fmt::Debug for StorePermit<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StorePermit")
+            .field("id", &self.id)
+            .field("stamp", &self.stamp)
+            .field("decision", &self.decision)
+            .finish()
+    }
+}
+
 /// Limits for many keys. See the module docs.
 pub struct Store<C: Clock = DefaultClock> {
     /// The one packed limit every slot holds, if the store is packed (the fast path).
@@ -436,14 +484,17 @@ impl<C: Clock> Store<C> {
         self.shards[i].prefault();
     }
 
-    fn full_decision(&self, o: Outcome) -> Decision {
+    /// The answer for a new key that found no room ([`Outcome::StoreFull`] or
+    /// [`Outcome::Untracked`]). A refusal carries a retry hint: it is not "never fits".
+    #[cold]
+    fn full_decision(&self, o: Outcome, now: Nanos) -> Decision {
         let cap = self.limits.limits()[0].capacity();
         Decision {
             outcome: o,
             limit: cap,
             remaining: 0,
             reset_after_ns: 0,
-            retry_after_ns: None,
+            retry_after_ns: (o == Outcome::StoreFull).then(|| self.room_after(now)),
             delay_ns: 0,
         }
     }
@@ -454,14 +505,27 @@ impl<C: Clock> Store<C> {
     /// `table::RECLAIM_GRACE_NS`).
     fn refused(&self, o: Outcome, shard: &Shard, now: Nanos) -> Decision {
         if o != Outcome::Limited {
-            return self.full_decision(o);
+            return self.full_decision(o, now);
         }
         let wait = shard.horizon().saturating_sub(now).max(1);
         Decision {
             reset_after_ns: wait,
             retry_after_ns: Some(wait),
-            ..self.full_decision(o)
+            ..self.full_decision(o, now)
         }
+    }
+
+    /// When a full probe range should have room again: a record made now by one request (a
+    /// one-shot key of a flood) is reclaimable after this long, the reclaim grace included.
+    /// Records made earlier free sooner, so it is an upper bound for a flood of one-shot keys;
+    /// a range full of keys that keep coming back stays full (docs/memory.md).
+    fn room_after(&self, now: Nanos) -> u64 {
+        let limits = &self.limits;
+        let idle = Shard::fresh(limits.words(), &mut |c| {
+            limits.decide(c, now, 1);
+            limits.idle_in(c, now)
+        });
+        idle.saturating_add(table::RECLAIM_GRACE_NS)
     }
 
     #[inline]
@@ -608,6 +672,98 @@ impl<C: Clock> Store<C> {
                 (w[0], ())
             },
             &mut |c| limits.refund(c, now, n),
+            &mut || (),
+            &mut |_| (),
+        )
+    }
+
+    /// For a concurrency limit: takes `cost` of `key`'s in-flight permits, held until the
+    /// returned [`StorePermit`] drops (or its lease expires, if it never does). The permit owns
+    /// an `Arc` of the store, so it can move into a task and be held across `.await`.
+    ///
+    /// A plain [`Store::check`] on a concurrency store takes a lease that only its expiry
+    /// frees (`refund` cannot name it); `acquire_owned` is how to give it back early. For any
+    /// other limit, this answers as `check` and its permit releases nothing.
+    pub fn acquire_owned<K: Key + ?Sized>(
+        self: &Arc<Self>,
+        key: &K,
+        cost: u64,
+    ) -> Result<StorePermit<C>, Decision> {
+        self.acquire_owned_at(key, cost, self.clock.now())
+    }
+
+    /// [`Store::acquire_owned`] at `now`.
+    pub fn acquire_owned_at<K: Key + ?Sized>(
+        self: &Arc<Self>,
+        key: &K,
+        cost: u64,
+        now: Nanos,
+    ) -> Result<StorePermit<C>, Decision> {
+        let id = key.key_id(&self.hasher);
+        let (decision, stamp) = match self.limits.limits() {
+            [Limit::Concurrency(p)] => {
+                let (shard, home) = self.locate(id);
+                let ctx = Ctx {
+                    limits: &self.limits,
+                    policy: self.policy,
+                    missed: false,
+                };
+                shard.with_key(
+                    &ctx,
+                    id,
+                    home,
+                    now,
+                    cost > 0,
+                    &mut |_: u64| -> (u64, (Decision, Option<u64>)) {
+                        unreachable!("a concurrency store keeps its records in the arena")
+                    },
+                    &mut |c| concurrency::acquire(c, now, p, cost, true),
+                    &mut || {
+                        Shard::fresh(p.words(), &mut |c| {
+                            concurrency::acquire(c, now, p, cost, false)
+                        })
+                    },
+                    &mut |o| (self.full_decision(o, now), None),
+                )
+            }
+            _ => (self.check_id(id, now, cost), None),
+        };
+        if decision.allowed() {
+            Ok(StorePermit {
+                store: Arc::clone(self),
+                id,
+                stamp,
+                decision,
+            })
+        } else {
+            Err(decision)
+        }
+    }
+
+    /// Frees the permit `stamp` of key id `id` (a no-op if its lease expired and its cells
+    /// were reused, or its record is gone).
+    fn release(&self, id: u64, stamp: u64) {
+        let [Limit::Concurrency(p)] = self.limits.limits() else {
+            return;
+        };
+        let (shard, home) = self.locate(id);
+        let ctx = Ctx {
+            limits: &self.limits,
+            policy: self.policy,
+            missed: false,
+        };
+        shard.with_key(
+            &ctx,
+            id,
+            home,
+            self.clock.now(),
+            false,
+            &mut |_: u64| -> (u64, ()) {
+                unreachable!("a concurrency store keeps its records in the arena")
+            },
+            &mut |c| {
+                concurrency::release(c, p, stamp);
+            },
             &mut || (),
             &mut |_| (),
         )
@@ -785,9 +941,92 @@ impl<C: Clock> Store<C> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+    use crate::ManualClock;
+    use std::time::Duration;
+
+    const S: u64 = 1_000_000_000;
+
+    /// Runs `f` on its own thread and returns its result; fails if it has not finished within
+    /// 60 s (a wedged record makes its writers spin forever).
+    fn finishes<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("{what}: still spinning after 60 s, the record is wedged"))
+    }
+
+    /// A transition that panics inside a record's writer section (run under `catch_unwind`)
+    /// leaves that key usable, and insertions whose probe range holds it (which take its writer
+    /// bit to judge it for reclaim) go on. Before the writer bit was released on unwind, both
+    /// spun forever.
+    #[test]
+    fn a_panic_inside_a_record_section_wedges_nothing() {
+        let l = Limit::sliding_log(2, Duration::from_secs(1)).unwrap();
+        let store = Arc::new(
+            Store::builder(Limits::new(vec![l]).unwrap())
+                .capacity(8)
+                .shards(1)
+                .seed(3)
+                .policy(FullPolicy::Reject)
+                .build_with_clock(ManualClock::new(0))
+                .unwrap(),
+        );
+        // Fill the arena: every record live.
+        let live: Vec<u64> = (0..64u64)
+            .filter(|k| store.check_at(k, 1, S).outcome == Outcome::Allowed)
+            .collect();
+        assert_eq!(live.len() as u64, store.capacity(), "{live:?}");
+        let key = live[0];
+        let (shard, home) = store.locate(key);
+        let ctx = Ctx {
+            limits: &store.limits,
+            policy: store.policy,
+            missed: false,
+        };
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            shard.with_key(
+                &ctx,
+                key,
+                home,
+                S,
+                false,
+                &mut |_: u64| -> (u64, Decision) { unreachable!("arena store") },
+                &mut |_| -> Decision { panic!("a transition that panics") },
+                &mut || unreachable!("the key is live"),
+                &mut |_| unreachable!("the key is live"),
+            )
+        }));
+        assert!(r.is_err());
+        // The key goes on: its second request of two per second is admitted, the third not.
+        let st = Arc::clone(&store);
+        let (a, b) = finishes("a check of the key", move || {
+            (
+                st.check_at(&key, 1, S).allowed(),
+                st.check_at(&key, 1, S).allowed(),
+            )
+        });
+        assert!(a && !b);
+        // The others stay busy; at 3 s only the key's record is idle. A new key's insertion
+        // must judge the records of its range (the whole table here) until it finds that one.
+        for &k in &live[1..] {
+            assert!(store.check_at(&k, 1, 5 * S / 2).allowed());
+        }
+        let st = Arc::clone(&store);
+        let d = finishes("an insertion probing the key", move || {
+            st.check_at(&1_000u64, 1, 3 * S)
+        });
+        assert!(d.allowed(), "{d:?}");
+        assert_eq!(store.stats().reclaimed, 1);
+        assert!(
+            store.peek_at(&key, 3 * S).remaining == 2,
+            "the key's record was the one reclaimed"
+        );
+    }
 
     #[test]
     fn unchosen_shard_counts_grow_to_hold_the_capacity() {

@@ -562,17 +562,15 @@ impl Shard {
             Some(arena) => {
                 let idx = (state_of(v) & ARENA_MASK) as u32;
                 let (seq, cells) = arena.record(idx);
-                let s0 = record::lock(seq);
+                // Released when dropped, unwinding included (`record`).
+                let _writer = record::lock(seq);
                 // Acquire: re-check under the writer bit that the slot still maps key → idx
                 // (a reclaimer empties it only while holding this same bit).
-                let r = if s.load(Ordering::Acquire) == v {
+                if s.load(Ordering::Acquire) == v {
                     Step::Done(words(&mut AtomicCells(cells)))
                 } else {
                     Step::Retry
-                };
-                // Release: publishes the record's words to the next writer.
-                seq.store(s0 + 2, Ordering::Release);
-                r
+                }
             }
         }
     }
@@ -795,26 +793,22 @@ impl Shard {
             Some(arena) => {
                 let idx = st as u32;
                 let (seq, cells) = arena.record(idx);
-                let s0 = record::lock(seq);
+                // Released when dropped, unwinding included (`record`).
+                let writer = record::lock(seq);
                 // Acquire: as in `apply`.
-                let out = if s.load(Ordering::Acquire) != v {
-                    None
-                } else {
-                    let idle = latest_idle(at, |t| ctx.limits.idle_in(&mut AtomicCells(cells), t));
-                    if remove(idle) {
-                        // AcqRel: under the writer bit, nobody else empties this slot.
-                        let r = s.compare_exchange(v, 0, Ordering::AcqRel, Ordering::Acquire);
-                        debug_assert!(r.is_ok());
-                        // Release: publish the record's state before it is reused.
-                        seq.store(s0 + 2, Ordering::Release);
-                        self.removed(Some(idx));
-                        return Some(idle);
-                    }
-                    Some(idle)
-                };
-                // Release: ends the writer section.
-                seq.store(s0 + 2, Ordering::Release);
-                out
+                if s.load(Ordering::Acquire) != v {
+                    return None;
+                }
+                let idle = latest_idle(at, |t| ctx.limits.idle_in(&mut AtomicCells(cells), t));
+                if remove(idle) {
+                    // AcqRel: under the writer bit, nobody else empties this slot.
+                    let r = s.compare_exchange(v, 0, Ordering::AcqRel, Ordering::Acquire);
+                    debug_assert!(r.is_ok());
+                    // Ends the section (publishing the record's state) before it is reused.
+                    drop(writer);
+                    self.removed(Some(idx));
+                }
+                Some(idle)
             }
         }
     }
