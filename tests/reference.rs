@@ -1710,8 +1710,10 @@ impl Model for AllOrNothing {
             .map(|m| m.clone().model().check(now, cost))
             .collect();
         let all = answers.iter().all(|a| a.allowed);
+        // A cost some limit can never admit changes no state, in any limit.
+        let never = answers.iter().any(|a| !a.allowed && a.never_fits);
         for (m, a) in self.0.iter_mut().zip(answers.iter_mut()) {
-            if all || m.counts_denied() {
+            if all || (m.counts_denied() && !never) {
                 *a = m.model().check(now, cost);
             }
         }
@@ -1720,11 +1722,14 @@ impl Model for AllOrNothing {
             out.delay_ns = answers.iter().map(|a| a.delay_ns).max().unwrap();
             return out;
         }
-        let first = answers.iter().find(|a| !a.allowed).unwrap();
-        Answer::deny(
-            first.remaining,
-            answers.iter().any(|a| !a.allowed && a.never_fits),
-        )
+        // A denial: the least any limit holds now.
+        let remaining = self
+            .0
+            .iter()
+            .map(|m| m.clone().model().check(now, 0).remaining)
+            .min()
+            .unwrap();
+        Answer::deny(remaining, never)
     }
     fn refund(&mut self, now: u64, n: u64) {
         for m in &mut self.0 {
@@ -1883,10 +1888,8 @@ proptest! {
         let mut limits = vec![];
         let mut units = vec![];
         let mut cap = u64::MAX;
-        let mut counts_denied = false;
         for &(kind, limit, mult, count_denied, extra) in &specs {
             let (m, l, c, unit) = one_limit(kind, limit, base * mult, count_denied, extra);
-            counts_denied |= m.counts_denied();
             models.push(m);
             limits.push(l);
             units.push(unit);
@@ -1897,10 +1900,9 @@ proptest! {
         let mut plan = plan(start, units, cap, u64::MAX);
         // As for one sliding_log: no refunds when a log counts denials.
         plan.refunds = !models.iter().any(|m| matches!(m, AnyModel::Log(l) if l.count_denied));
-        // A limit counting denials records a request another limit denies: the retry (the
-        // denier's) does not wait for that, so it is only checked without `count_denied`.
+        // The retry waits for every limit, including a denial a `count_denied` limit recorded.
         let sut = LimitsSut { limits, rec };
-        drive_limits(sut, AllOrNothing(models), &plan, &ops, !counts_denied)?;
+        drive_limits(sut, AllOrNothing(models), &plan, &ops, true)?;
     }
 }
 
