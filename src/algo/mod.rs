@@ -360,6 +360,31 @@ impl Limit {
         }
     }
 
+    /// Whether a record written under this limit reads, under `to`, as the same state: a
+    /// counter keeps its count, a bucket its TAT, a log its entries. True for the same
+    /// algorithm when the record's layout and time base are unchanged: token_bucket and
+    /// leaky_bucket always (the TAT is a time; the new rate and burst apply to it);
+    /// fixed_window and sliding_window with the same window (the limit and `count_denied` may
+    /// change); window_ring with the same window, sub-windows and counter width (the limit
+    /// may change within the same bit length); sliding_log with the same limit (its ring
+    /// length) and window; concurrency only unchanged. Otherwise the state starts fresh.
+    pub fn carries_to(&self, to: &Limit) -> bool {
+        match (self, to) {
+            (Limit::FixedWindow(a), Limit::FixedWindow(b)) => a.window == b.window,
+            (Limit::SlidingWindow(a), Limit::SlidingWindow(b)) => a.window == b.window,
+            (Limit::TokenBucket(_), Limit::TokenBucket(_)) => true,
+            (Limit::LeakyBucket(_), Limit::LeakyBucket(_)) => true,
+            (Limit::WindowRing(a), Limit::WindowRing(b)) => {
+                (a.window, a.buckets, a.width) == (b.window, b.buckets, b.width)
+            }
+            (Limit::SlidingLog(a), Limit::SlidingLog(b)) => {
+                (a.limit, a.window, a.tick) == (b.limit, b.window, b.tick)
+            }
+            (Limit::Concurrency(a), Limit::Concurrency(b)) => a == b,
+            _ => false,
+        }
+    }
+
     /// The same limit with `count_denied` off: what it answers without recording a denial.
     pub fn counting_nothing(&self) -> Limit {
         let mut l = *self;
@@ -572,7 +597,7 @@ impl Limits {
     /// the count a `count_denied` limit would add).
     pub fn evaluate<C: Cells + ?Sized>(&self, c: &mut C, now: u64, cost: u64) -> Decision {
         if let [l] = &*self.limits {
-            return l.step(c, now, cost, false);
+            return l.counting_nothing().step(c, now, cost, false);
         }
         self.run(c, now, cost, false)
     }
@@ -648,6 +673,17 @@ impl Limits {
             out.outcome = Outcome::NeverFits;
         }
         out
+    }
+
+    /// Whether records of these limits read as the same state under `to`: as many limits,
+    /// each carrying to its counterpart ([`Limit::carries_to`]), so the layout is the same.
+    pub fn carries_to(&self, to: &Limits) -> bool {
+        self.limits.len() == to.limits.len()
+            && self
+                .limits
+                .iter()
+                .zip(to.limits.iter())
+                .all(|(a, b)| a.carries_to(b))
     }
 
     /// Gives `n` back to every limit.
