@@ -6,7 +6,8 @@
 //!   `now + retry_after`, nothing else happening; `now + retry_after` is a reachable time;
 //! * a `NeverFits` has no `retry_after` and changes no state;
 //! * a request of cost `remaining` is admitted at `now`, one of `remaining + 1` is not;
-//! * `reset_after` is the record's own idle time (`idle_in`), and the record is idle
+//! * `reset_after` is the record's own idle time (`idle_in`; `u64::MAX`: not within the
+//!   clock), and the record is idle
 //!   (decides as an absent one) at `now + reset_after` and not 1 ns before; once idle it stays
 //!   idle: at any later time it decides as an absent record. The one documented exception is a
 //!   packed window index that has come round (`Subject::alias_bound`): the record is then idle
@@ -105,34 +106,27 @@ impl Subject for Record {
 /// the current or previous window (N sub-windows for window_ring). Either way the record is
 /// idle again within `AHEAD` + 2 windows (N + 2 sub-windows for a window_ring).
 fn alias_bound(l: &Limit, rec: &[u64], t: u64) -> Option<u64> {
-    // (stored index, index bits, window, windows kept behind, windows of tolerated backwards)
-    let (idx, bits, w, behind, ahead) = match l {
+    // (stored index, its period, window, windows kept behind, windows of backwards tolerated)
+    let (idx, period, w, behind, ahead) = match l {
         Limit::FixedWindow(p) => {
             let bits = fixed_window::INDEX_BITS;
             let idx = (rec[0] >> fixed_window::COUNT_BITS) & ((1 << bits) - 1);
-            (idx, bits, p.window, 0, ahead_of(bits))
+            (idx, 1 << bits, p.window, 0, fixed_window::AHEAD)
         }
         Limit::SlidingWindow(p) => {
             let bits = sliding_window::INDEX_BITS;
             let idx = (rec[0] >> (2 * sliding_window::COUNT_BITS)) & ((1 << bits) - 1);
-            (idx, bits, p.window, 1, ahead_of(bits))
+            (idx, 1 << bits, p.window, 1, sliding_window::AHEAD)
         }
         Limit::WindowRing(p) => {
-            let bits = window_ring::INDEX_BITS;
-            let idx = rec[0] >> window_ring::TOTAL_BITS;
-            (idx, bits, p.sub, p.buckets, ahead_of(bits))
+            // Indexes mod P, a multiple of N + 1 below 2^38 (`Params::period`).
+            let idx = (rec[0] >> window_ring::TOTAL_BITS) % p.period();
+            (idx, p.period(), p.sub, p.buckets, window_ring::AHEAD)
         }
         _ => return None,
     };
-    let m = (1u64 << bits) - 1;
-    let d = ((t / w) & m).wrapping_sub(idx) & m;
-    (d <= behind || d >= (1 << bits) - ahead).then(|| (ahead + behind + 2).saturating_mul(w))
-}
-
-/// How many windows ahead of now's a stored index may be and still be read as time going
-/// backwards: 1/4096 of the index range.
-fn ahead_of(bits: u32) -> u64 {
-    1 << (bits - 12)
+    let d = ((t / w) % period + period - idx) % period;
+    (d <= behind || d >= period - ahead).then(|| (ahead + behind + 2).saturating_mul(w))
 }
 
 fn fail(what: &str, ctx: &str) -> TestCaseError {
@@ -212,7 +206,8 @@ pub fn check_contract<T: Subject>(
             ctx,
         ));
     }
-    let Some(t) = now.checked_add(r) else {
+    // u64::MAX: not idle within the clock (nor is a time past its end).
+    let Some(t) = now.checked_add(r).filter(|_| r < u64::MAX) else {
         return Ok((d, after));
     };
     let fresh = after.fresh();
