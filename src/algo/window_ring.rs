@@ -25,7 +25,7 @@
 //! # Record layout (`1 + ⌈(N + 1) / ⌊64/w⌋⌉` words of 64 bits)
 //!
 //! ```text
-//! word 0:  | sub-window index mod 2^38 (38) | total of the N newest counters (26) |
+//! word 0:  | sub-window index mod P (38) | total of the N newest counters (26) |
 //! word 1+: | counter | counter | ... |   N + 1 counters (sub-window j at slot j mod (N + 1)),
 //!                                         each w = bit length of the limit (≤ 16) bits,
 //!                                         ⌊64 / w⌋ to a word, never straddling words
@@ -35,12 +35,16 @@
 //! (the notes estimate 1.6 KB). The running total (at most N × (2^16 − 1) < 2^26) makes a
 //! check O(1) plus the sub-windows that slid out since the last check. Limits ≤
 //! [`MAX_LIMIT`] = 65 535, N ≤ [`MAX_BUCKETS`] = 1024, and the window must split into N whole
-//! nanoseconds. A stored index ahead of `now`'s by less than 2^37 (time went backwards) keeps
-//! the stored sub-window current and its straddling sub-window whole: conservative. A ring
-//! idle for 2^37 sub-windows or more can look the same and then keeps its counts until the
-//! index comes round again: spurious denials, never over-admission. An aliased index that
-//! reads as N or more sub-windows behind empties the ring, as the truth would; one that reads
-//! as fewer keeps the counts until they slide out. While a ring counts anything it is never
+//! nanoseconds (with `count_denied`, counters as wide as `docs/algorithms.md` says). The
+//! header keeps the sub-window index mod P ([`Params::period`]), the largest multiple of N + 1
+//! below 2^38, so an index that has come round names the slots its counters were written to.
+//! A stored index ahead of now's by at most [`AHEAD`] = 2^26 sub-windows (time went
+//! backwards) keeps the stored sub-window current and its straddling sub-window whole:
+//! conservative. Any other distance ahead is an expired ring ("far behind means expired"). A
+//! ring idle for about a multiple of P sub-windows can read as recent and is held at most
+//! N + `AHEAD` + 2 sub-windows more. An aliased index that reads as N or more sub-windows
+//! behind empties the ring, as the truth would; one that reads as fewer keeps the counts until
+//! they slide out. While a ring counts anything it is never
 //! reported idle (`idle_in`), so reclaiming an idle record never changes a decision. A ring
 //! whose counters are all 0 is fresh at any index.
 
