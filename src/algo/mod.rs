@@ -622,14 +622,44 @@ impl Limits {
             }
             return out.expect("at least one limit");
         }
-        if apply && fits {
-            for (l, &off) in self.limits.iter().zip(self.offsets.iter()) {
-                if l.counts_denied() {
-                    l.step(&mut Sub { c: &mut *c, off }, now, cost, true);
-                }
-            }
+        if apply && fits && self.limits.iter().any(|l| l.counts_denied()) {
+            return self.count_denial(c, now, cost);
         }
         self.denial(c, now, cost)
+    }
+
+    /// A denial the `count_denied` limits record. Recorded on a copy first: if, recorded, the
+    /// request turns out never to fit (its retry past the end of some limit's clock), nothing
+    /// is recorded, as for any never-fitting request. A record of more than 64 words is
+    /// recorded in place (no copy on the stack; it then keeps that denial).
+    #[cold]
+    fn count_denial<C: Cells + ?Sized>(&self, c: &mut C, now: u64, cost: u64) -> Decision {
+        if self.words > 64 {
+            self.record_denial(c, now, cost);
+            return self.denial(c, now, cost);
+        }
+        let mut w = [0u64; 64];
+        for (i, v) in w.iter_mut().enumerate().take(self.words) {
+            *v = c.get(i);
+        }
+        self.record_denial(&mut w[..self.words], now, cost);
+        let d = self.denial(&mut w[..self.words], now, cost);
+        if d.outcome != Outcome::NeverFits {
+            for (i, &v) in w.iter().enumerate().take(self.words) {
+                c.set(i, v);
+            }
+            return d;
+        }
+        self.denial(c, now, cost)
+    }
+
+    /// Records a denial in the limits that count them.
+    fn record_denial<C: Cells + ?Sized>(&self, c: &mut C, now: u64, cost: u64) {
+        for (l, &off) in self.limits.iter().zip(self.offsets.iter()) {
+            if l.counts_denied() {
+                l.step(&mut Sub { c: &mut *c, off }, now, cost, true);
+            }
+        }
     }
 
     /// A denial of `cost` at `now`, described from the record as it is (after any denial was
@@ -667,6 +697,25 @@ impl Limits {
                     (Some(x), Some(y)) => Some(x.max(y)),
                     _ => None,
                 };
+            }
+        }
+        // Each limit admits at its own retry and, nothing else happening, later too; but not
+        // past the end of its clock (a bucket's TAT ends at 2^63 ns): if the latest retry is
+        // such a time for some limit, no wait helps.
+        if let Some(r) = out.retry_after_ns {
+            let at = now.checked_add(r);
+            let admits_then = |at: u64| {
+                self.limits
+                    .iter()
+                    .zip(self.offsets.iter())
+                    .all(|(l, &off)| {
+                        l.counting_nothing()
+                            .step(&mut Sub { c: &mut *c, off }, at, cost, false)
+                            .allowed()
+                    })
+            };
+            if !at.is_some_and(admits_then) {
+                out.retry_after_ns = None;
             }
         }
         if out.retry_after_ns.is_none() {
