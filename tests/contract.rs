@@ -566,9 +566,11 @@ impl Subject for Replay {
     }
 }
 
+/// Limits, start time, ops (time step, cost), idle times.
+type Several = (Vec<LimitSpec>, u64, Vec<(u8, u64, u8, u64)>, Vec<u64>);
+
 /// 2 or 3 limits of any rate algorithm (a concurrency limit stands alone), the ops, idles.
-#[allow(clippy::type_complexity)]
-fn several() -> impl Strategy<Value = (Vec<LimitSpec>, u64, Vec<(u8, u64, u8, u64)>, Vec<u64>)> {
+fn several() -> impl Strategy<Value = Several> {
     (
         prop::collection::vec((0usize..6).prop_flat_map(spec), 2..=3),
         prop_oneof![Just(0u64), 0u64..1 << 40, any::<u64>()],
@@ -593,7 +595,7 @@ fn build_several(specs: &[LimitSpec]) -> Option<(Vec<Limit>, u64, u64)> {
 }
 
 fn run_several(
-    (specs, start, ops, idle_raw): (Vec<LimitSpec>, u64, Vec<(u8, u64, u8, u64)>, Vec<u64>),
+    (specs, start, ops, idle_raw): Several,
     holder: Option<Holder>,
 ) -> Result<(), TestCaseError> {
     let Some((limits, w, cap)) = build_several(&specs) else {
