@@ -27,7 +27,8 @@
 //! ```text
 //! word 0:  | sub-window index mod P (38) | total of the N newest counters (26) |
 //! word 1+: | counter | counter | ... |   N + 1 counters (sub-window j at slot j mod (N + 1)),
-//!                                         each w = bit length of the limit (≤ 16) bits,
+//!                                         each w = bit length of the limit (≤ 16) bits
+//!                                         (wider with count_denied, ≤ 26),
 //!                                         ⌊64 / w⌋ to a word, never straddling words
 //! ```
 //!
