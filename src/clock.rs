@@ -20,8 +20,9 @@
 //! * [`ManualClock`] is set by hand, for tests: tests never sleep.
 //!
 //! What if time goes backwards anyway (a caller passing its own `now`)? Every algorithm treats
-//! an earlier `now` conservatively: it never admits more than it would have at the latest time
-//! it has seen, and it never panics. See `docs/algorithms.md`.
+//! an earlier `now` conservatively — a window counter within `AHEAD` windows of the latest
+//! (1/4096 of its index range; farther back it reads as expired) — it never admits more than
+//! it would have at the latest time it has seen, and it never panics. See `docs/algorithms.md`.
 
 use crate::sync::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};

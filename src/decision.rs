@@ -11,7 +11,9 @@ pub enum Outcome {
     Allowed,
     /// Over the limit now; it fits again after `retry_after_ns`.
     Limited,
-    /// The cost exceeds what the limit can ever admit at once: retrying never helps.
+    /// The cost exceeds what the limit can ever admit at once, or it could not fit again
+    /// before the end of the clock (2^64 ns; 2^63 ns for a bucket's TAT): retrying never
+    /// helps. Never counted, not even with `count_denied`; it changes no state.
     NeverFits,
     /// The keyed store is full of live keys and its policy refuses new ones (fail closed).
     StoreFull,
@@ -27,8 +29,8 @@ pub struct Decision {
     /// What happened.
     pub outcome: Outcome,
     /// The limit this decision was made against (requests per window, bucket capacity, ...).
-    /// For several limits on one key, the one that decided (the first denying one, else the one
-    /// with the least remaining).
+    /// For several limits on one key, the one with the least remaining (the first such; when
+    /// denied, a denying one if it ties).
     pub limit: u64,
     /// What is left after this check.
     pub remaining: u64,

@@ -64,22 +64,89 @@ impl Params {
     }
 }
 
+/// Whether a cell stamped `v` holds a live lease at `now`. A stamp of `u64::MAX` (the last
+/// time of the clock) never expires: at `now = u64::MAX` it is still held.
+#[inline]
+fn is_live(v: u64, now: u64) -> bool {
+    v > now || v == u64::MAX
+}
+
 fn live<C: Cells + ?Sized>(c: &C, p: &Params, now: u64) -> (u64, u64) {
     let (mut n, mut latest) = (0, 0);
     for i in 0..p.limit as usize {
         let v = c.get(i);
-        if v > now {
+        if is_live(v, now) {
             n += 1;
-            latest = latest.max(v - now);
+            // Never idle within the clock while a u64::MAX stamp is held.
+            latest = latest.max(if v == u64::MAX { u64::MAX } else { v - now });
         }
     }
     (n, latest)
+}
+
+/// How many more permits can get a stamp of their own at `now` once `taken` more are issued
+/// (one permit of any cost takes one stamp, so `remaining` is all the free cells or none):
+/// unbounded except within `limit` ns of the clock's end, where only the values in
+/// `now + 1..=u64::MAX` (`u64::MAX` itself at `now = u64::MAX`: such a lease never expires)
+/// that no permit holds are left. `remaining` never promises more (a
+/// denial of a cost within `remaining` would break the decision's contract).
+fn stamps_left<C: Cells + ?Sized>(c: &C, p: &Params, now: u64, taken: u64) -> u64 {
+    let span = (u64::MAX - now).max(1);
+    if span > p.limit {
+        // At least `span - active > limit - active` values are free: never the bound.
+        return u64::MAX;
+    }
+    // Distinct stamps held after `now`; quadratic, but only in the last `limit` ns of the
+    // clock.
+    let n = p.limit as usize;
+    let distinct = (0..n)
+        .filter(|&i| {
+            let v = c.get(i);
+            is_live(v, now) && (0..i).all(|j| c.get(j) != v)
+        })
+        .count() as u64;
+    span.saturating_sub(distinct + taken)
 }
 
 /// Cells holding a value in `lo..=hi`.
 fn held<C: Cells + ?Sized>(c: &C, p: &Params, lo: u64, hi: u64) -> u64 {
     (0..p.limit as usize)
         .filter(|&i| (lo..=hi).contains(&c.get(i)))
+        .count() as u64
+}
+
+/// The earliest expiry after `after` (`u64::MAX` if none) and how many cells hold it.
+fn next_expiry<C: Cells + ?Sized>(c: &C, p: &Params, after: u64) -> (u64, u64) {
+    let (mut next, mut same) = (u64::MAX, 0);
+    for i in 0..p.limit as usize {
+        let v = c.get(i);
+        if v > after && v < next {
+            (next, same) = (v, 1);
+        } else if v == next {
+            same += 1;
+        }
+    }
+    (next, same)
+}
+
+/// The wait from `now` until a stamp is free at or after `after` (the time enough cells are),
+/// trying each later expiry; `None` if only a lease stamped `u64::MAX` (never expiring) would
+/// have to go.
+fn stamp_free_from<C: Cells + ?Sized>(c: &C, p: &Params, now: u64, mut after: u64) -> Option<u64> {
+    while after < u64::MAX && stamps_left(c, p, after, 0) == 0 {
+        after = next_expiry(c, p, after).0;
+    }
+    // A lease stamped u64::MAX never frees within the clock: it never fits.
+    (after < u64::MAX).then(|| after - now)
+}
+
+/// Distinct stamps held in `lo..=hi`.
+fn stamps_in<C: Cells + ?Sized>(c: &C, p: &Params, lo: u64, hi: u64) -> u64 {
+    (0..p.limit as usize)
+        .filter(|&i| {
+            let v = c.get(i);
+            (lo..=hi).contains(&v) && (0..i).all(|j| c.get(j) != v)
+        })
         .count() as u64
 }
 
@@ -94,15 +161,26 @@ fn free_stamp<C: Cells + ?Sized>(c: &C, p: &Params, now: u64) -> Option<u64> {
     // that would pass `u64::MAX`, the last `limit + 1` values; never at or before `now`.
     let mut hi = target.saturating_add(p.limit);
     let mut lo = (hi - p.limit).max(now.checked_add(1)?);
-    // Invariant: fewer cells hold a value in lo..=hi than there are values in it, so one is
+    // Invariant: fewer stamps are held in lo..=hi than there are values in it, so one is
     // free. Halve towards the lower half whenever that half keeps the invariant; otherwise
-    // the upper half does (the counts add up).
-    if held(c, p, lo, hi) > hi - lo {
+    // the upper half does (the counts add up). Counting cells (at least the stamps, since a
+    // permit of cost k holds k cells) is enough over `limit + 1` values, and linear; a range
+    // cut short by `now` near the clock's end needs the distinct stamps, whose count is
+    // quadratic but only ever taken in the last `limit` ns of the clock.
+    let clamped = hi - lo < p.limit;
+    let count = |lo: u64, hi: u64| {
+        if clamped {
+            stamps_in(c, p, lo, hi)
+        } else {
+            held(c, p, lo, hi)
+        }
+    };
+    if count(lo, hi) > hi - lo {
         return None;
     }
     while lo < hi {
         let mid = lo + (hi - lo) / 2;
-        if held(c, p, lo, mid) <= mid - lo {
+        if count(lo, mid) <= mid - lo {
             hi = mid;
         } else {
             lo = mid + 1;
@@ -121,43 +199,43 @@ pub fn acquire<C: Cells + ?Sized>(
     apply: bool,
 ) -> (Decision, Option<u64>) {
     let (active, latest) = live(c, p, now);
+    let free = if stamps_left(c, p, now, 0) > 0 {
+        p.limit - active
+    } else {
+        0
+    };
     if cost == 0 {
-        return (Decision::allow(p.limit, p.limit - active, latest), None);
+        return (Decision::allow(p.limit, free, latest), None);
     }
     // Saturating: a huge cost must be refused, not wrap around into an admission.
     if active.saturating_add(cost) > p.limit {
         let retry = if cost > p.limit {
             None
         } else {
-            // The (active + cost − limit)-th earliest expiry frees enough.
+            // The (active + cost − limit)-th earliest expiry frees enough cells; in the last
+            // `limit` ns of the clock a stamp must be free then too (`stamps_left`), else the
+            // next expiry is tried.
             let mut need = active + cost - p.limit;
             let mut after = now;
             while need > 0 {
-                let (mut next, mut same) = (u64::MAX, 0);
-                for i in 0..p.limit as usize {
-                    let v = c.get(i);
-                    if v > after && v < next {
-                        (next, same) = (v, 1);
-                    } else if v == next {
-                        same += 1;
-                    }
-                }
+                let (next, same) = next_expiry(c, p, after);
                 after = next;
                 need = need.saturating_sub(same);
             }
-            Some(after - now)
+            stamp_free_from(c, p, now, after)
         };
-        return (
-            Decision::deny(p.limit, p.limit - active, latest, retry),
-            None,
-        );
+        return (Decision::deny(p.limit, free, latest, retry), None);
     }
     let Some(stamp) = free_stamp(c, p, now) else {
-        // Within `limit + 1` ns of the clock's end: no stamp of its own is left (module docs).
-        return (
-            Decision::deny(p.limit, p.limit - active, latest, None),
-            None,
-        );
+        // Within `limit + 1` ns of the clock's end: no stamp of its own is left (module docs)
+        // until one expires.
+        let retry = stamp_free_from(c, p, now, now);
+        return (Decision::deny(p.limit, free, latest, retry), None);
+    };
+    let remaining = if stamps_left(c, p, now, 1) > 0 {
+        p.limit - active - cost
+    } else {
+        0
     };
     if apply {
         let mut left = cost;
@@ -165,13 +243,18 @@ pub fn acquire<C: Cells + ?Sized>(
             if left == 0 {
                 break;
             }
-            if c.get(i) <= now {
+            if !is_live(c.get(i), now) {
                 c.set(i, stamp);
                 left -= 1;
             }
         }
     }
-    let d = Decision::allow(p.limit, p.limit - active - cost, latest.max(stamp - now));
+    let held = if stamp == u64::MAX {
+        u64::MAX
+    } else {
+        stamp - now
+    };
+    let d = Decision::allow(p.limit, remaining, latest.max(held));
     (d, apply.then_some(stamp))
 }
 
