@@ -539,7 +539,9 @@ fn owned_in_flight_guards_cross_threads() {
     let (e, _) = engine(SHED);
     let e = Arc::new(e);
     let get = Request::new().method("GET");
-    let held: Vec<_> = (0..7).map(|_| e.admit_owned(&get).expect("under 0.7")).collect();
+    let held: Vec<_> = (0..7)
+        .map(|_| e.admit_owned(&get).expect("under 0.7"))
+        .collect();
     assert_eq!(held[0].decision().outcome, Outcome::Allowed);
     assert!(e.admit_owned(&get).is_err(), "7 of 10 in flight sheds GET");
     let extra = e.enter_owned();
