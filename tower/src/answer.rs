@@ -112,6 +112,9 @@ pub fn write_headers(style: &HeaderStyle, policy: &Policy, d: &Decision, h: &mut
     h.insert(t.clone(), HeaderValue::from(reset));
 }
 
+/// The application's own refusal ([`BodyStyle::Custom`]).
+pub type DenialHandler = Arc<dyn Fn(&Denial<'_>) -> Response<Bytes> + Send + Sync>;
+
 /// The body of a refused request.
 #[derive(Clone, Default)]
 pub enum BodyStyle {
@@ -123,7 +126,7 @@ pub enum BodyStyle {
     Text,
     /// The application's own response (status and headers are added to it unless it set
     /// them).
-    Custom(Arc<dyn Fn(&Denial<'_>) -> Response<Bytes> + Send + Sync>),
+    Custom(DenialHandler),
 }
 
 impl std::fmt::Debug for BodyStyle {
@@ -179,8 +182,10 @@ pub fn problem_json(d: &Denial<'_>) -> String {
         "title": d.status.canonical_reason().unwrap_or("Too Many Requests"),
         "status": d.status.as_u16(),
         "detail": d.detail(),
-        "violated-policies": [d.policy],
     });
+    if !d.shed {
+        v["violated-policies"] = serde_json::json!([d.policy]);
+    }
     if let Some(s) = d.retry_after {
         v["retry_after"] = s.into();
     }
