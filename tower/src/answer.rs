@@ -25,11 +25,22 @@ pub enum HeaderStyle {
 
 /// The policy the IETF headers name: a name (an sf-string: printable ASCII without `"` or
 /// `\`) and the window in seconds, if one is known.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct Policy {
     pub(crate) name: Arc<str>,
     pub(crate) window: Option<u64>,
+    /// The `RateLimit-Policy` value of the first limit seen: a store's limit never changes,
+    /// so the value is formatted once and then cloned (a reference count, no allocation).
+    cached: Arc<std::sync::OnceLock<(u64, HeaderValue)>>,
 }
+
+impl PartialEq for Policy {
+    fn eq(&self, o: &Self) -> bool {
+        (&self.name, self.window) == (&o.name, o.window)
+    }
+}
+
+impl Eq for Policy {}
 
 impl Policy {
     /// A policy named `name`, or an error saying which character is not allowed.
@@ -46,11 +57,34 @@ impl Policy {
         Ok(Self {
             name: name.into(),
             window: window.map(|w| w.as_secs_f64().ceil() as u64),
+            cached: Arc::default(),
         })
     }
     /// The name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The `RateLimit-Policy` value for a quota of `limit`.
+    fn header(&self, limit: u64) -> Option<HeaderValue> {
+        let format = || {
+            let q = match self.window {
+                Some(w) => format!("\"{}\";q={limit};w={w}", self.name),
+                None => format!("\"{}\";q={limit}", self.name),
+            };
+            // The name was checked to be visible ASCII: this never fails.
+            HeaderValue::try_from(q).ok()
+        };
+        match self.cached.get() {
+            Some((l, v)) if *l == limit => Some(v.clone()),
+            Some(_) => format(),
+            None => {
+                let v = format()?;
+                // Another thread may have cached another limit first: then `v` is the answer.
+                let (l, c) = self.cached.get_or_init(|| (limit, v.clone()));
+                Some(if *l == limit { c.clone() } else { v })
+            }
+        }
     }
 }
 
@@ -59,6 +93,7 @@ impl Default for Policy {
         Self {
             name: "default".into(),
             window: None,
+            cached: Arc::default(),
         }
     }
 }
@@ -92,13 +127,9 @@ pub fn write_headers(style: &HeaderStyle, policy: &Policy, d: &Decision, h: &mut
     let (l, r, t) = match style {
         HeaderStyle::None => return,
         HeaderStyle::Ietf => {
-            let q = match policy.window {
-                Some(w) => format!("\"{}\";q={};w={w}", policy.name, d.limit),
-                None => format!("\"{}\";q={}", policy.name, d.limit),
-            };
             let rl = format!("\"{}\";r={remaining};t={reset}", policy.name);
             // The name was checked to be visible ASCII: these never fail.
-            if let (Ok(q), Ok(rl)) = (HeaderValue::try_from(q), HeaderValue::try_from(rl)) {
+            if let (Some(q), Ok(rl)) = (policy.header(d.limit), HeaderValue::try_from(rl)) {
                 h.insert(RATELIMIT_POLICY.clone(), q);
                 h.insert(RATELIMIT.clone(), rl);
             }
