@@ -80,7 +80,12 @@ impl Keys {
 }
 
 fn bench(c: &mut Criterion) {
+    // `LAYER_BENCH_KEYS=1k` runs one key set only (e.g. under callgrind).
+    let only = std::env::var("LAYER_BENCH_KEYS").ok();
     for (label, n) in [("1k", 1_000usize), ("1M", 1_000_000)] {
+        if only.as_deref().is_some_and(|o| o != label) {
+            continue;
+        }
         let mut g = c.benchmark_group(format!("layer/{label}"));
         g.throughput(Throughput::Elements(1));
         g.measurement_time(Duration::from_secs(5));

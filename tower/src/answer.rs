@@ -127,9 +127,25 @@ pub fn write_headers(style: &HeaderStyle, policy: &Policy, d: &Decision, h: &mut
     let (l, r, t) = match style {
         HeaderStyle::None => return,
         HeaderStyle::Ietf => {
-            let rl = format!("\"{}\";r={remaining};t={reset}", policy.name);
-            // The name was checked to be visible ASCII: these never fail.
-            if let (Some(q), Ok(rl)) = (policy.header(d.limit), HeaderValue::try_from(rl)) {
+            // Written into a stack buffer: `format!` was a fifth of the layer's instructions
+            // (callgrind, `benches/layer.rs`). The name was checked to be visible ASCII, so
+            // the value is valid; a name too long for the buffer takes the `format!` path.
+            let mut buf = [0u8; 128];
+            let mut w = Buf { b: &mut buf, n: 0 };
+            w.put(b"\"");
+            w.put(policy.name.as_bytes());
+            w.put(b"\";r=");
+            w.num(remaining);
+            w.put(b";t=");
+            w.num(reset);
+            let rl = match w.done() {
+                Some(b) => HeaderValue::from_bytes(b).ok(),
+                None => {
+                    HeaderValue::try_from(format!("\"{}\";r={remaining};t={reset}", policy.name))
+                        .ok()
+                }
+            };
+            if let (Some(q), Some(rl)) = (policy.header(d.limit), rl) {
                 h.insert(RATELIMIT_POLICY.clone(), q);
                 h.insert(RATELIMIT.clone(), rl);
             }
@@ -145,6 +161,40 @@ pub fn write_headers(style: &HeaderStyle, policy: &Policy, d: &Decision, h: &mut
 
 /// The application's own refusal ([`BodyStyle::Custom`]).
 pub type DenialHandler = Arc<dyn Fn(&Denial<'_>) -> Response<Bytes> + Send + Sync>;
+
+/// A bounded writer over a stack buffer; `done` is `None` if anything did not fit.
+struct Buf<'a> {
+    b: &'a mut [u8],
+    n: usize,
+}
+
+impl Buf<'_> {
+    fn put(&mut self, s: &[u8]) {
+        let end = self.n.saturating_add(s.len());
+        if let Some(dst) = self.b.get_mut(self.n..end) {
+            dst.copy_from_slice(s);
+            self.n = end;
+        } else {
+            self.n = usize::MAX;
+        }
+    }
+    fn num(&mut self, mut v: u64) {
+        let mut d = [0u8; 20];
+        let mut i = d.len();
+        loop {
+            i -= 1;
+            d[i] = b'0' + (v % 10) as u8;
+            v /= 10;
+            if v == 0 {
+                break;
+            }
+        }
+        self.put(&d[i..]);
+    }
+    fn done(&self) -> Option<&[u8]> {
+        self.b.get(..self.n)
+    }
+}
 
 /// The body of a refused request.
 #[derive(Clone, Default)]
@@ -375,6 +425,18 @@ mod tests {
         write_headers(&HeaderStyle::RateLimit, &p, &denied, &mut h);
         assert_eq!(h["ratelimit-reset"], "1", "1 ns rounds up to 1 s");
         assert_eq!(h["ratelimit-remaining"], "0");
+        // The stack-buffer writer against `format!`: extreme numbers, a name too long for it.
+        let long = "n".repeat(200);
+        for name in ["p", long.as_str()] {
+            let p = Policy::new(name, None).unwrap();
+            for (rem, reset) in [(0, 0), (9, 10), (u64::MAX - 1, u64::MAX)] {
+                let d = d(true, u64::MAX - 1, rem, reset, None);
+                let mut h = HeaderMap::new();
+                write_headers(&HeaderStyle::Ietf, &p, &d, &mut h);
+                let want = format!("\"{name}\";r={rem};t={}", reset.div_ceil(1_000_000_000));
+                assert_eq!(h["ratelimit"], want.as_str());
+            }
+        }
         assert!(Policy::new("a\"b", None).is_err());
         assert!(Policy::new("é", None).is_err());
     }
