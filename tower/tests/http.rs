@@ -392,6 +392,44 @@ async fn a_cancelled_shaped_request_refunds_its_cost() {
     );
 }
 
+/// Under `route_layer`, the key is the matched route template and the method: two ids of
+/// one route share a counter, another method or route does not.
+#[tokio::test]
+async fn route_layer_keys_by_the_matched_path() {
+    let clock = Clock::new(ManualClock::new(0));
+    let s = store(
+        Quota::fixed_window(2, Duration::from_secs(60)).unwrap(),
+        &clock,
+    );
+    let app = Router::new()
+        .route(
+            "/users/{id}",
+            get(|| async { "user" }).post(|| async { "made" }),
+        )
+        .route("/items/{id}", get(|| async { "item" }))
+        .route_layer(RateLimitLayer::new(StoreLimit::new(
+            s,
+            turnstile_tower::key::RouteMethod,
+        )));
+    let addr = serve(app).await;
+    let c = reqwest::Client::new();
+    let mut codes = Vec::new();
+    for path in ["/users/1", "/users/2", "/users/3", "/items/1"] {
+        let r = c.get(format!("http://{addr}{path}")).send().await.unwrap();
+        codes.push(r.status().as_u16());
+    }
+    let r = c
+        .post(format!("http://{addr}/users/9"))
+        .send()
+        .await
+        .unwrap();
+    codes.push(r.status().as_u16());
+    // An unmatched path never reaches a route layer.
+    let r = c.get(format!("http://{addr}/nope")).send().await.unwrap();
+    codes.push(r.status().as_u16());
+    assert_eq!(codes, [200, 200, 429, 200, 200, 404]);
+}
+
 /// Without a key: pass-through and the anonymous key.
 #[tokio::test]
 async fn requests_without_a_key() {
