@@ -430,6 +430,48 @@ async fn route_layer_keys_by_the_matched_path() {
     assert_eq!(codes, [200, 200, 429, 200, 200, 404]);
 }
 
+/// A shadow rule never changes the answer and is counted; a soft rule admits its tolerance
+/// while the headers show the nominal limit.
+#[tokio::test]
+async fn shadow_and_soft_rules_over_http() {
+    let clock = Clock::new(ManualClock::new(0));
+    let e = engine(
+        r#"
+[[rule]]
+name = "soft"
+key = "global"
+mode = "soft"
+soft_percent = 50
+limits = [{ algorithm = "fixed_window", limit = 4, window = "1m" }]
+
+[[rule]]
+name = "trial"
+key = "global"
+mode = "shadow"
+limits = [{ algorithm = "fixed_window", limit = 1, window = "1m" }]
+"#,
+        &clock,
+    );
+    let addr = serve(hello().layer(RateLimitLayer::new(EngineLimit::new(
+        e.clone(),
+        Describer::new(),
+    ))))
+    .await;
+    let url = format!("http://{addr}/");
+    let mut codes = Vec::new();
+    let mut limits = Vec::new();
+    for _ in 0..7 {
+        let r = reqwest::get(&url).await.unwrap();
+        codes.push(r.status().as_u16());
+        limits.push(h(&r, "ratelimit-policy").unwrap_or("").to_string());
+    }
+    assert_eq!(codes, [200, 200, 200, 200, 200, 200, 429], "4 + 50 %");
+    assert!(limits.iter().all(|l| l == "\"default\";q=4"), "{limits:?}");
+    let st = e.rule_stats("trial").unwrap();
+    assert_eq!(st.would_deny, 5, "the shadow rule counted, never refused");
+    assert_eq!(e.rule_stats("soft").unwrap().over_nominal, 2);
+}
+
 /// Without a key: pass-through and the anonymous key.
 #[tokio::test]
 async fn requests_without_a_key() {
