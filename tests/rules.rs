@@ -532,6 +532,29 @@ fn shedding_follows_requests_in_flight() {
     assert!(e.admit(&get).is_ok());
 }
 
+/// An owned guard outlives the borrow of the engine, moves to another thread, and still counts
+/// in the load that shedding reads until it drops there.
+#[test]
+fn owned_in_flight_guards_cross_threads() {
+    let (e, _) = engine(SHED);
+    let e = Arc::new(e);
+    let get = Request::new().method("GET");
+    let held: Vec<_> = (0..7)
+        .map(|_| e.admit_owned(&get).expect("under 0.7"))
+        .collect();
+    assert_eq!(held[0].decision().outcome, Outcome::Allowed);
+    assert!(e.admit_owned(&get).is_err(), "7 of 10 in flight sheds GET");
+    let extra = e.enter_owned();
+    assert_eq!(e.in_flight(), 8);
+    let t = std::thread::spawn(move || {
+        drop(extra);
+        drop(held);
+    });
+    t.join().unwrap();
+    assert_eq!(e.in_flight(), 0);
+    assert!(e.admit_owned(&get).is_ok());
+}
+
 #[test]
 fn critical_traffic_keeps_a_reserved_share() {
     let (e, _) = engine(

@@ -114,6 +114,40 @@ impl Drop for InFlight<'_> {
     }
 }
 
+/// [`InFlight`] that owns its share of the engine's load counter (an `Arc`), so it can cross
+/// `.await`s, be moved into `tokio::spawn`ed tasks and outlive the borrow of the engine: a
+/// server holds one until the response body has been sent or dropped. From
+/// [`Engine::admit_owned`] or [`Engine::enter_owned`]. Costs one more atomic increment and
+/// decrement (the `Arc`'s count) than the borrowed guard.
+#[must_use = "the request counts as in flight until this guard is dropped"]
+pub struct OwnedInFlight {
+    load: Arc<Load>,
+    shard: usize,
+    decision: Decision,
+}
+
+impl OwnedInFlight {
+    /// The decision that admitted it.
+    pub fn decision(&self) -> &Decision {
+        &self.decision
+    }
+}
+
+impl Drop for OwnedInFlight {
+    fn drop(&mut self) {
+        self.load.exit(self.shard);
+    }
+}
+
+impl std::fmt::Debug for OwnedInFlight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OwnedInFlight")
+            .field("shard", &self.shard)
+            .field("decision", &self.decision)
+            .finish()
+    }
+}
+
 /// The decision when no rule applies.
 pub const UNLIMITED: Decision = Decision {
     outcome: Outcome::Allowed,
@@ -178,7 +212,7 @@ impl EngineBuilder {
             Some(s) => KeyHasher::with_seed(s, 64),
             None => KeyHasher::random(64),
         };
-        let load = Load::new();
+        let load = Arc::new(Load::new());
         let (c, _) = compile(&self.rules, None, &clock, &hasher, self.seed, load.shards())?;
         Ok(Engine {
             clock,
@@ -197,7 +231,8 @@ pub struct Engine<C: Clock = DefaultClock> {
     hasher: KeyHasher,
     seed: Option<u64>,
     current: ArcSwap<Compiled<C>>,
-    load: Load,
+    /// Shared with the owned in-flight guards ([`OwnedInFlight`]).
+    load: Arc<Load>,
     reload: Mutex<()>,
 }
 
@@ -309,6 +344,31 @@ impl<C: Clock> Engine<C> {
             load: &self.load,
             shard,
             decision: UNLIMITED,
+        }
+    }
+
+    /// [`Engine::admit`], with a guard that owns its share of the load counter
+    /// ([`OwnedInFlight`]: it may outlive this borrow, cross `.await`s and move to other tasks).
+    pub fn admit_owned(&self, req: &Request<'_>) -> Result<OwnedInFlight, Decision> {
+        let d = self.check(req);
+        if !d.allowed() {
+            return Err(d);
+        }
+        Ok(self.owned(d))
+    }
+
+    /// [`Engine::enter`], with an owned guard.
+    pub fn enter_owned(&self) -> OwnedInFlight {
+        self.owned(UNLIMITED)
+    }
+
+    fn owned(&self, decision: Decision) -> OwnedInFlight {
+        let shard = self.load.shard();
+        self.load.enter(shard);
+        OwnedInFlight {
+            load: Arc::clone(&self.load),
+            shard,
+            decision,
         }
     }
 

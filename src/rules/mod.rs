@@ -48,7 +48,8 @@ mod request;
 mod validate;
 
 pub use engine::{
-    Engine, EngineBuilder, InFlight, LocalEngine, ReloadReport, RuleStats, Verdict, UNLIMITED,
+    Engine, EngineBuilder, InFlight, LocalEngine, OwnedInFlight, ReloadReport, RuleStats, Verdict,
+    UNLIMITED,
 };
 pub use model::{
     KeyClass, KeyPart, LoadSettings, Match, Mode, Override, OverrideKey, Rule, Settings, Shedding,

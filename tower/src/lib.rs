@@ -1,0 +1,52 @@
+//! # turnstile-tower
+//!
+//! Rate limiting for axum, tonic and any tower service over `http` requests, on the turnstile
+//! engine: one keyed [`Store`](turnstile::keyed::Store) and a key extractor, or a rules
+//! [`Engine`](turnstile::rules::Engine) that decides per customer, IP, API key, route, method
+//! and priority.
+//!
+//! * **Keys** ([`key`]): global, the peer IP, the client IP behind trusted proxies (the
+//!   rightmost untrusted address of `Forwarded`, `X-Forwarded-For` or `X-Real-IP`, see
+//!   [`ip`]), a header, a bearer token, an extension, the matched route and method, a closure.
+//! * **Answers** ([`answer`]): 429 over a limit, 503 when shed, `Retry-After` in whole seconds
+//!   rounded up (≥ 1); rate-limit headers in the IETF draft's form, `RateLimit-*` or
+//!   `X-RateLimit-*`; a problem+json or text body or the application's own; over gRPC,
+//!   `RESOURCE_EXHAUSTED` with the retry time in metadata.
+//! * **Permits**: an engine's in-flight permit is owned by the response body until it ends or
+//!   is dropped ([`RateLimitBody`]).
+//! * **Shaping**: a leaky-bucket shaper's delay is waited (bounded), and refunded if the
+//!   request is cancelled while it waits.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use axum::{routing::get, Router};
+//! use turnstile::{keyed::Store, Limit as Quota};
+//! use turnstile_tower::{key::PeerIp, RateLimitLayer, StoreLimit};
+//!
+//! let store = Arc::new(Store::with_capacity(
+//!     Quota::sliding_window(10, std::time::Duration::from_secs(60)).unwrap(), 100_000).unwrap());
+//! let app: Router = Router::new()
+//!     .route("/", get(|| async { "hello" }))
+//!     .layer(RateLimitLayer::new(StoreLimit::new(store, PeerIp)));
+//! ```
+
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod answer;
+mod body;
+pub mod ip;
+pub mod key;
+mod limit;
+pub mod observe;
+mod service;
+
+pub use answer::{BodyStyle, Denial, HeaderStyle, Policy};
+pub use body::RateLimitBody;
+pub use ip::{ProxyHeader, TrustedProxies};
+pub use key::{ClientIp, Key, KeyExtractor, PeerIp};
+pub use limit::{
+    is_shed, retry_after_secs, Check, Describe, Describer, EngineLimit, IpSource, Limit, NoKey,
+    StoreLimit,
+};
+pub use service::{Builder, Config, RateLimit, RateLimitLayer, ResponseFuture};

@@ -1,0 +1,303 @@
+//! What the layer checks a request against: one keyed [`Store`] and a key extractor
+//! ([`StoreLimit`]), or a rules [`Engine`] and a description of the request ([`EngineLimit`]).
+
+use crate::key::{route, Key, KeyExtractor};
+use crate::ClientIp;
+use http::request::Parts;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use turnstile::keyed::{Key as _, Store};
+use turnstile::rules::{Engine, OwnedInFlight, Priority, Request};
+use turnstile::{Clock, Decision, Outcome};
+
+/// A request without a key: what the layer answers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum NoKey {
+    /// 500 Internal Server Error (tower_governor's answer): a misconfiguration to notice.
+    #[default]
+    Error,
+    /// Passes the request on unchecked.
+    PassThrough,
+    /// Counts it under one shared key ([`Key::Anonymous`]).
+    Anonymous,
+}
+
+/// The result of one check.
+#[derive(Debug)]
+pub enum Check {
+    /// Admitted: go on (after `decision.delay` for a shaper). `permit` is held until the
+    /// response body ends; `refund` gives the cost back if the request is cancelled while it
+    /// waits out its delay.
+    Admitted {
+        /// The decision.
+        decision: Decision,
+        /// An in-flight permit to hold until the response body ends.
+        permit: Option<OwnedInFlight>,
+        /// The key id and cost to refund on cancellation, where the limit can refund.
+        refund: Option<(u64, u64)>,
+    },
+    /// Refused: a 429 (or 503 when `shed`).
+    Denied {
+        /// The decision.
+        decision: Decision,
+        /// Shed by priority load shedding rather than by a limit.
+        shed: bool,
+    },
+    /// Passed on unchecked ([`NoKey::PassThrough`]).
+    Unchecked,
+    /// No key and [`NoKey::Error`].
+    NoKey,
+}
+
+/// What the layer checks requests against. Implemented for [`StoreLimit`] and
+/// [`EngineLimit`]; implement it to put any other decision behind the layer.
+pub trait Limit: Send + Sync + 'static {
+    /// Checks the request whose head is `parts`.
+    fn check(&self, parts: &Parts, no_key: NoKey) -> Check;
+    /// Gives back `cost` taken from key id `id` (a shaped request cancelled while it waited).
+    fn refund(&self, _id: u64, _cost: u64) {}
+    /// The key class, for observers.
+    fn class(&self) -> &'static str;
+}
+
+/// One keyed store; every request costs `cost` (default 1) of its key's limits.
+pub struct StoreLimit<K, C: Clock> {
+    store: Arc<Store<C>>,
+    key: K,
+    cost: u64,
+}
+
+impl<K: KeyExtractor, C: Clock + 'static> StoreLimit<K, C> {
+    /// Requests keyed by `key` against `store` (shared: clones of the layer and other code
+    /// see the same counters).
+    pub fn new(store: Arc<Store<C>>, key: K) -> Self {
+        Self {
+            store,
+            key,
+            cost: 1,
+        }
+    }
+    /// Each request costs `cost`.
+    pub fn cost(mut self, cost: u64) -> Self {
+        self.cost = cost;
+        self
+    }
+    /// The store.
+    pub fn store(&self) -> &Arc<Store<C>> {
+        &self.store
+    }
+}
+
+/// A store's verdict: a full store (fail closed) answers 503, like a shed request.
+fn store_check(d: Decision, id: u64, cost: u64) -> Check {
+    if d.allowed() {
+        Check::Admitted {
+            decision: d,
+            permit: None,
+            refund: Some((id, cost)),
+        }
+    } else {
+        Check::Denied {
+            decision: d,
+            shed: d.outcome == Outcome::StoreFull,
+        }
+    }
+}
+
+impl<K: KeyExtractor, C: Clock + 'static> Limit for StoreLimit<K, C> {
+    #[inline]
+    fn check(&self, parts: &Parts, no_key: NoKey) -> Check {
+        let id = match self.key.extract(parts) {
+            Some(k) => k.key_id(self.store.hasher()),
+            None => match no_key {
+                NoKey::Error => return Check::NoKey,
+                NoKey::PassThrough => return Check::Unchecked,
+                NoKey::Anonymous => Key::Anonymous.key_id(self.store.hasher()),
+            },
+        };
+        store_check(self.store.check(&id, self.cost), id, self.cost)
+    }
+    fn refund(&self, id: u64, cost: u64) {
+        self.store.refund(&id, cost);
+    }
+    fn class(&self) -> &'static str {
+        self.key.class()
+    }
+}
+
+/// How a request becomes a rules [`Request`] (customer, IP, API key, route, method,
+/// priority, cost). [`Describer`] covers the usual sources; a closure works too.
+pub trait Describe: Send + Sync + 'static {
+    /// The request as the rules see it; `None`: it has no key ([`NoKey`]).
+    fn describe<'r>(&self, parts: &'r Parts) -> Option<Request<'r>>;
+}
+
+impl<F> Describe for F
+where
+    F: for<'r> Fn(&'r Parts) -> Option<Request<'r>> + Send + Sync + 'static,
+{
+    fn describe<'r>(&self, parts: &'r Parts) -> Option<Request<'r>> {
+        self(parts)
+    }
+}
+
+/// Where the client address comes from.
+#[derive(Clone, Debug, Default)]
+pub enum IpSource {
+    /// No address (rules keyed by IP do not apply).
+    None,
+    /// The TCP peer ([`crate::PeerIp`]).
+    #[default]
+    Peer,
+    /// Behind trusted proxies ([`ClientIp`]).
+    Client(ClientIp),
+}
+
+/// The usual description: the route (axum's `MatchedPath`, else the URI path), the method,
+/// the client IP, and optionally an API key header, a customer id from an extension, a
+/// priority and a cost.
+#[derive(Clone, Default)]
+pub struct Describer {
+    ip: IpSource,
+    api_key: Option<http::HeaderName>,
+    customer: Option<fn(&Parts) -> Option<u64>>,
+    priority: Option<fn(&Parts) -> Option<Priority>>,
+    cost: Option<fn(&Parts) -> u64>,
+}
+
+impl Describer {
+    /// Route, method and peer IP.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Where the IP comes from.
+    pub fn ip(mut self, ip: IpSource) -> Self {
+        self.ip = ip;
+        self
+    }
+    /// The API key is this header's value (`x-api-key`).
+    pub fn api_key(mut self, header: http::HeaderName) -> Self {
+        self.api_key = Some(header);
+        self
+    }
+    /// The customer id, e.g. from an extension an authentication layer set.
+    pub fn customer(mut self, f: fn(&Parts) -> Option<u64>) -> Self {
+        self.customer = Some(f);
+        self
+    }
+    /// The priority (default: from the method).
+    pub fn priority(mut self, f: fn(&Parts) -> Option<Priority>) -> Self {
+        self.priority = Some(f);
+        self
+    }
+    /// The cost (default 1).
+    pub fn cost(mut self, f: fn(&Parts) -> u64) -> Self {
+        self.cost = Some(f);
+        self
+    }
+    fn client_ip(&self, parts: &Parts) -> Option<IpAddr> {
+        match &self.ip {
+            IpSource::None => None,
+            IpSource::Peer => crate::ip::peer_addr(&parts.extensions).map(|a| a.ip()),
+            IpSource::Client(c) => c.ip(parts),
+        }
+    }
+}
+
+impl Describe for Describer {
+    #[inline]
+    fn describe<'r>(&self, parts: &'r Parts) -> Option<Request<'r>> {
+        let mut r = Request::new()
+            .route(route(parts))
+            .method(parts.method.as_str());
+        r.ip = self.client_ip(parts);
+        if let Some(h) = &self.api_key {
+            r.api_key = parts.headers.get(h).and_then(|v| v.to_str().ok());
+        }
+        if let Some(f) = self.customer {
+            r.customer = f(parts);
+        }
+        if let Some(f) = self.priority {
+            r.priority = f(parts);
+        }
+        if let Some(f) = self.cost {
+            r.cost = f(parts);
+        }
+        Some(r)
+    }
+}
+
+/// A rules engine: the rules decide per customer, IP, API key, route, method and priority.
+/// Every admitted request holds an in-flight permit until its response body ends (the load
+/// that shedding and elastic rules read).
+pub struct EngineLimit<D, C: Clock> {
+    engine: Arc<Engine<C>>,
+    describe: D,
+}
+
+impl<D: Describe, C: Clock + 'static> EngineLimit<D, C> {
+    /// `engine` (shared: reload it from anywhere), requests described by `describe`.
+    pub fn new(engine: Arc<Engine<C>>, describe: D) -> Self {
+        Self { engine, describe }
+    }
+    /// The engine.
+    pub fn engine(&self) -> &Arc<Engine<C>> {
+        &self.engine
+    }
+}
+
+/// Whether an engine's denial is a shed: `docs/rules.md` ("One check"): a shed request gets
+/// `Outcome::Limited` with `limit` 0, which no rule's limit can be (limits are ≥ 1).
+pub fn is_shed(d: &Decision) -> bool {
+    d.outcome == Outcome::Limited && d.limit == 0
+}
+
+impl<D: Describe, C: Clock + 'static> Limit for EngineLimit<D, C> {
+    #[inline]
+    fn check(&self, parts: &Parts, no_key: NoKey) -> Check {
+        let req = match self.describe.describe(parts) {
+            Some(r) => r,
+            None => match no_key {
+                NoKey::Error => return Check::NoKey,
+                NoKey::PassThrough => return Check::Unchecked,
+                NoKey::Anonymous => Request::new()
+                    .route(route(parts))
+                    .method(parts.method.as_str()),
+            },
+        };
+        match self.engine.admit_owned(&req) {
+            Ok(p) => Check::Admitted {
+                decision: *p.decision(),
+                permit: Some(p),
+                refund: None,
+            },
+            Err(d) => Check::Denied {
+                shed: is_shed(&d) || d.outcome == Outcome::StoreFull,
+                decision: d,
+            },
+        }
+    }
+    fn class(&self) -> &'static str {
+        "rules"
+    }
+}
+
+/// Whole seconds, rounded up.
+#[inline]
+pub(crate) fn ceil_secs(ns: u64) -> u64 {
+    ns.div_ceil(1_000_000_000)
+}
+
+/// `Retry-After` in whole seconds: rounded up and at least 1, so that a client that waits it
+/// out is never early.
+#[inline]
+pub fn retry_after_secs(d: &Decision) -> Option<u64> {
+    d.retry_after_ns.map(|ns| ceil_secs(ns).max(1))
+}
+
+/// The delay a shaper asks for, bounded by `max`.
+#[inline]
+pub(crate) fn bounded_delay(d: &Decision, max: Duration) -> Duration {
+    d.delay().min(max)
+}

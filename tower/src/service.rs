@@ -1,0 +1,368 @@
+//! The middleware: [`RateLimitLayer`] (the configuration, shared), [`RateLimit`] (the
+//! service, cheap to clone), [`ResponseFuture`] (a pinned state machine: a ready answer, a
+//! shaped wait, or the inner call) and the body that holds the permit
+//! ([`RateLimitBody`]).
+
+use crate::answer::{denial_response, grpc_denial, is_grpc, no_key_response, write_headers};
+use crate::answer::{BodyStyle, Denial, HeaderStyle, Policy};
+use crate::body::RateLimitBody;
+use crate::limit::{bounded_delay, retry_after_secs, Check, Limit, NoKey};
+use crate::observe::{Answer, Event, Observer};
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body::Body;
+use pin_project_lite::pin_project;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+use tower_layer::Layer;
+use tower_service::Service;
+use turnstile::rules::OwnedInFlight;
+use turnstile::Decision;
+
+/// The layer's settings, shared by every clone of the layer and its services.
+pub struct Config<L> {
+    limit: L,
+    no_key: NoKey,
+    headers: HeaderStyle,
+    policy: Policy,
+    body: BodyStyle,
+    observer: Option<Observer>,
+    max_delay: Duration,
+}
+
+/// Builds a [`RateLimitLayer`].
+pub struct Builder<L> {
+    cfg: Config<L>,
+}
+
+impl<L: Limit> Builder<L> {
+    /// The answer to a request without a key (default: 500).
+    pub fn no_key(mut self, n: NoKey) -> Self {
+        self.cfg.no_key = n;
+        self
+    }
+    /// The rate-limit headers (default: the IETF draft's).
+    pub fn headers(mut self, s: HeaderStyle) -> Self {
+        self.cfg.headers = s;
+        self
+    }
+    /// The policy the headers and the problem document name (default `"default"`, no window).
+    pub fn policy(mut self, p: Policy) -> Self {
+        self.cfg.policy = p;
+        self
+    }
+    /// The body of a refusal (default: problem+json).
+    pub fn body(mut self, b: BodyStyle) -> Self {
+        self.cfg.body = b;
+        self
+    }
+    /// The application's own refusal: `f` builds the response; status 200 becomes the
+    /// refusal's status, and `Retry-After` and the rate-limit headers are added.
+    pub fn on_denied(
+        mut self,
+        f: impl Fn(&Denial<'_>) -> Response<Bytes> + Send + Sync + 'static,
+    ) -> Self {
+        self.cfg.body = BodyStyle::Custom(Arc::new(f));
+        self
+    }
+    /// Sees every decision (see [`crate::observe`]).
+    pub fn on_decision(mut self, f: impl Fn(&Event<'_>) + Send + Sync + 'static) -> Self {
+        self.cfg.observer = Some(Arc::new(f));
+        self
+    }
+    /// The longest a shaped request is held (default 30 s; zero: shaping off, a shaper's
+    /// delay is not waited).
+    pub fn max_delay(mut self, d: Duration) -> Self {
+        self.cfg.max_delay = d;
+        self
+    }
+    /// The layer.
+    pub fn build(self) -> RateLimitLayer<L> {
+        RateLimitLayer {
+            cfg: Arc::new(self.cfg),
+        }
+    }
+}
+
+/// Rate limiting in front of any tower service over `http` requests. `Clone` shares the
+/// configuration and the store or engine behind it. It answers at once: a request over the
+/// limit gets its 429 (503 when shed) without queueing.
+pub struct RateLimitLayer<L> {
+    cfg: Arc<Config<L>>,
+}
+
+impl<L> Clone for RateLimitLayer<L> {
+    fn clone(&self) -> Self {
+        Self {
+            cfg: Arc::clone(&self.cfg),
+        }
+    }
+}
+
+impl<L: Limit> RateLimitLayer<L> {
+    /// A layer over `limit` with the defaults (500 without a key, IETF headers,
+    /// problem+json).
+    pub fn new(limit: L) -> Self {
+        Self::builder(limit).build()
+    }
+    /// A builder over `limit`.
+    pub fn builder(limit: L) -> Builder<L> {
+        Builder {
+            cfg: Config {
+                limit,
+                no_key: NoKey::default(),
+                headers: HeaderStyle::default(),
+                policy: Policy::default(),
+                body: BodyStyle::default(),
+                observer: None,
+                max_delay: Duration::from_secs(30),
+            },
+        }
+    }
+    /// What requests are checked against.
+    pub fn limit(&self) -> &L {
+        &self.cfg.limit
+    }
+}
+
+impl<S, L> Layer<S> for RateLimitLayer<L> {
+    type Service = RateLimit<S, L>;
+    fn layer(&self, inner: S) -> RateLimit<S, L> {
+        RateLimit {
+            inner,
+            cfg: Arc::clone(&self.cfg),
+        }
+    }
+}
+
+/// The rate-limiting service (from [`RateLimitLayer`]).
+pub struct RateLimit<S, L> {
+    inner: S,
+    cfg: Arc<Config<L>>,
+}
+
+impl<S: Clone, L> Clone for RateLimit<S, L> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            cfg: Arc::clone(&self.cfg),
+        }
+    }
+}
+
+impl<S, L: Limit> RateLimit<S, L> {
+    fn observe(&self, answer: Answer, decision: Option<&Decision>, grpc: bool) {
+        if let Some(o) = &self.cfg.observer {
+            o(&Event {
+                answer,
+                decision,
+                class: self.cfg.limit.class(),
+                grpc,
+            });
+        }
+    }
+
+    fn refuse<F, ReqB>(&self, decision: &Decision, shed: bool, grpc: bool) -> State<F, S, ReqB, L> {
+        let denial = Denial {
+            status: if shed {
+                StatusCode::SERVICE_UNAVAILABLE
+            } else {
+                StatusCode::TOO_MANY_REQUESTS
+            },
+            decision,
+            retry_after: retry_after_secs(decision),
+            shed,
+            policy: self.cfg.policy.name(),
+        };
+        let res = if grpc {
+            grpc_denial(&denial, &self.cfg.headers, &self.cfg.policy)
+        } else {
+            denial_response(&denial, &self.cfg.body, &self.cfg.headers, &self.cfg.policy)
+        };
+        State::Ready { res: Some(res) }
+    }
+}
+
+impl<S, L, ReqB, ResB> Service<Request<ReqB>> for RateLimit<S, L>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone,
+    L: Limit,
+    ResB: Body<Data = Bytes>,
+{
+    type Response = Response<RateLimitBody<ResB>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, ReqB, L>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        let (parts, body) = req.into_parts();
+        let grpc = is_grpc(&parts.headers);
+        let check = self.cfg.limit.check(&parts, self.cfg.no_key);
+        let req = Request::from_parts(parts, body);
+        let state = match check {
+            Check::Admitted {
+                decision,
+                permit,
+                refund,
+            } => {
+                let delay = bounded_delay(&decision, self.cfg.max_delay);
+                if delay.is_zero() {
+                    self.observe(Answer::Admitted, Some(&decision), grpc);
+                    State::Inner {
+                        fut: self.inner.call(req),
+                        permit,
+                    }
+                } else {
+                    self.observe(Answer::Delayed, Some(&decision), grpc);
+                    // The inner service was made ready by `poll_ready`; that instance waits
+                    // with the request, a clone takes its place here.
+                    let clone = self.inner.clone();
+                    let svc = std::mem::replace(&mut self.inner, clone);
+                    State::Delayed {
+                        sleep: Box::pin(tokio::time::sleep(delay)),
+                        svc: Some(svc),
+                        req: Some(req),
+                        permit,
+                        refund: refund.map(|(id, cost)| Refund {
+                            cfg: Arc::clone(&self.cfg),
+                            id,
+                            cost,
+                        }),
+                    }
+                }
+                .with(Some(decision))
+            }
+            Check::Denied { decision, shed } => {
+                self.observe(
+                    if shed { Answer::Shed } else { Answer::Limited },
+                    Some(&decision),
+                    grpc,
+                );
+                self.refuse(&decision, shed, grpc).with(None)
+            }
+            Check::Unchecked => {
+                self.observe(Answer::Unchecked, None, grpc);
+                State::Inner {
+                    fut: self.inner.call(req),
+                    permit: None,
+                }
+                .with(None)
+            }
+            Check::NoKey => {
+                self.observe(Answer::NoKey, None, grpc);
+                State::Ready {
+                    res: Some(no_key_response()),
+                }
+                .with(None)
+            }
+        };
+        ResponseFuture {
+            state: state.0,
+            decision: state.1,
+            cfg: Arc::clone(&self.cfg),
+        }
+    }
+}
+
+/// A state and the decision whose headers the response gets.
+struct WithDecision<F, S, ReqB, L: Limit>(State<F, S, ReqB, L>, Option<Decision>);
+
+impl<F, S, ReqB, L: Limit> State<F, S, ReqB, L> {
+    fn with(self, d: Option<Decision>) -> WithDecision<F, S, ReqB, L> {
+        WithDecision(self, d)
+    }
+}
+
+/// Gives a shaped request's cost back if it is dropped while it waits.
+struct Refund<L: Limit> {
+    cfg: Arc<Config<L>>,
+    id: u64,
+    cost: u64,
+}
+
+impl<L: Limit> Drop for Refund<L> {
+    fn drop(&mut self) {
+        if self.cost > 0 {
+            self.cfg.limit.refund(self.id, self.cost);
+        }
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F, S, ReqB, L: Limit> {
+        Ready { res: Option<Response<Bytes>> },
+        Delayed {
+            sleep: Pin<Box<tokio::time::Sleep>>,
+            svc: Option<S>,
+            req: Option<Request<ReqB>>,
+            permit: Option<OwnedInFlight>,
+            refund: Option<Refund<L>>,
+        },
+        Inner { #[pin] fut: F, permit: Option<OwnedInFlight> },
+    }
+}
+
+pin_project! {
+    /// The response future of [`RateLimit`].
+    pub struct ResponseFuture<S: Service<Request<ReqB>>, ReqB, L: Limit> {
+        #[pin]
+        state: State<S::Future, S, ReqB, L>,
+        decision: Option<Decision>,
+        cfg: Arc<Config<L>>,
+    }
+}
+
+impl<S, ReqB, ResB, L> Future for ResponseFuture<S, ReqB, L>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+    L: Limit,
+    ResB: Body<Data = Bytes>,
+{
+    type Output = Result<Response<RateLimitBody<ResB>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Ready { res } => {
+                    let res = res.take().expect("polled after completion");
+                    return Poll::Ready(Ok(res.map(RateLimitBody::full)));
+                }
+                StateProj::Delayed {
+                    sleep,
+                    svc,
+                    req,
+                    permit,
+                    refund,
+                } => {
+                    ready!(sleep.as_mut().poll(cx));
+                    let s = svc.as_mut().expect("polled after completion");
+                    ready!(s.poll_ready(cx))?;
+                    if let Some(mut r) = refund.take() {
+                        // Waited out: the request goes on and keeps its cost.
+                        r.cost = 0;
+                    }
+                    let req = req.take().expect("polled after completion");
+                    let fut = s.call(req);
+                    let permit = permit.take();
+                    this.state.set(State::Inner { fut, permit });
+                }
+                StateProj::Inner { fut, permit } => {
+                    let res = ready!(fut.poll(cx))?;
+                    let mut res = res.map(|b| RateLimitBody::new(b, permit.take()));
+                    if let Some(d) = this.decision {
+                        write_headers(&this.cfg.headers, &this.cfg.policy, d, res.headers_mut());
+                    }
+                    return Poll::Ready(Ok(res));
+                }
+            }
+        }
+    }
+}
