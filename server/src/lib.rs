@@ -1,0 +1,5 @@
+//! `turnstile serve`: the rate-limit service.
+
+#![warn(missing_docs)]
+
+pub mod envoy;
