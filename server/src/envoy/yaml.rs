@@ -121,7 +121,14 @@ impl Builder {
             Some((parent, pending, _)) => match &mut parent.kind {
                 Kind::Seq(items) => items.push(node),
                 Kind::Map(entries) => match pending.take() {
-                    None => *pending = Some(node),
+                    None => {
+                        // A block mapping's start event is marked after its first key: the
+                        // mapping starts where its first key does.
+                        if entries.is_empty() {
+                            parent.pos = node.pos;
+                        }
+                        *pending = Some(node)
+                    }
                     Some(k) => entries.push((k, node)),
                 },
                 Kind::Scalar(..) => {}
