@@ -59,11 +59,20 @@ descriptors:
       requests_per_unit: 70
 ";
 
-fn lookup(m: &Matcher, domain: &str, e: &[(&str, &str)]) -> Option<(String, u32, Option<Unit>, bool)> {
+fn lookup(
+    m: &Matcher,
+    domain: &str,
+    e: &[(&str, &str)],
+) -> Option<(String, u32, Option<Unit>, bool)> {
     let (mut b, mut k) = (String::new(), Vec::new());
     m.lookup(domain, e, &mut b, &mut k).map(|i| {
         let r = &m.rules()[i];
-        (r.full_key.clone(), r.limit.requests_per_unit, r.limit.unit, r.limit.unlimited)
+        (
+            r.full_key.clone(),
+            r.limit.requests_per_unit,
+            r.limit.unit,
+            r.limit.unlimited,
+        )
     })
 }
 
@@ -78,27 +87,89 @@ fn upstream_test_basic_config() {
     assert!(lookup(&m, "test-domain", &[]).is_none());
     assert!(lookup(&m, "test-domain", &[("key1", "something")]).is_none());
     assert!(lookup(&m, "test-domain", &[("key1", "value1")]).is_none());
-    assert!(lookup(&m, "test-domain", &[("key2", "value2"), ("subkey", "subvalue")]).is_none());
-    assert!(lookup(&m, "test-domain", &[("key5", "value5"), ("subkey5", "subvalue")]).is_none());
-    let x = lookup(&m, "test-domain", &[("key1", "value1"), ("subkey1", "something")]).unwrap();
-    assert_eq!(x, ("test-domain.key1_value1.subkey1".into(), 5, Some(Unit::Second), false));
-    let x = lookup(&m, "test-domain", &[("key1", "value1"), ("subkey1", "subvalue1")]).unwrap();
-    assert_eq!(x, ("test-domain.key1_value1.subkey1_subvalue1".into(), 10, Some(Unit::Second), false));
+    assert!(lookup(
+        &m,
+        "test-domain",
+        &[("key2", "value2"), ("subkey", "subvalue")]
+    )
+    .is_none());
+    assert!(lookup(
+        &m,
+        "test-domain",
+        &[("key5", "value5"), ("subkey5", "subvalue")]
+    )
+    .is_none());
+    let x = lookup(
+        &m,
+        "test-domain",
+        &[("key1", "value1"), ("subkey1", "something")],
+    )
+    .unwrap();
+    assert_eq!(
+        x,
+        (
+            "test-domain.key1_value1.subkey1".into(),
+            5,
+            Some(Unit::Second),
+            false
+        )
+    );
+    let x = lookup(
+        &m,
+        "test-domain",
+        &[("key1", "value1"), ("subkey1", "subvalue1")],
+    )
+    .unwrap();
+    assert_eq!(
+        x,
+        (
+            "test-domain.key1_value1.subkey1_subvalue1".into(),
+            10,
+            Some(Unit::Second),
+            false
+        )
+    );
     let x = lookup(&m, "test-domain", &[("key2", "something")]).unwrap();
-    assert_eq!(x, ("test-domain.key2".into(), 20, Some(Unit::Minute), false));
+    assert_eq!(
+        x,
+        ("test-domain.key2".into(), 20, Some(Unit::Minute), false)
+    );
     let x = lookup(&m, "test-domain", &[("key2", "value2")]).unwrap();
-    assert_eq!(x, ("test-domain.key2_value2".into(), 30, Some(Unit::Minute), false));
+    assert_eq!(
+        x,
+        (
+            "test-domain.key2_value2".into(),
+            30,
+            Some(Unit::Minute),
+            false
+        )
+    );
     // key2 with another value falls back to key2's default (upstream: same).
     let x = lookup(&m, "test-domain", &[("key2", "value3")]).unwrap();
     assert_eq!(x.0, "test-domain.key2");
-    assert_eq!(lookup(&m, "test-domain", &[("key3", "foo")]).unwrap().2, Some(Unit::Hour));
-    assert_eq!(lookup(&m, "test-domain", &[("key4", "foo")]).unwrap().2, Some(Unit::Day));
+    assert_eq!(
+        lookup(&m, "test-domain", &[("key3", "foo")]).unwrap().2,
+        Some(Unit::Hour)
+    );
+    assert_eq!(
+        lookup(&m, "test-domain", &[("key4", "foo")]).unwrap().2,
+        Some(Unit::Day)
+    );
     assert!(lookup(&m, "test-domain", &[("key6", "foo")]).unwrap().3);
     assert_eq!(lookup(&m, "test-domain", &[("key7", "x")]).unwrap().1, 70);
     // key5_value5 has a limit and children: the one-entry descriptor gets it.
-    assert_eq!(lookup(&m, "test-domain", &[("key5", "value5")]).unwrap().1, 15);
     assert_eq!(
-        lookup(&m, "test-domain", &[("key5", "value5"), ("subkey5", "subvalue5")]).unwrap().1,
+        lookup(&m, "test-domain", &[("key5", "value5")]).unwrap().1,
+        15
+    );
+    assert_eq!(
+        lookup(
+            &m,
+            "test-domain",
+            &[("key5", "value5"), ("subkey5", "subvalue5")]
+        )
+        .unwrap()
+        .1,
         25
     );
 }
@@ -112,15 +183,26 @@ fn upstream_test_wildcard_config() {
         )
         .unwrap(),
     );
-    assert_eq!(lookup(&m, "test-domain", &[("noVal", "foo1")]), lookup(&m, "test-domain", &[("noVal", "foo2")]));
+    assert_eq!(
+        lookup(&m, "test-domain", &[("noVal", "foo1")]),
+        lookup(&m, "test-domain", &[("noVal", "foo2")])
+    );
     let w1 = lookup(&m, "test-domain", &[("wild", "foo1")]).unwrap();
-    assert_eq!(Some(w1.clone()), lookup(&m, "test-domain", &[("wild", "foo2")]));
+    assert_eq!(
+        Some(w1.clone()),
+        lookup(&m, "test-domain", &[("wild", "foo2")])
+    );
     assert_eq!(w1.0, "test-domain.wild_foo*");
     assert!(lookup(&m, "test-domain", &[("wild", "bar")]).is_none());
     assert!(lookup(&m, "test-domain", &[("noWild", "foo1")]).is_none());
     assert!(lookup(&m, "test-domain", &[("midWild", "barab")]).is_none());
     // `value: "*"` matches every value, the empty one too.
-    assert_eq!(lookup(&m, "test-domain", &[("star", "anything")]).unwrap().1, 7);
+    assert_eq!(
+        lookup(&m, "test-domain", &[("star", "anything")])
+            .unwrap()
+            .1,
+        7
+    );
     assert_eq!(lookup(&m, "test-domain", &[("star", "")]).unwrap().1, 7);
 }
 
@@ -140,7 +222,9 @@ fn wildcards_work_below_the_top_level() {
 #[test]
 fn upstream_errors() {
     // TestEmptyDomain
-    assert!(err("descriptors: []\n").message.contains("cannot have empty domain"));
+    assert!(err("descriptors: []\n")
+        .message
+        .contains("cannot have empty domain"));
     // TestDuplicateDomain
     let e = parse_many([("a.yaml", "domain: d\n"), ("b.yaml", "domain: d\n")]).unwrap_err();
     assert_eq!(e.origin, "b.yaml");
@@ -151,7 +235,11 @@ fn upstream_errors() {
     assert_eq!((e.line, e.column), (3, 5));
     // TestDuplicateKey
     let e = err("domain: test-domain\ndescriptors:\n  - key: key1\n    value: value1\n  - key: key1\n    value: value1\n");
-    assert!(e.message.contains("duplicate descriptor composite key 'test-domain.key1_value1'"), "{e}");
+    assert!(
+        e.message
+            .contains("duplicate descriptor composite key 'test-domain.key1_value1'"),
+        "{e}"
+    );
     assert_eq!(e.line, 5);
     // TestBadLimitUnit
     let e = err("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: foo\n      requests_per_unit: 5\n");
@@ -159,9 +247,17 @@ fn upstream_errors() {
     assert_eq!((e.line, e.column), (5, 13));
     // TestReplacesSelf, TestReplacesEmpty
     let e = err("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 5\n      name: me\n      replaces:\n        - name: me\n");
-    assert!(e.message.contains("replaces should not contain name of same descriptor"), "{e}");
+    assert!(
+        e.message
+            .contains("replaces should not contain name of same descriptor"),
+        "{e}"
+    );
     let e = err("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 5\n      replaces:\n        - name: \"\"\n");
-    assert!(e.message.contains("should not have an empty replaces entry"), "{e}");
+    assert!(
+        e.message
+            .contains("should not have an empty replaces entry"),
+        "{e}"
+    );
     // TestBadYaml
     let e = err("domain: d\ndescriptors: [\n");
     assert!(e.message.starts_with("error loading config file"), "{e}");
@@ -175,13 +271,23 @@ fn upstream_errors() {
     assert!(e.message.contains("unknown key 'requestsperunit'"), "{e}");
     // TestNonStringKey
     let e = err("domain: d\ndescriptors:\n  - key: k\n    0.25: x\n");
-    assert!(e.message.contains("key is not of type string: `0.25`"), "{e}");
+    assert!(
+        e.message.contains("key is not of type string: `0.25`"),
+        "{e}"
+    );
     // TestNonMapList
     let e = err("domain: d\ndescriptors:\n  - a\n");
-    assert!(e.message.contains("list of type other than map: `a`"), "{e}");
+    assert!(
+        e.message.contains("list of type other than map: `a`"),
+        "{e}"
+    );
     // TestUnlimitedWithRateLimitUnit
     let e = err("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unlimited: true\n      unit: day\n");
-    assert!(e.message.contains("should not specify rate limit unit when unlimited"), "{e}");
+    assert!(
+        e.message
+            .contains("should not specify rate limit unit when unlimited"),
+        "{e}"
+    );
     assert_eq!(e.line, 6);
 }
 
@@ -202,7 +308,11 @@ fn our_checks() {
     assert!(err("- a\n").message.contains("mapping"));
     // Display: file:line:column: message
     let e = err("domain: d\ndescriptors:\n  - key: k\n    ratelimit: 1\n");
-    assert!(e.to_string().starts_with("f.yaml:4:5: config error, unknown key"), "{e}");
+    assert!(
+        e.to_string()
+            .starts_with("f.yaml:4:5: config error, unknown key"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -230,7 +340,11 @@ fn directory_of_files_and_errors_name_the_file() {
     std::fs::write(dir.path().join("notes.txt"), "not yaml: [").unwrap();
     let c = load(dir.path()).unwrap();
     assert_eq!(c.domains.len(), 2);
-    std::fs::write(dir.path().join("c.yaml"), "domain: c\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight}\n").unwrap();
+    std::fs::write(
+        dir.path().join("c.yaml"),
+        "domain: c\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight}\n",
+    )
+    .unwrap();
     let e = load(dir.path()).unwrap_err();
     assert!(e.origin.ends_with("c.yaml"), "{e}");
     assert_eq!(e.line, 4);

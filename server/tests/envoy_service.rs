@@ -86,7 +86,9 @@ fn fixed_window_counts_like_upstream() {
     assert_eq!(resp.overall_code, CODE_OVER_LIMIT);
     assert_eq!(resp.statuses[0].limit_remaining, 0);
     // Another value of `a` has its own counter.
-    let other = e.should_rate_limit(&req("d", vec![desc(&[("a", "y")])], 0)).unwrap();
+    let other = e
+        .should_rate_limit(&req("d", vec![desc(&[("a", "y")])], 0))
+        .unwrap();
     assert_eq!(other.statuses[0].limit_remaining, 2);
     // The next calendar minute resets it.
     clock.advance(Duration::from_secs(50));
@@ -102,7 +104,9 @@ fn fixed_window_counts_like_upstream() {
 fn hits_addend_request_and_descriptor() {
     let (e, _) = envoy(Settings::default());
     // Request hits_addend 2: 2 of 3 used.
-    let resp = e.should_rate_limit(&req("d", vec![desc(&[("a", "h")])], 2)).unwrap();
+    let resp = e
+        .should_rate_limit(&req("d", vec![desc(&[("a", "h")])], 2))
+        .unwrap();
     assert_eq!(resp.statuses[0].limit_remaining, 1);
     // A descriptor's own hits_addend overrides the request's; 0 checks without counting.
     let mut d0 = desc(&[("a", "h")]);
@@ -111,7 +115,9 @@ fn hits_addend_request_and_descriptor() {
     assert_eq!(resp.statuses[0].code, CODE_OK);
     assert_eq!(resp.statuses[0].limit_remaining, 1);
     // Over by a big addend: the hits count (as upstream's INCRBY), so the key stays over.
-    let resp = e.should_rate_limit(&req("d", vec![desc(&[("a", "h")])], 4)).unwrap();
+    let resp = e
+        .should_rate_limit(&req("d", vec![desc(&[("a", "h")])], 4))
+        .unwrap();
     assert_eq!(resp.overall_code, CODE_OVER_LIMIT);
     // At count 6 > 3, a zero-hit check reports over without counting.
     let resp = e.should_rate_limit(&req("d", vec![d0], 1)).unwrap();
@@ -121,7 +127,8 @@ fn hits_addend_request_and_descriptor() {
 #[test]
 fn zero_hit_check_at_exactly_the_limit_is_ok() {
     let (e, _) = envoy(Settings::default());
-    e.should_rate_limit(&req("d", vec![desc(&[("a", "z")])], 3)).unwrap();
+    e.should_rate_limit(&req("d", vec![desc(&[("a", "z")])], 3))
+        .unwrap();
     let mut d0 = desc(&[("a", "z")]);
     d0.hits_addend = Some(UInt64Value { value: 0 });
     let resp = e.should_rate_limit(&req("d", vec![d0], 0)).unwrap();
@@ -132,7 +139,11 @@ fn zero_hit_check_at_exactly_the_limit_is_ok() {
 #[test]
 fn overall_code_and_shadow_descriptors() {
     let (e, _) = envoy(Settings::default());
-    let r = req("d", vec![desc(&[("b", "shadow")]), desc(&[("nomatch", "x")])], 0);
+    let r = req(
+        "d",
+        vec![desc(&[("b", "shadow")]), desc(&[("nomatch", "x")])],
+        0,
+    );
     e.should_rate_limit(&r).unwrap();
     let resp = e.should_rate_limit(&r).unwrap();
     // Over, but in shadow mode: OK, with the over-limit counted.
@@ -142,7 +153,11 @@ fn overall_code_and_shadow_descriptors() {
     assert!(resp.statuses[1].current_limit.is_none());
     assert_eq!(e.counters("d.b_shadow").unwrap()[4], 1);
     // One non-shadow descriptor over makes the whole answer over, in request order.
-    let r = req("d", vec![desc(&[("b", "shadow")]), desc(&[("zero", "x")])], 0);
+    let r = req(
+        "d",
+        vec![desc(&[("b", "shadow")]), desc(&[("zero", "x")])],
+        0,
+    );
     let resp = e.should_rate_limit(&r).unwrap();
     assert_eq!(resp.overall_code, CODE_OVER_LIMIT);
     assert_eq!(resp.statuses[0].code, CODE_OK);
@@ -154,31 +169,43 @@ fn global_shadow_mode() {
     let s = Settings::from_vars(|k| (k == "SHADOW_MODE").then(|| "true".into())).unwrap();
     assert!(s.shadow_mode);
     let (e, _) = envoy(s);
-    let resp = e.should_rate_limit(&req("d", vec![desc(&[("zero", "x")])], 0)).unwrap();
+    let resp = e
+        .should_rate_limit(&req("d", vec![desc(&[("zero", "x")])], 0))
+        .unwrap();
     assert_eq!(resp.overall_code, CODE_OK);
     assert_eq!(resp.statuses[0].code, CODE_OVER_LIMIT);
-    assert!(e.render_metrics().contains("ratelimit_service_global_shadow_mode 1"));
+    assert!(e
+        .render_metrics()
+        .contains("ratelimit_service_global_shadow_mode 1"));
 }
 
 #[test]
 fn unlimited_unknown_and_unmatched() {
     let (e, _) = envoy(Settings::default());
-    let resp = e.should_rate_limit(&req("d", vec![desc(&[("u", "x")])], 0)).unwrap();
+    let resp = e
+        .should_rate_limit(&req("d", vec![desc(&[("u", "x")])], 0))
+        .unwrap();
     assert_eq!(resp.statuses[0].code, CODE_OK);
     assert_eq!(resp.statuses[0].limit_remaining, u32::MAX);
     assert!(resp.statuses[0].current_limit.is_none());
-    let resp = e.should_rate_limit(&req("nope", vec![desc(&[("a", "x")])], 0)).unwrap();
+    let resp = e
+        .should_rate_limit(&req("nope", vec![desc(&[("a", "x")])], 0))
+        .unwrap();
     assert_eq!(resp.overall_code, CODE_OK);
     assert_eq!(resp.statuses.len(), 1);
     assert!(resp.statuses[0].current_limit.is_none());
-    let resp = e.should_rate_limit(&req("d", vec![desc(&[("a", "x"), ("deeper", "y")])], 0)).unwrap();
+    let resp = e
+        .should_rate_limit(&req("d", vec![desc(&[("a", "x"), ("deeper", "y")])], 0))
+        .unwrap();
     assert!(resp.statuses[0].current_limit.is_none());
 }
 
 #[test]
 fn empty_domain_or_descriptors_are_invalid() {
     let (e, _) = envoy(Settings::default());
-    let err = e.should_rate_limit(&req("", vec![desc(&[("a", "x")])], 0)).unwrap_err();
+    let err = e
+        .should_rate_limit(&req("", vec![desc(&[("a", "x")])], 0))
+        .unwrap_err();
     assert!(err.0.contains("domain must not be empty"));
     let err = e.should_rate_limit(&req("d", vec![], 0)).unwrap_err();
     assert!(err.0.contains("descriptor list must not be empty"));
@@ -192,12 +219,22 @@ fn replaces_drops_the_named_limit() {
         let resp = e.should_rate_limit(&r).unwrap();
         assert_eq!(resp.overall_code, CODE_OK);
         assert!(resp.statuses[0].current_limit.is_none(), "replaced");
-        assert_eq!(resp.statuses[1].current_limit.as_ref().unwrap().requests_per_unit, 5);
+        assert_eq!(
+            resp.statuses[1]
+                .current_limit
+                .as_ref()
+                .unwrap()
+                .requests_per_unit,
+            5
+        );
     }
     // Alone, `old` applies (1 per hour).
     let r = req("d", vec![desc(&[("old", "x")])], 0);
     assert_eq!(e.should_rate_limit(&r).unwrap().overall_code, CODE_OK);
-    assert_eq!(e.should_rate_limit(&r).unwrap().overall_code, CODE_OVER_LIMIT);
+    assert_eq!(
+        e.should_rate_limit(&r).unwrap().overall_code,
+        CODE_OVER_LIMIT
+    );
 }
 
 #[test]
@@ -212,19 +249,35 @@ fn request_limit_override() {
     let s = e.should_rate_limit(&r).unwrap();
     let l = s.statuses[0].current_limit.as_ref().unwrap();
     assert_eq!((l.requests_per_unit, l.unit), (1, 4));
-    assert_eq!(e.should_rate_limit(&r).unwrap().overall_code, CODE_OVER_LIMIT);
+    assert_eq!(
+        e.should_rate_limit(&r).unwrap().overall_code,
+        CODE_OVER_LIMIT
+    );
     // An override for a descriptor no rule matches still applies in a known domain.
     let mut d2 = desc(&[("nothing", "here")]);
     d2.limit = d.limit;
     let r2 = req("d", vec![d2.clone()], 2);
-    assert_eq!(e.should_rate_limit(&r2).unwrap().overall_code, CODE_OVER_LIMIT);
+    assert_eq!(
+        e.should_rate_limit(&r2).unwrap().overall_code,
+        CODE_OVER_LIMIT
+    );
     // ... not in an unknown domain (upstream: no limit).
     let r3 = req("other", vec![d2.clone()], 2);
     assert_eq!(e.should_rate_limit(&r3).unwrap().overall_code, CODE_OK);
     // Unknown units are refused.
-    d2.limit = Some(RateLimitOverride { requests_per_unit: 1, unit: 0 });
-    assert!(e.should_rate_limit(&req("d", vec![d2.clone()], 0)).unwrap_err().0.contains("unit"));
-    d2.limit = Some(RateLimitOverride { requests_per_unit: 1, unit: 99 });
+    d2.limit = Some(RateLimitOverride {
+        requests_per_unit: 1,
+        unit: 0,
+    });
+    assert!(e
+        .should_rate_limit(&req("d", vec![d2.clone()], 0))
+        .unwrap_err()
+        .0
+        .contains("unit"));
+    d2.limit = Some(RateLimitOverride {
+        requests_per_unit: 1,
+        unit: 99,
+    });
     assert!(e.should_rate_limit(&req("d", vec![d2], 0)).is_err());
 }
 
@@ -234,7 +287,10 @@ fn algorithm_extension_and_multiplier() {
     let r = req("d", vec![desc(&[("tb", "x")])], 0);
     assert_eq!(e.should_rate_limit(&r).unwrap().overall_code, CODE_OK);
     assert_eq!(e.should_rate_limit(&r).unwrap().overall_code, CODE_OK);
-    assert_eq!(e.should_rate_limit(&r).unwrap().overall_code, CODE_OVER_LIMIT);
+    assert_eq!(
+        e.should_rate_limit(&r).unwrap().overall_code,
+        CODE_OVER_LIMIT
+    );
     clock.advance(Duration::from_millis(500));
     assert_eq!(e.should_rate_limit(&r).unwrap().overall_code, CODE_OK);
     // 5-minute windows: T0 is 10 s past a 5-minute boundary.
@@ -245,7 +301,8 @@ fn algorithm_extension_and_multiplier() {
 
 #[test]
 fn response_headers() {
-    let s = Settings::from_vars(|k| (k == "LIMIT_RESPONSE_HEADERS_ENABLED").then(|| "true".into())).unwrap();
+    let s = Settings::from_vars(|k| (k == "LIMIT_RESPONSE_HEADERS_ENABLED").then(|| "true".into()))
+        .unwrap();
     let (e, _) = envoy(s);
     let r = req("d", vec![desc(&[("a", "hdr")]), desc(&[("m", "hdr")])], 0);
     let resp = e.should_rate_limit(&r).unwrap();
@@ -265,14 +322,28 @@ fn response_headers() {
     );
     // No headers without the setting.
     let (e, _) = envoy(Settings::default());
-    assert!(e.should_rate_limit(&r).unwrap().response_headers_to_add.is_empty());
+    assert!(e
+        .should_rate_limit(&r)
+        .unwrap()
+        .response_headers_to_add
+        .is_empty());
 }
 
 #[test]
 fn oversized_requests_are_refused() {
     let (e, _) = envoy(Settings::default());
-    let many = req("d", (0..10_000).map(|i| desc(&[("a", &i.to_string())])).collect(), 0);
-    assert!(e.should_rate_limit(&many).unwrap_err().0.contains("descriptors"));
+    let many = req(
+        "d",
+        (0..10_000)
+            .map(|i| desc(&[("a", &i.to_string())]))
+            .collect(),
+        0,
+    );
+    assert!(e
+        .should_rate_limit(&many)
+        .unwrap_err()
+        .0
+        .contains("descriptors"));
     let big = "x".repeat(1 << 20);
     let r = req("d", vec![desc(&[("a", &big)])], 0);
     assert!(e.should_rate_limit(&r).unwrap_err().0.contains("bytes"));
@@ -286,10 +357,15 @@ fn reload_keeps_unchanged_counters() {
     // Same limit for `a` (moved down a line): its count is kept.
     let moved = format!("# moved\n{CFG}");
     e.reload(&parse("cfg.yaml", &moved).unwrap()).unwrap();
-    assert_eq!(e.should_rate_limit(&r).unwrap().overall_code, CODE_OVER_LIMIT);
+    assert_eq!(
+        e.should_rate_limit(&r).unwrap().overall_code,
+        CODE_OVER_LIMIT
+    );
     // A changed limit starts fresh.
     let changed = CFG.replace("requests_per_unit: 3}", "requests_per_unit: 4}");
     e.reload(&parse("cfg.yaml", &changed).unwrap()).unwrap();
-    let resp = e.should_rate_limit(&req("d", vec![desc(&[("a", "k")])], 1)).unwrap();
+    let resp = e
+        .should_rate_limit(&req("d", vec![desc(&[("a", "k")])], 1))
+        .unwrap();
     assert_eq!(resp.statuses[0].limit_remaining, 3);
 }

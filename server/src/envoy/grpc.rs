@@ -41,3 +41,17 @@ impl RateLimitService for Grpc {
 pub fn service(envoy: Arc<Envoy>) -> RateLimitServiceServer<Grpc> {
     RateLimitServiceServer::new(Grpc { envoy }).max_decoding_message_size(MAX_MESSAGE_BYTES)
 }
+
+/// Serves [`service`] alone on `listener` until `shutdown` completes (tests, the bench, and
+/// any caller without a listener of its own).
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    envoy: Arc<Envoy>,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    tonic::transport::Server::builder()
+        .add_service(service(envoy))
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
+}
