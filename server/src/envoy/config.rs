@@ -52,6 +52,9 @@ pub const VALID_KEYS: &[&str] = &[
     "algorithm",
 ];
 
+/// The longest window, unit × multiplier: 100 years.
+pub const MAX_WINDOW_SECS: u64 = 100 * 31_536_000;
+
 /// The largest file read (larger ones are refused, not truncated).
 pub const MAX_FILE_BYTES: u64 = 16 << 20;
 
@@ -649,6 +652,12 @@ impl Ctx<'_> {
         rl.unit = unit;
         if rl.unit_multiplier == 0 {
             return Err(self.err(multiplier_pos, "unit_multiplier must be at least 1"));
+        }
+        if rl.window().as_secs() > MAX_WINDOW_SECS {
+            return Err(self.err(
+                multiplier_pos,
+                format!("a window of {} s is too long; at most 100 years ({MAX_WINDOW_SECS} s)", rl.window().as_secs()),
+            ));
         }
         for (n, pos) in replaces {
             if n.is_empty() {

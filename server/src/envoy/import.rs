@@ -10,6 +10,7 @@
 //! comments. The output parses with `turnstile rules check` (a test keeps it so).
 
 use super::config::{Descriptor, EnvoyConfig, RateLimit};
+use std::collections::HashSet;
 use std::fmt::Write;
 
 fn toml_str(s: &str) -> String {
@@ -18,18 +19,45 @@ fn toml_str(s: &str) -> String {
 
 /// The turnstile rules file equivalent to `cfg`.
 pub fn import_to_rules(cfg: &EnvoyConfig) -> String {
-    let mut out = String::from(
-        "# Imported from an envoyproxy/ratelimit configuration: one rule per limited descriptor.\n",
-    );
+    let mut out = Out {
+        text: String::from(
+            "# Imported from an envoyproxy/ratelimit configuration: one rule per limited descriptor.\n",
+        ),
+        names: HashSet::new(),
+    };
     for d in cfg.domains.values() {
-        let _ = writeln!(out, "\n# domain {} ({})", d.name, d.origin);
+        let _ = writeln!(out.text, "\n# domain {} ({})", one_line(&d.name), one_line(&d.origin));
         let mut path = Vec::new();
         walk(&d.descriptors, &mut path, &mut out);
     }
-    out
+    out.text
 }
 
-fn walk<'a>(ds: &'a [Descriptor], path: &mut Vec<&'a Descriptor>, out: &mut String) {
+struct Out {
+    text: String,
+    names: HashSet<String>,
+}
+
+/// Comments stay on one line.
+fn one_line(s: &str) -> String {
+    s.chars().map(|c| if c.is_control() { '?' } else { c }).collect()
+}
+
+/// A rule name as the rules file wants it (1..=128 printable characters, unique): the full
+/// key, its control characters replaced, cut to fit, and numbered when taken.
+fn rule_name(full_key: &str, taken: &mut HashSet<String>) -> String {
+    let base: String = one_line(full_key).chars().take(100).collect();
+    let mut name = base.clone();
+    let mut n = 2;
+    while taken.contains(&name) {
+        name = format!("{base}~{n}");
+        n += 1;
+    }
+    taken.insert(name.clone());
+    name
+}
+
+fn walk<'a>(ds: &'a [Descriptor], path: &mut Vec<&'a Descriptor>, out: &mut Out) {
     for d in ds {
         path.push(d);
         if let Some(rl) = &d.rate_limit {
@@ -40,7 +68,8 @@ fn walk<'a>(ds: &'a [Descriptor], path: &mut Vec<&'a Descriptor>, out: &mut Stri
     }
 }
 
-fn rule(d: &Descriptor, rl: &RateLimit, path: &[&Descriptor], out: &mut String) {
+fn rule(d: &Descriptor, rl: &RateLimit, path: &[&Descriptor], o: &mut Out) {
+    let out = &mut o.text;
     let entries: Vec<String> = path
         .iter()
         .map(|p| {
@@ -60,7 +89,7 @@ fn rule(d: &Descriptor, rl: &RateLimit, path: &[&Descriptor], out: &mut String) 
         let _ = writeln!(
             out,
             "# {}: unlimited (no rule)",
-            d.full_key.replace('\n', " ")
+            one_line(&d.full_key)
         );
         return;
     }
@@ -68,7 +97,16 @@ fn rule(d: &Descriptor, rl: &RateLimit, path: &[&Descriptor], out: &mut String) 
         let _ = writeln!(
             out,
             "# {}: requests_per_unit 0 denies every request (no rule)",
-            d.full_key.replace('\n', " ")
+            one_line(&d.full_key)
+        );
+        return;
+    }
+    if o.names.len() >= turnstile::rules::MAX_RULES {
+        let _ = writeln!(
+            out,
+            "# {}: left out, a rules file holds at most {} rules",
+            one_line(&d.full_key),
+            turnstile::rules::MAX_RULES
         );
         return;
     }
@@ -76,7 +114,7 @@ fn rule(d: &Descriptor, rl: &RateLimit, path: &[&Descriptor], out: &mut String) 
         .iter()
         .all(|p| !p.value.is_empty() && !p.value.ends_with('*'));
     let _ = writeln!(out, "[[rule]]");
-    let _ = writeln!(out, "name = {}", toml_str(&d.full_key));
+    let _ = writeln!(out, "name = {}", toml_str(&rule_name(&d.full_key, &mut o.names)));
     let _ = writeln!(
         out,
         "key = \"{}\"",
