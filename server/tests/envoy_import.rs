@@ -13,7 +13,10 @@ fn import_gives_a_valid_rules_file() {
     let text = import_to_rules(&cfg);
     let rules = Rules::parse(&text, "imported.toml").unwrap_or_else(|e| panic!("{e}\n{text}"));
     let names: Vec<&str> = rules.rules.iter().map(|r| r.name.as_str()).collect();
-    assert_eq!(names, ["edge.remote_address", "edge.path_/login", "edge.quo\"te_*"]);
+    assert_eq!(
+        names,
+        ["edge.remote_address", "edge.path_/login", "edge.quo\"te_*"]
+    );
     assert_eq!(rules.rules[0].key, KeyClass::api_key());
     assert_eq!(rules.rules[1].key, KeyClass::global());
     assert_eq!(rules.rules[1].mode, Mode::Shadow);

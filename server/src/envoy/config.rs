@@ -656,7 +656,10 @@ impl Ctx<'_> {
         if rl.window().as_secs() > MAX_WINDOW_SECS {
             return Err(self.err(
                 multiplier_pos,
-                format!("a window of {} s is too long; at most 100 years ({MAX_WINDOW_SECS} s)", rl.window().as_secs()),
+                format!(
+                    "a window of {} s is too long; at most 100 years ({MAX_WINDOW_SECS} s)",
+                    rl.window().as_secs()
+                ),
             ));
         }
         for (n, pos) in replaces {

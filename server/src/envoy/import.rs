@@ -26,7 +26,12 @@ pub fn import_to_rules(cfg: &EnvoyConfig) -> String {
         names: HashSet::new(),
     };
     for d in cfg.domains.values() {
-        let _ = writeln!(out.text, "\n# domain {} ({})", one_line(&d.name), one_line(&d.origin));
+        let _ = writeln!(
+            out.text,
+            "\n# domain {} ({})",
+            one_line(&d.name),
+            one_line(&d.origin)
+        );
         let mut path = Vec::new();
         walk(&d.descriptors, &mut path, &mut out);
     }
@@ -40,7 +45,9 @@ struct Out {
 
 /// Comments stay on one line.
 fn one_line(s: &str) -> String {
-    s.chars().map(|c| if c.is_control() { '?' } else { c }).collect()
+    s.chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
 }
 
 /// A rule name as the rules file wants it (1..=128 printable characters, unique): the full
@@ -86,11 +93,7 @@ fn rule(d: &Descriptor, rl: &RateLimit, path: &[&Descriptor], o: &mut Out) {
         entries.join(", ").replace('\n', " ")
     );
     if rl.unlimited {
-        let _ = writeln!(
-            out,
-            "# {}: unlimited (no rule)",
-            one_line(&d.full_key)
-        );
+        let _ = writeln!(out, "# {}: unlimited (no rule)", one_line(&d.full_key));
         return;
     }
     if rl.requests_per_unit == 0 {
@@ -114,7 +117,11 @@ fn rule(d: &Descriptor, rl: &RateLimit, path: &[&Descriptor], o: &mut Out) {
         .iter()
         .all(|p| !p.value.is_empty() && !p.value.ends_with('*'));
     let _ = writeln!(out, "[[rule]]");
-    let _ = writeln!(out, "name = {}", toml_str(&rule_name(&d.full_key, &mut o.names)));
+    let _ = writeln!(
+        out,
+        "name = {}",
+        toml_str(&rule_name(&d.full_key, &mut o.names))
+    );
     let _ = writeln!(
         out,
         "key = \"{}\"",

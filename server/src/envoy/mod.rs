@@ -15,6 +15,7 @@
 //!
 //! What is ported from upstream and what differs on purpose: `docs/envoy.md`.
 
+pub mod bench;
 pub mod config;
 pub mod engine;
 pub mod grpc;
