@@ -32,6 +32,9 @@ pub struct Report {
     pub p50_us: f64,
     /// 99th percentile latency, microseconds.
     pub p99_us: f64,
+    /// CPU time the server thread used over the run, nanoseconds (its own clock, so it holds
+    /// on a loaded machine where calls per second do not).
+    pub server_cpu_ns: u64,
 }
 
 impl Report {
@@ -39,10 +42,64 @@ impl Report {
     pub fn rate(&self) -> f64 {
         self.calls as f64 / self.elapsed.as_secs_f64()
     }
+    /// Server CPU microseconds per call.
+    pub fn server_us_per_call(&self) -> f64 {
+        self.server_cpu_ns as f64 / 1000.0 / self.calls.max(1) as f64
+    }
+    /// Calls one fully busy server core would answer per second at that cost.
+    pub fn calls_per_server_core(&self) -> f64 {
+        1e6 / self.server_us_per_call()
+    }
 }
 
 /// The configuration the bench loads: one limit high enough never to deny.
 pub const BENCH_CONFIG: &str = "domain: bench\ndescriptors:\n  - key: client\n    rate_limit: {unit: second, requests_per_unit: 16000000}\n";
+
+/// The decision alone, without transport: this thread's CPU nanoseconds per
+/// `Envoy::should_rate_limit` call over `calls` single-descriptor requests of `keys` values.
+pub fn decision_ns(calls: u64, keys: usize) -> Result<f64, String> {
+    let cfg = parse("bench.yaml", BENCH_CONFIG).map_err(|e| e.to_string())?;
+    let envoy = Envoy::new(&cfg, Settings::default())?;
+    let requests = requests(keys.max(1));
+    let t0 = thread_cpu_ns();
+    for i in 0..calls {
+        let r = envoy
+            .should_rate_limit(&requests[i as usize % requests.len()])
+            .map_err(|e| e.0)?;
+        std::hint::black_box(r);
+    }
+    Ok((thread_cpu_ns() - t0) as f64 / calls.max(1) as f64)
+}
+
+fn requests(keys: usize) -> Vec<RateLimitRequest> {
+    (0..keys)
+        .map(|i| RateLimitRequest {
+            domain: "bench".into(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: "client".into(),
+                    value: format!("c{i}"),
+                }],
+                ..Default::default()
+            }],
+            hits_addend: 1,
+        })
+        .collect()
+}
+
+/// This thread's CPU time, nanoseconds.
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_THREAD_CPUTIME_ID needs nothing else.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return 0;
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
 
 fn pin(core: Option<usize>) {
     if let Some(c) = core {
@@ -69,12 +126,13 @@ pub fn run(
     listener.set_nonblocking(true).map_err(|e| e.to_string())?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = std::thread::spawn(move || -> Result<(), String> {
+    let server = std::thread::spawn(move || -> Result<u64, String> {
         pin(server_core);
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(|e| e.to_string())?;
+        let cpu0 = thread_cpu_ns();
         rt.block_on(async move {
             let l = tokio::net::TcpListener::from_std(listener).map_err(|e| e.to_string())?;
             super::grpc::serve(l, envoy, async {
@@ -82,7 +140,8 @@ pub fn run(
             })
             .await
             .map_err(|e| e.to_string())
-        })
+        })?;
+        Ok(thread_cpu_ns() - cpu0)
     });
     let client = std::thread::spawn(move || -> Result<Report, String> {
         pin(client_core);
@@ -96,10 +155,13 @@ pub fn run(
         .join()
         .map_err(|_| "the load generator panicked".to_string())?;
     let _ = stop_tx.send(());
-    server
+    let cpu = server
         .join()
         .map_err(|_| "the server panicked".to_string())??;
-    report
+    report.map(|r| Report {
+        server_cpu_ns: cpu,
+        ..r
+    })
 }
 
 async fn load(
@@ -120,21 +182,7 @@ async fn load(
         }
     }
     let client = client.ok_or("cannot connect to the bench server")?;
-    let requests: Arc<Vec<RateLimitRequest>> = Arc::new(
-        (0..keys)
-            .map(|i| RateLimitRequest {
-                domain: "bench".into(),
-                descriptors: vec![RateLimitDescriptor {
-                    entries: vec![Entry {
-                        key: "client".into(),
-                        value: format!("c{i}"),
-                    }],
-                    ..Default::default()
-                }],
-                hits_addend: 1,
-            })
-            .collect(),
-    );
+    let requests: Arc<Vec<RateLimitRequest>> = Arc::new(requests(keys));
     let per_stream = max_calls.div_ceil(streams as u64);
     let start = Instant::now();
     let deadline = start + duration;
@@ -177,5 +225,6 @@ async fn load(
         elapsed,
         p50_us: h.value_at_quantile(0.5) as f64 / 1000.0,
         p99_us: h.value_at_quantile(0.99) as f64 / 1000.0,
+        server_cpu_ns: 0,
     })
 }
