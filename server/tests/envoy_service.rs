@@ -98,6 +98,37 @@ fn fixed_window_counts_like_upstream() {
     // Metrics: 5 hits in the first window (3 within, 2 over; near threshold floor(3*0.8)=2).
     let c = e.counters("d.a").unwrap();
     assert_eq!(c, [6, 1, 1, 5, 0], "total, over, near, within, shadow");
+    let text = e.render_metrics();
+    for line in [
+        "ratelimit_service_rate_limit_total_hits{key=\"d.a\"} 6",
+        "ratelimit_service_rate_limit_over_limit{key=\"d.a\"} 1",
+        "ratelimit_service_rate_limit_near_limit{key=\"d.a\"} 1",
+        "ratelimit_service_rate_limit_within_limit{key=\"d.a\"} 5",
+        "ratelimit_service_rate_limit_shadow_mode{key=\"d.a\"} 0",
+    ] {
+        assert!(text.contains(line), "{line} in\n{text}");
+    }
+}
+
+#[test]
+fn settings_from_environment() {
+    let vars = |pairs: &'static [(&'static str, &'static str)]| {
+        move |k: &str| pairs.iter().find(|p| p.0 == k).map(|p| p.1.to_string())
+    };
+    let s = Settings::from_vars(vars(&[
+        ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+        ("LIMIT_REMAINING_HEADER", "X-Left"),
+        ("NEAR_LIMIT_RATIO", "0.5"),
+    ]))
+    .unwrap();
+    let h = s.response_headers.unwrap();
+    assert_eq!(h[1], "X-Left");
+    assert_eq!(h[0], "RateLimit-Limit");
+    assert_eq!(s.near_limit_ratio, 0.5);
+    assert!(Settings::from_vars(vars(&[("SHADOW_MODE", "yes please")]))
+        .unwrap_err()
+        .contains("SHADOW_MODE"));
+    assert!(Settings::from_vars(vars(&[("NEAR_LIMIT_RATIO", "2")])).is_err());
 }
 
 #[test]
