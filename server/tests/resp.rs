@@ -35,6 +35,8 @@ fn roundtrip(s: &mut TcpStream, req: &[u8], want: usize) -> Vec<u8> {
         match s.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => got.extend_from_slice(&buf[..n]),
+            // A server that closes with our request unread resets the connection.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
             Err(e) => panic!("read: {e}; got {:?}", String::from_utf8_lossy(&got)),
         }
     }
@@ -127,7 +129,7 @@ fn throttle_equals_the_in_process_store() {
     let e = emission_ns(p.1, p.2).unwrap();
     for (i, q) in [1u64, 1, 2, 0, 7, 1, 1, 5, 0, 1].into_iter().enumerate() {
         let want = reply(&store.check("user:1", q), p.0, e).as_array();
-        let mut w = format!("*5\r\n").into_bytes();
+        let mut w = b"*5\r\n".to_vec();
         for v in want {
             w.extend(format!(":{v}\r\n").as_bytes());
         }
@@ -195,5 +197,101 @@ fn redis_cli_speaks_to_it() {
         "0\n2\n0\n-1\n120"
     );
     assert!(cli(&[&a[..], &["INFO"]].concat()).contains("redis_version"));
+    stop(r);
+}
+
+#[test]
+fn turnstile_check_over_rules() {
+    let dir = std::env::temp_dir().join(format!("turnstile-resp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let rules = dir.join("rules.toml");
+    std::fs::write(
+        &rules,
+        "[[rule]]\nname = \"per-customer\"\nkey = \"customer\"\nlimits = [{ algorithm = \"token_bucket\", limit = 2, window = \"1h\" }]\n",
+    )
+    .unwrap();
+    let r = server(|a| {
+        a.rules = Some(rules.clone());
+        a.runtime = turnstile_server::RuntimeKind::MultiThread;
+    });
+    let mut s = connect(r.resp);
+    let mut req = Vec::new();
+    req.extend(cmd(&["TURNSTILE.PEEK", "customer", "user:5"]));
+    req.extend(cmd(&["TURNSTILE.CHECK", "customer", "user:5"]));
+    req.extend(cmd(&["TURNSTILE.CHECK", "customer", "5", "1", "get"]));
+    let want = "*6\r\n:1\r\n:2\r\n:2\r\n:-1\r\n:0\r\n$-1\r\n*6\r\n:1\r\n:2\r\n:1\r\n:-1\r\n:1800000\r\n$-1\r\n*6\r\n:1\r\n:2\r\n:0\r\n:-1\r\n:3600000\r\n$-1\r\n";
+    let got = roundtrip(&mut s, &req, want.len());
+    assert_eq!(String::from_utf8_lossy(&got), want);
+    // Denied: the rule is named, retry in ms.
+    let got = roundtrip(&mut s, &cmd(&["TURNSTILE.CHECK", "customer", "5"]), 55);
+    let text = String::from_utf8_lossy(&got);
+    assert!(
+        text.starts_with("*6\r\n:0\r\n:2\r\n:0\r\n:1") && text.ends_with("$12\r\nper-customer\r\n"),
+        "{text}"
+    );
+    let bad = [
+        (
+            vec!["TURNSTILE.CHECK", "planet", "x"],
+            "-ERR unknown key class `planet`",
+        ),
+        (
+            vec!["TURNSTILE.CHECK", "customer", "bob"],
+            "-ERR `bob` is not a customer id",
+        ),
+        (
+            vec!["TURNSTILE.CHECK", "customer", "5", "-1"],
+            "-ERR value is out of range, must be positive",
+        ),
+        (
+            vec!["TURNSTILE.CHECK", "customer", "5", "1", "urgent"],
+            "-ERR unknown priority",
+        ),
+        (
+            vec!["TURNSTILE.CHECK", "customer"],
+            "-ERR wrong number of arguments for 'turnstile.check' command",
+        ),
+    ];
+    for (c, want) in bad {
+        let got = roundtrip(&mut s, &cmd(&c), want.len());
+        assert_eq!(String::from_utf8_lossy(&got[..want.len()]), want, "{c:?}");
+        let mut rest = [0u8; 512];
+        let mut got = got;
+        while !got.ends_with(b"\r\n") {
+            let n = s.read(&mut rest).unwrap();
+            got.extend_from_slice(&rest[..n]);
+        }
+    }
+    stop(r);
+    // Without rules, TURNSTILE.CHECK says how to get them.
+    let r = server(|_| {});
+    let mut s = connect(r.resp);
+    let want = "-ERR no rules loaded: start the server with --rules FILE\r\n";
+    let got = roundtrip(
+        &mut s,
+        &cmd(&["TURNSTILE.CHECK", "customer", "1"]),
+        want.len(),
+    );
+    assert_eq!(String::from_utf8_lossy(&got), want);
+    stop(r);
+}
+
+#[test]
+fn connection_limits() {
+    let r = server(|a| {
+        a.max_connections = 1;
+        a.idle_timeout = Duration::from_millis(300);
+    });
+    let mut a = connect(r.resp);
+    assert_eq!(roundtrip(&mut a, &cmd(&["PING"]), 7), b"+PONG\r\n");
+    let mut b = connect(r.resp);
+    let got = roundtrip(&mut b, &cmd(&["PING"]), usize::MAX);
+    assert_eq!(
+        String::from_utf8_lossy(&got),
+        "-ERR max number of clients reached\r\n"
+    );
+    // Idle past the timeout: closed by the server.
+    std::thread::sleep(Duration::from_millis(600));
+    let mut buf = [0u8; 16];
+    assert_eq!(a.read(&mut buf).unwrap(), 0, "an idle connection is closed");
     stop(r);
 }

@@ -274,7 +274,10 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn parse(buf: &[u8]) -> Result<Option<(Vec<Vec<u8>>, usize)>, ProtocolError> {
+    /// A command's arguments and the bytes it took.
+    type Cmd = (Vec<Vec<u8>>, usize);
+
+    fn parse(buf: &[u8]) -> Result<Option<Cmd>, ProtocolError> {
         let mut args = Vec::new();
         match parse_command(buf, &Bounds::default(), &mut args)? {
             Parsed::Incomplete => Ok(None),
