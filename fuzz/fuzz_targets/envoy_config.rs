@@ -15,7 +15,8 @@ fn check(text: &str) {
         Err(e) => {
             assert_eq!(e.origin, "fuzz.yaml");
             assert!(!e.message.is_empty(), "an error says what is wrong");
-            let lines = text.split('\n').count() + 1;
+            // YAML's line breaks: "\r\n", "\r" and "\n" (a bare "\r" starts a line too).
+            let lines = text.replace("\r\n", "\n").split(['\n', '\r']).count() + 1;
             assert!(e.line <= lines, "error at line {} of {lines}: {e}", e.line);
         }
         Ok(cfg) => {
