@@ -29,8 +29,8 @@ pub fn import_to_rules(cfg: &EnvoyConfig) -> String {
         let _ = writeln!(
             out.text,
             "\n# domain {} ({})",
-            one_line(&d.name),
-            one_line(&d.origin)
+            comment(&d.name),
+            comment(&d.origin)
         );
         let mut path = Vec::new();
         walk(&d.descriptors, &mut path, &mut out);
@@ -44,6 +44,20 @@ struct Out {
 }
 
 /// Comments stay on one line.
+/// Text for a comment: printable ASCII only (TOML parsers differ on what else a comment may
+/// hold; found by fuzzing).
+fn comment(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c == ' ' || c.is_ascii_graphic() {
+                c
+            } else {
+                '?'
+            }
+        })
+        .collect()
+}
+
 fn one_line(s: &str) -> String {
     s.chars()
         .map(|c| if c.is_control() { '?' } else { c })
@@ -87,20 +101,16 @@ fn rule(d: &Descriptor, rl: &RateLimit, path: &[&Descriptor], o: &mut Out) {
             }
         })
         .collect();
-    let _ = writeln!(
-        out,
-        "\n# descriptor {}",
-        entries.join(", ").replace('\n', " ")
-    );
+    let _ = writeln!(out, "\n# descriptor {}", comment(&entries.join(", ")));
     if rl.unlimited {
-        let _ = writeln!(out, "# {}: unlimited (no rule)", one_line(&d.full_key));
+        let _ = writeln!(out, "# {}: unlimited (no rule)", comment(&d.full_key));
         return;
     }
     if rl.requests_per_unit == 0 {
         let _ = writeln!(
             out,
             "# {}: requests_per_unit 0 denies every request (no rule)",
-            one_line(&d.full_key)
+            comment(&d.full_key)
         );
         return;
     }
@@ -108,7 +118,7 @@ fn rule(d: &Descriptor, rl: &RateLimit, path: &[&Descriptor], o: &mut Out) {
         let _ = writeln!(
             out,
             "# {}: left out, a rules file holds at most {} rules",
-            one_line(&d.full_key),
+            comment(&d.full_key),
             turnstile::rules::MAX_RULES
         );
         return;
