@@ -924,6 +924,77 @@ impl<C: Clock> Store<C> {
         }
     }
 
+    /// Snapshot support: visits every live record of a *packed* store (one packed limit per
+    /// key, [`Store::is_inline`]) as `(key id, state)`, where `state` is the limit's packed
+    /// 63-bit state (e.g. a token bucket's TAT in ns of this store's clock). A scan, not
+    /// linearizable: a record updated during the scan is seen before or after the update.
+    /// Returns `false` (and visits nothing) for an arena store, whose records are not one word.
+    ///
+    /// Ids are hashes of the keys under this store's seed: a store that imports them must be
+    /// built with the same [`StoreBuilder::seed`]. Times inside the state are this store's
+    /// clock's: convert them before importing into a store on another clock.
+    pub fn export_packed(&self, mut f: impl FnMut(u64, u64)) -> bool {
+        if self.packed.is_none() {
+            return false;
+        }
+        let ctx = Ctx {
+            limits: &self.limits,
+            policy: self.policy,
+            missed: false,
+        };
+        for s in self.shards.iter() {
+            let mut ids = Vec::new();
+            s.for_each_live(|id| ids.push(id));
+            for id in ids {
+                let (shard, home) = self.locate(id);
+                // Reads the state: the transition returns it unchanged (no CAS is made).
+                let st = shard.with_key(
+                    &ctx,
+                    id,
+                    home,
+                    0,
+                    false,
+                    &mut |st| (st, Some(st)),
+                    &mut |_| unreachable!("packed store has no arena"),
+                    &mut || None,
+                    &mut |_| None,
+                );
+                if let Some(st) = st {
+                    f(id, st);
+                }
+            }
+        }
+        true
+    }
+
+    /// Snapshot support: sets key id `id`'s record in a packed store to `state` (from
+    /// [`Store::export_packed`], its times converted to this store's clock), inserting it if
+    /// absent. `now` is this store's clock's time (a full probe range reclaims idle records
+    /// as of it, then follows the store's [`FullPolicy`]). Returns whether the record is
+    /// stored; `false` for an arena store, a state using bit 63, or no room.
+    pub fn import_packed(&self, id: u64, state: u64, now: Nanos) -> bool {
+        if self.packed.is_none() || state >> 63 != 0 {
+            return false;
+        }
+        let (shard, home) = self.locate(id);
+        let ctx = Ctx {
+            limits: &self.limits,
+            policy: self.policy,
+            missed: false,
+        };
+        shard.with_key(
+            &ctx,
+            id,
+            home,
+            now,
+            true,
+            &mut |_| (state, true),
+            &mut |_| unreachable!("packed store has no arena"),
+            &mut || false,
+            &mut |_| false,
+        )
+    }
+
     /// Live keys (approximate while checks run).
     pub fn len(&self) -> usize {
         self.stats().live as usize

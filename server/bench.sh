@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# The service benchmark (docs/service.md): redis-benchmark against `turnstile serve` doing
+# CL.THROTTLE and against redis-server doing INCR on the same keys, in the same run with the
+# same client, the server pinned to core 0 and the client to core 1; then wrk against
+# POST /v1/check and against an axum hello world (server/examples/hello.rs) the same way.
+#
+#   server/bench.sh                 # N1=200000 requests at -P 1, N16=1000000 at -P 16
+#   N1=50000 N16=200000 server/bench.sh
+#
+# Needs redis-server, redis-tools (redis-benchmark) and wrk: apt-get install -y redis-server
+# redis-tools wrk. Every run is bounded (request count, wrk -d); servers are stopped on exit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+N1=${N1:-200000}
+N16=${N16:-1000000}
+KEYS=${KEYS:-1000000}
+WRK_SECS=${WRK_SECS:-10}
+SERVE_BIN=${SERVE_BIN:-target/release/examples/serve}
+HELLO=target/release/examples/hello
+RPORT=16379 TPORT=16380 HPORT=18080 WPORT=18090
+
+cargo build --release -q -p turnstile-server --examples
+TMP=$(mktemp -d)
+PIDS=()
+cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    [ -f "$TMP/redis.pid" ] && kill "$(cat "$TMP/redis.pid")" 2>/dev/null || true
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+
+wait_port() {
+    for _ in $(seq 1 200); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+        sleep 0.05
+    done
+    echo "port $1 did not open" >&2
+    exit 1
+}
+
+# redis-benchmark --csv: "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms",
+# "p95_latency_ms","p99_latency_ms","max_latency_ms"; print name, rps and p99.
+rb() {
+    local label=$1 port=$2 n=$3 p=$4
+    shift 4
+    taskset -c 1 redis-benchmark -p "$port" -n "$n" -r "$KEYS" -P "$p" -c 50 --csv "$@" |
+        awk -F'","' -v l="$label" -v p="$p" 'NR==2 {gsub(/"/,"",$2); gsub(/"/,"",$7); printf "%-40s -P %-2s %12.0f req/s   p99 %s ms\n", l, p, $2, $7}'
+}
+
+start_turnstile() {
+    taskset -c 0 "$SERVE_BIN" --resp 127.0.0.1:$TPORT --http 127.0.0.1:$HPORT --workers 1 \
+        --rules examples/rules.toml --throttle-keys 2000000 --watch-every 0 "$@" 2>"$TMP/serve.log" &
+    PIDS+=($!)
+    wait_port $TPORT
+    wait_port $HPORT
+}
+stop_last() {
+    local p=${PIDS[-1]}
+    kill "$p"
+    wait "$p" 2>/dev/null || true
+    unset 'PIDS[-1]'
+}
+
+echo "== machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+taskset -c 0 redis-server --port $RPORT --bind 127.0.0.1 --save '' --appendonly no \
+    --daemonize yes --pidfile "$TMP/redis.pid" >/dev/null
+wait_port $RPORT
+start_turnstile --runtime per-core
+for P in 1 16; do
+    N=$([ "$P" = 1 ] && echo "$N1" || echo "$N16")
+    rb "redis-server INCR" $RPORT "$N" "$P" incr key:__rand_int__
+    rb "turnstile CL.THROTTLE (per-core)" $TPORT "$N" "$P" CL.THROTTLE key:__rand_int__ 15 30 60
+done
+stop_last
+start_turnstile --runtime multi-thread
+rb "turnstile CL.THROTTLE (multi-thread)" $TPORT "$N16" 16 CL.THROTTLE key:__rand_int__ 15 30 60
+rb "turnstile CL.THROTTLE (multi-thread)" $TPORT "$N1" 1 CL.THROTTLE key:__rand_int__ 15 30 60
+stop_last
+
+cat >"$TMP/check.lua" <<'LUA'
+math.randomseed(1)
+request = function()
+    local body = '{"key_class":"customer","key":"' .. math.random(1, 1000000) .. '","route":"/v1/items","method":"GET"}'
+    return wrk.format("POST", "/v1/check", { ["content-type"] = "application/json" }, body)
+end
+LUA
+wrk_run() {
+    local label=$1 url=$2
+    shift 2
+    taskset -c 1 wrk -t1 -c50 -d"${WRK_SECS}s" --latency "$@" "$url" >"$TMP/wrk.out"
+    awk -v l="$label" '/Requests\/sec/ {rps=$2} /^ +99%/ {p99=$2} END {printf "%-40s %12.0f req/s   p99 %s\n", l, rps, p99}' "$TMP/wrk.out"
+}
+start_turnstile --runtime per-core
+wrk_run "turnstile POST /v1/check (per-core)" "http://127.0.0.1:$HPORT/v1/check" -s "$TMP/check.lua"
+stop_last
+taskset -c 0 "$HELLO" 127.0.0.1:$WPORT 1 &
+PIDS+=($!)
+wait_port $WPORT
+cat >"$TMP/hello.lua" <<'LUA'
+wrk.method = "POST"
+wrk.body = '{"key_class":"customer","key":"42","route":"/v1/items","method":"GET"}'
+wrk.headers["content-type"] = "application/json"
+LUA
+wrk_run "axum hello world (POST /)" "http://127.0.0.1:$WPORT/" -s "$TMP/hello.lua"
+stop_last

@@ -1,0 +1,579 @@
+//! A RESP connection: fill the input buffer, run every whole command in it (a pipeline is
+//! answered in one write), and close on a protocol error after replying it, as Redis does.
+
+use crate::metrics::C;
+use crate::resp::{parse_command, Out, Parsed, Proto};
+use crate::throttle::{ArgError, LastStore};
+use crate::Shared;
+use std::net::IpAddr;
+use std::ops::Range;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use turnstile::rules::{Priority, Request};
+use turnstile::{Clock, Decision, DefaultClock};
+
+/// The arguments of one command: ranges into the input buffer.
+struct Args<'a> {
+    buf: &'a [u8],
+    ranges: &'a [Range<usize>],
+}
+
+impl<'a> Args<'a> {
+    fn len(&self) -> usize {
+        self.ranges.len()
+    }
+    fn get(&self, i: usize) -> &'a [u8] {
+        &self.buf[self.ranges[i].clone()]
+    }
+    fn is(&self, i: usize, name: &str) -> bool {
+        i < self.len() && self.get(i).eq_ignore_ascii_case(name.as_bytes())
+    }
+}
+
+/// What a connection remembers between commands.
+struct State {
+    proto: Proto,
+    authed: bool,
+    name: Vec<u8>,
+    id: u64,
+    last: LastStore,
+}
+
+/// Whether to keep the connection after a command.
+#[derive(PartialEq, Eq)]
+enum Flow {
+    Go,
+    Close,
+}
+
+/// Serves one connection until the client leaves, an error, idleness or shutdown.
+pub(crate) async fn serve(shared: Arc<Shared>, mut sock: TcpStream, id: u64) {
+    let n = shared.connections.fetch_add(1, Ordering::Relaxed) + 1;
+    struct Dec<'a>(&'a Shared);
+    impl Drop for Dec<'_> {
+        fn drop(&mut self) {
+            self.0.connections.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+    let _dec = Dec(&shared);
+    if n > shared.args.max_connections {
+        shared.metrics.add(C::RejectedConnections, 1);
+        let _ = sock
+            .write_all(b"-ERR max number of clients reached\r\n")
+            .await;
+        return;
+    }
+    shared.metrics.add(C::Connections, 1);
+    let _ = sock.set_nodelay(true);
+    let mut shutdown = shared.shutdown.subscribe();
+    let mut inb: Vec<u8> = Vec::with_capacity(16 * 1024);
+    let mut out: Vec<u8> = Vec::with_capacity(16 * 1024);
+    let mut ranges: Vec<Range<usize>> = Vec::new();
+    let mut st = State {
+        proto: Proto::Resp2,
+        authed: shared.args.requirepass.is_none(),
+        name: Vec::new(),
+        id,
+        last: LastStore::default(),
+    };
+    let clock = DefaultClock::new();
+    let idle = shared.args.idle_timeout;
+    loop {
+        // Run every whole command buffered.
+        let mut start = 0;
+        let mut flow = Flow::Go;
+        while start < inb.len() {
+            match parse_command(&inb[start..], &shared.bounds, &mut ranges) {
+                Ok(Parsed::Incomplete) => break,
+                Ok(Parsed::Command { consumed }) => {
+                    let args = Args {
+                        buf: &inb[start..],
+                        ranges: &ranges,
+                    };
+                    start += consumed;
+                    if args.len() == 0 {
+                        continue;
+                    }
+                    shared.metrics.add(C::Commands, 1);
+                    let mut o = Out {
+                        buf: &mut out,
+                        proto: st.proto,
+                    };
+                    flow = command(&shared, &mut st, &args, &mut o, &clock);
+                    if flow == Flow::Close {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    shared.metrics.add(C::ProtocolErrors, 1);
+                    tracing::debug!(conn = id, error = %e, "protocol error; closing");
+                    Out {
+                        buf: &mut out,
+                        proto: st.proto,
+                    }
+                    .error(&format!("ERR {e}"));
+                    flow = Flow::Close;
+                    break;
+                }
+            }
+        }
+        inb.drain(..start);
+        if !out.is_empty() {
+            if sock.write_all(&out).await.is_err() {
+                return;
+            }
+            out.clear();
+        }
+        if flow == Flow::Close || *shutdown.borrow() {
+            return;
+        }
+        if inb.capacity() - inb.len() < 4096 {
+            inb.reserve(16 * 1024);
+        }
+        let read = async {
+            if idle.is_zero() {
+                Ok(sock.read_buf(&mut inb).await)
+            } else {
+                tokio::time::timeout(idle, sock.read_buf(&mut inb)).await
+            }
+        };
+        tokio::select! {
+            r = read => match r {
+                Ok(Ok(0)) | Ok(Err(_)) => return,
+                Ok(Ok(_)) => {}
+                Err(_) => {
+                    tracing::debug!(conn = id, "idle; closing");
+                    return;
+                }
+            },
+            // Shutdown: stop reading; what was read is answered above before the loop ends.
+            _ = shutdown.changed() => {}
+        }
+    }
+}
+
+fn wrong_args(o: &mut Out<'_>, name: &[u8]) {
+    o.error(&format!(
+        "ERR wrong number of arguments for '{}' command",
+        String::from_utf8_lossy(name).to_lowercase()
+    ));
+}
+
+/// Commands a client may send before AUTH.
+fn allowed_unauthenticated(a: &Args<'_>) -> bool {
+    a.is(0, "AUTH") || a.is(0, "HELLO") || a.is(0, "QUIT")
+}
+
+/// Runs one command, appending its reply.
+fn command(
+    shared: &Shared,
+    st: &mut State,
+    a: &Args<'_>,
+    o: &mut Out<'_>,
+    clock: &DefaultClock,
+) -> Flow {
+    if !st.authed && !allowed_unauthenticated(a) {
+        o.error("NOAUTH Authentication required.");
+        return Flow::Go;
+    }
+    let name = a.get(0);
+    let n = a.len();
+    let up = |s: &str| name.eq_ignore_ascii_case(s.as_bytes());
+    if up("CL.THROTTLE") {
+        if n != 5 && n != 6 {
+            wrong_args(o, name);
+            return Flow::Go;
+        }
+        let t0 = clock.now();
+        let args: [&[u8]; 5] = [
+            a.get(1),
+            a.get(2),
+            a.get(3),
+            a.get(4),
+            if n == 6 { a.get(5) } else { b"1" },
+        ];
+        match st.last.throttle(&shared.throttles, &args) {
+            Ok(c) => {
+                shared.metrics.add(
+                    if c.limited == 1 {
+                        C::ThrottleLimited
+                    } else {
+                        C::ThrottleAllowed
+                    },
+                    1,
+                );
+                o.array(5);
+                for v in c.as_array() {
+                    o.int(v);
+                }
+            }
+            Err(e) => o.error(&e.to_string()),
+        }
+        shared.metrics.latency(clock.now().saturating_sub(t0));
+    } else if up("TURNSTILE.CHECK") || up("TURNSTILE.PEEK") {
+        let peek = up("TURNSTILE.PEEK");
+        if n < 3 || n > if peek { 4 } else { 5 } {
+            wrong_args(o, name);
+            return Flow::Go;
+        }
+        let t0 = clock.now();
+        turnstile_check(shared, a, o, peek);
+        shared.metrics.latency(clock.now().saturating_sub(t0));
+    } else if up("TURNSTILE.REFUND") {
+        o.error("ERR TURNSTILE.REFUND: the rules engine has no refund by request yet; send TURNSTILE.CHECK with cost 0 to look without consuming");
+    } else if up("PING") {
+        match n {
+            1 => o.simple("PONG"),
+            2 => o.bulk(a.get(1)),
+            _ => wrong_args(o, name),
+        }
+    } else if up("ECHO") {
+        if n != 2 {
+            wrong_args(o, name);
+        } else {
+            o.bulk(a.get(1));
+        }
+    } else if up("HELLO") {
+        hello(shared, st, a, o);
+    } else if up("AUTH") {
+        match n {
+            2 | 3 => {
+                auth(
+                    shared,
+                    st,
+                    a.get(n - 1),
+                    if n == 3 { Some(a.get(1)) } else { None },
+                    o,
+                );
+            }
+            _ => wrong_args(o, name),
+        }
+    } else if up("CLIENT") {
+        client(st, a, o);
+    } else if up("COMMAND") {
+        if a.is(1, "COUNT") {
+            o.int(COMMANDS.len() as i64);
+        } else if a.is(1, "DOCS") {
+            // No docs: an empty map, which clients read as "no hints".
+            o.map(0);
+        } else if n == 1 || a.is(1, "INFO") {
+            o.array(COMMANDS.len());
+            for (c, arity, flags) in COMMANDS {
+                o.array(6);
+                o.bulk(c.as_bytes());
+                o.int(*arity);
+                o.array(flags.len());
+                for f in flags.iter() {
+                    o.simple(f);
+                }
+                let key = i64::from(c.starts_with("cl.") || c.starts_with("turnstile."));
+                o.int(key);
+                o.int(key);
+                o.int(key);
+            }
+        } else {
+            o.error("ERR unknown subcommand for 'command'");
+        }
+    } else if up("SELECT") {
+        match n {
+            2 if a.get(1) == b"0" => o.simple("OK"),
+            2 => o.error("ERR DB index is out of range"),
+            _ => wrong_args(o, name),
+        }
+    } else if up("INFO") {
+        let text = info(shared);
+        o.bulk(text.as_bytes());
+    } else if up("CONFIG") {
+        // redis-benchmark asks CONFIG GET save / appendonly on start: nothing to report.
+        if a.is(1, "GET") {
+            o.map(0);
+        } else {
+            o.error("ERR CONFIG: only GET is supported, and it reports nothing");
+        }
+    } else if up("QUIT") {
+        o.simple("OK");
+        return Flow::Close;
+    } else {
+        let mut m = format!(
+            "ERR unknown command '{}', with args beginning with: ",
+            String::from_utf8_lossy(&name[..name.len().min(128)])
+        );
+        for i in 1..n.min(8) {
+            let s = a.get(i);
+            m.push_str(&format!(
+                "'{}' ",
+                String::from_utf8_lossy(&s[..s.len().min(128)])
+            ));
+        }
+        o.error(&m);
+    }
+    let _ = st.id;
+    Flow::Go
+}
+
+/// Name, arity (negative: at least) and flags, for COMMAND.
+const COMMANDS: &[(&str, i64, &[&str])] = &[
+    ("cl.throttle", -5, &["write", "fast"]),
+    ("turnstile.check", -3, &["write", "fast"]),
+    ("turnstile.peek", -3, &["readonly", "fast"]),
+    ("turnstile.refund", -4, &["write", "fast"]),
+    ("ping", -1, &["fast", "stale"]),
+    ("echo", 2, &["fast"]),
+    ("hello", -1, &["noauth", "fast"]),
+    ("auth", -2, &["noauth", "fast"]),
+    ("client", -2, &["fast"]),
+    ("command", -1, &["loading", "stale"]),
+    ("select", 2, &["fast"]),
+    ("info", -1, &["stale"]),
+    ("config", -2, &["admin"]),
+    ("quit", 1, &["noauth", "fast"]),
+];
+
+fn auth(
+    shared: &Shared,
+    st: &mut State,
+    pass: &[u8],
+    user: Option<&[u8]>,
+    o: &mut Out<'_>,
+) -> bool {
+    match &shared.args.requirepass {
+        None => {
+            o.error("ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?");
+            false
+        }
+        Some(p) if p.as_bytes() == pass && user.is_none_or(|u| u == b"default") => {
+            st.authed = true;
+            o.simple("OK");
+            true
+        }
+        Some(_) => {
+            o.error("WRONGPASS invalid username-password pair or user is disabled.");
+            false
+        }
+    }
+}
+
+fn hello(shared: &Shared, st: &mut State, a: &Args<'_>, o: &mut Out<'_>) {
+    let mut proto = st.proto;
+    let mut i = 1;
+    if a.len() > 1 {
+        match crate::throttle::parse_i64(a.get(1)) {
+            Ok(2) => proto = Proto::Resp2,
+            Ok(3) => proto = Proto::Resp3,
+            Ok(_) => {
+                o.error("NOPROTO unsupported protocol version");
+                return;
+            }
+            Err(_) => {
+                o.error("ERR Protocol version is not an integer or out of range");
+                return;
+            }
+        }
+        i = 2;
+    }
+    while i < a.len() {
+        if a.is(i, "AUTH") && i + 2 < a.len() {
+            let mut scratch = Vec::new();
+            let mut so = Out {
+                buf: &mut scratch,
+                proto,
+            };
+            if !auth(shared, st, a.get(i + 2), Some(a.get(i + 1)), &mut so) {
+                o.buf.extend_from_slice(&scratch);
+                return;
+            }
+            i += 3;
+        } else if a.is(i, "SETNAME") && i + 1 < a.len() {
+            st.name = a.get(i + 1).to_vec();
+            i += 2;
+        } else {
+            o.error(&format!(
+                "ERR Syntax error in HELLO option '{}'",
+                String::from_utf8_lossy(a.get(i))
+            ));
+            return;
+        }
+    }
+    if !st.authed {
+        o.error("NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time");
+        return;
+    }
+    st.proto = proto;
+    o.proto = proto;
+    o.map(7);
+    o.bulk(b"server");
+    o.bulk(b"turnstile");
+    o.bulk(b"version");
+    o.bulk(env!("CARGO_PKG_VERSION").as_bytes());
+    o.bulk(b"proto");
+    o.int(if proto == Proto::Resp3 { 3 } else { 2 });
+    o.bulk(b"id");
+    o.int(st.id as i64);
+    o.bulk(b"mode");
+    o.bulk(b"standalone");
+    o.bulk(b"role");
+    o.bulk(b"master");
+    o.bulk(b"modules");
+    o.array(0);
+}
+
+fn client(st: &mut State, a: &Args<'_>, o: &mut Out<'_>) {
+    if a.is(1, "SETNAME") && a.len() == 3 {
+        st.name = a.get(2).to_vec();
+        o.simple("OK");
+    } else if a.is(1, "SETINFO") && a.len() == 4 {
+        o.simple("OK");
+    } else if a.is(1, "GETNAME") && a.len() == 2 {
+        if st.name.is_empty() {
+            o.null();
+        } else {
+            let name = std::mem::take(&mut st.name);
+            o.bulk(&name);
+            st.name = name;
+        }
+    } else if a.is(1, "ID") && a.len() == 2 {
+        o.int(st.id as i64);
+    } else {
+        o.error("ERR unknown subcommand or wrong number of arguments for 'client' command");
+    }
+}
+
+fn info(shared: &Shared) -> String {
+    format!(
+        "# Server\r\nredis_version:7.0.0\r\nturnstile_version:{}\r\nredis_mode:standalone\r\nmultiplexing_api:epoll\r\n\r\n# Clients\r\nconnected_clients:{}\r\n\r\n# Stats\r\ntotal_commands_processed:{}\r\n\r\n# Keyspace\r\n",
+        env!("CARGO_PKG_VERSION"),
+        shared.connections.load(Ordering::Relaxed),
+        shared.metrics.get(C::Commands)
+    )
+}
+
+/// A request from a key class (`customer`, `ip`, `api_key`, `route`, `method`, or parts joined
+/// by `+`) and a key (parts joined by `|`). Errors say what is wrong.
+pub(crate) fn request<'a>(class: &str, key: &'a str) -> Result<Request<'a>, String> {
+    let parts: Vec<&str> = class.split('+').collect();
+    let keys: Vec<&'a str> = if parts.len() == 1 {
+        vec![key]
+    } else {
+        key.split('|').collect()
+    };
+    if parts.len() != keys.len() {
+        return Err(format!(
+            "key class `{class}` has {} parts but the key `{key}` has {} (separate them with `|`)",
+            parts.len(),
+            keys.len()
+        ));
+    }
+    let mut r = Request::new();
+    for (p, k) in parts.iter().zip(keys) {
+        match *p {
+            "customer" => r.customer = Some(customer(k)?),
+            "ip" => {
+                r.ip = Some(k.parse::<IpAddr>().map_err(|_| format!("`{k}` is not an IP address"))?)
+            }
+            "api_key" => r.api_key = Some(k),
+            "route" => r.route = Some(k),
+            "method" => r.method = Some(k),
+            _ => {
+                return Err(format!(
+                    "unknown key class `{p}`; expected customer, ip, api_key, route, method, or parts joined by `+`"
+                ))
+            }
+        }
+    }
+    Ok(r)
+}
+
+/// A customer id: decimal, optionally tagged (`user:241531`), as in rules files.
+fn customer(s: &str) -> Result<u64, String> {
+    let digits = match s.split_once(':') {
+        Some((tag, d))
+            if !tag.is_empty() && tag.bytes().all(|b| b.is_ascii_alphabetic() || b == b'_') =>
+        {
+            d
+        }
+        _ => s,
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .filter(|_| digits.bytes().all(|b| b.is_ascii_digit()))
+        .ok_or_else(|| format!("`{s}` is not a customer id: write a decimal id, optionally tagged, e.g. 241531 or user:241531"))
+}
+
+/// A decision's milliseconds, rounded up.
+pub(crate) fn ms_up(ns: u64) -> i64 {
+    ns.div_ceil(1_000_000).min(i64::MAX as u64) as i64
+}
+
+/// A count for a reply: -1 for "no limit" (`u64::MAX`).
+pub(crate) fn count(v: u64) -> i64 {
+    if v > i64::MAX as u64 {
+        -1
+    } else {
+        v as i64
+    }
+}
+
+fn turnstile_check(shared: &Shared, a: &Args<'_>, o: &mut Out<'_>, peek: bool) {
+    let Some(engine) = &shared.engine else {
+        o.error("ERR no rules loaded: start the server with --rules FILE");
+        return;
+    };
+    let (Ok(class), Ok(key)) = (std::str::from_utf8(a.get(1)), std::str::from_utf8(a.get(2)))
+    else {
+        o.error("ERR key class and key must be UTF-8");
+        return;
+    };
+    let mut req = match request(class, key) {
+        Ok(r) => r,
+        Err(m) => {
+            o.error(&format!("ERR {m}"));
+            return;
+        }
+    };
+    let mut next = 3;
+    if !peek && a.len() > 3 {
+        match crate::throttle::parse_i64(a.get(3)) {
+            Ok(c) if c >= 0 => req.cost = c as u64,
+            Ok(_) => return o.error(&ArgError::NotPositive.to_string()),
+            Err(e) => return o.error(&e.to_string()),
+        }
+        next = 4;
+    }
+    if peek {
+        req.cost = 0;
+    }
+    if a.len() > next {
+        match std::str::from_utf8(a.get(next))
+            .ok()
+            .and_then(|s| s.parse::<Priority>().ok())
+        {
+            Some(p) => req.priority = Some(p),
+            None => return o.error("ERR unknown priority; expected critical, post, get or test"),
+        }
+    }
+    let v = engine.explain(&req);
+    let d: &Decision = &v.decision;
+    if !peek {
+        shared.metrics.add(
+            if d.allowed() {
+                C::CheckAllowed
+            } else {
+                C::CheckDenied
+            },
+            1,
+        );
+    }
+    o.array(6);
+    o.int(i64::from(d.allowed()));
+    o.int(count(d.limit));
+    o.int(count(d.remaining));
+    o.int(d.retry_after_ns.map_or(-1, ms_up));
+    o.int(ms_up(d.reset_after_ns));
+    match &v.rule {
+        Some(r) => o.bulk(r.as_bytes()),
+        None => o.null(),
+    }
+}

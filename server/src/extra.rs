@@ -1,0 +1,80 @@
+//! Extra listeners started beside RESP and HTTP: the Envoy rate limit service (gRPC,
+//! `--grpc` with `--envoy-config`). Each listener binds before [`spawn`] returns (so that a bad
+//! address fails the start), runs on its own thread(s), answers from the shared state, and
+//! stops accepting when `Shared::shutdown` turns `true`; [`start`] joins the threads returned
+//! before it writes the final snapshot.
+//!
+//! [`start`]: crate::start
+
+use crate::{envoy, stopped, ServeError, Shared};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// How long calls in flight may take to finish after the shutdown signal.
+const GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Starts the extra listeners the flags ask for. Called once by `start`, after the RESP and
+/// HTTP listeners are bound.
+pub(crate) fn spawn(shared: &Arc<Shared>) -> Result<Vec<JoinHandle<()>>, ServeError> {
+    let (addr, path) = match (shared.args.grpc, &shared.args.envoy_config) {
+        (None, None) => return Ok(Vec::new()),
+        (Some(a), None) => {
+            return Err(ServeError::Other(format!(
+                "--grpc {a}: give the rate limit configuration with --envoy-config FILE_OR_DIR"
+            )))
+        }
+        (None, Some(p)) => {
+            return Err(ServeError::Other(format!(
+                "--envoy-config {}: give the gRPC address with --grpc ADDR",
+                p.display()
+            )))
+        }
+        (Some(a), Some(p)) => (a, p.clone()),
+    };
+    let cfg = envoy::load(&path).map_err(|e| ServeError::Other(e.to_string()))?;
+    let settings = envoy::Settings::from_env().map_err(ServeError::Other)?;
+    let service = Arc::new(envoy::Envoy::new(&cfg, settings).map_err(ServeError::Other)?);
+    let listener = std::net::TcpListener::bind(addr).map_err(|e| ServeError::Bind(addr, e))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| ServeError::Bind(addr, e))?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| ServeError::Bind(addr, e))?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(ServeError::Runtime)?;
+    let mut rx = shared.shutdown.subscribe();
+    let mut rx_grace = shared.shutdown.subscribe();
+    tracing::info!(grpc = %bound, config = %path.display(), domains = cfg.domains.len(), "envoy rate limit service");
+    let t = std::thread::Builder::new()
+        .name("envoy-grpc".into())
+        .spawn(move || {
+            rt.block_on(async move {
+                let l = match tokio::net::TcpListener::from_std(listener) {
+                    Ok(l) => l,
+                    Err(e) => {
+                        tracing::error!(error = %e, "envoy gRPC listener");
+                        return;
+                    }
+                };
+                let serve =
+                    envoy::grpc::serve(l, service, async move { stopped(&mut rx).await });
+                // Envoy keeps its connection open: after the shutdown signal, calls in
+                // flight get GRACE to finish, then the runtime closes what is left.
+                let grace = async move {
+                    stopped(&mut rx_grace).await;
+                    tokio::time::sleep(GRACE).await;
+                };
+                tokio::select! {
+                    r = serve => if let Err(e) = r {
+                        tracing::error!(error = %e, "envoy gRPC service stopped");
+                    },
+                    _ = grace => tracing::info!("envoy gRPC: connections closed after the grace period"),
+                }
+            })
+        })
+        .map_err(ServeError::Runtime)?;
+    Ok(vec![t])
+}

@@ -1,0 +1,335 @@
+//! Counters and the latency histogram, and their Prometheus text.
+//!
+//! Counters are sharded per worker thread and cache-padded: every worker adds to its own line
+//! (a relaxed add, no contention); `/metrics` sums them. Rule and store figures come from the
+//! engine and the stores when scraped.
+
+use crate::Shared;
+use crossbeam_utils::CachePadded;
+use std::cell::Cell;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use turnstile::rules::Priority;
+
+/// What is counted per worker.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum C {
+    Connections,
+    RejectedConnections,
+    Commands,
+    ProtocolErrors,
+    ThrottleAllowed,
+    ThrottleLimited,
+    CheckAllowed,
+    CheckDenied,
+    HttpRequests,
+    HttpChecks,
+    HttpErrors,
+}
+
+const COUNTERS: usize = 11;
+
+/// Latency histogram bucket bounds (ns), per command.
+pub(crate) const BOUNDS_NS: [u64; 12] = [
+    250, 500, 1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 64_000, 128_000, 1_000_000, 10_000_000,
+];
+const HIST: usize = BOUNDS_NS.len() + 1;
+
+struct Worker {
+    c: [AtomicU64; COUNTERS],
+    hist: [AtomicU64; HIST],
+    sum_ns: AtomicU64,
+}
+
+thread_local! {
+    static WORKER: Cell<usize> = const { Cell::new(usize::MAX) };
+}
+
+static NEXT_WORKER: AtomicUsize = AtomicUsize::new(0);
+
+/// Counters of the whole server.
+pub(crate) struct Metrics {
+    workers: Box<[CachePadded<Worker>]>,
+    pub(crate) reloads_ok: AtomicU64,
+    pub(crate) reloads_failed: AtomicU64,
+    pub(crate) snapshots_ok: AtomicU64,
+    pub(crate) snapshots_failed: AtomicU64,
+    pub(crate) snapshot_records: AtomicU64,
+}
+
+impl Metrics {
+    pub(crate) fn new(workers: usize) -> Self {
+        Self {
+            workers: (0..workers.max(1) + 1)
+                .map(|_| {
+                    CachePadded::new(Worker {
+                        c: Default::default(),
+                        hist: Default::default(),
+                        sum_ns: AtomicU64::new(0),
+                    })
+                })
+                .collect(),
+            reloads_ok: AtomicU64::new(0),
+            reloads_failed: AtomicU64::new(0),
+            snapshots_ok: AtomicU64::new(0),
+            snapshots_failed: AtomicU64::new(0),
+            snapshot_records: AtomicU64::new(0),
+        }
+    }
+
+    /// This thread's shard (threads are numbered on first use).
+    #[inline]
+    fn mine(&self) -> &Worker {
+        let i = WORKER.with(|w| {
+            let mut i = w.get();
+            if i == usize::MAX {
+                // Relaxed: a unique number is all that is needed.
+                i = NEXT_WORKER.fetch_add(1, Ordering::Relaxed);
+                w.set(i);
+            }
+            i
+        });
+        &self.workers[i % self.workers.len()]
+    }
+
+    #[inline]
+    pub(crate) fn add(&self, c: C, n: u64) {
+        // Relaxed: statistics.
+        self.mine().c[c as usize].fetch_add(n, Ordering::Relaxed);
+    }
+
+    #[inline]
+    pub(crate) fn latency(&self, ns: u64) {
+        let w = self.mine();
+        let b = BOUNDS_NS
+            .iter()
+            .position(|&b| ns <= b)
+            .unwrap_or(BOUNDS_NS.len());
+        // Relaxed: statistics.
+        w.hist[b].fetch_add(1, Ordering::Relaxed);
+        w.sum_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    pub(crate) fn get(&self, c: C) -> u64 {
+        self.workers
+            .iter()
+            .map(|w| w.c[c as usize].load(Ordering::Relaxed))
+            .sum()
+    }
+}
+
+fn counter(out: &mut String, name: &str, help: &str, v: u64) {
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+    );
+}
+
+fn gauge(out: &mut String, name: &str, help: &str, v: u64) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+}
+
+/// A label value with `\`, `"` and newlines escaped.
+fn label(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// The Prometheus text exposition of everything.
+pub(crate) fn render(s: &Shared) -> String {
+    let m = &s.metrics;
+    let mut o = String::with_capacity(4096);
+    let r = |x: &AtomicU64| x.load(Ordering::Relaxed);
+    counter(
+        &mut o,
+        "turnstile_connections_total",
+        "RESP connections accepted.",
+        m.get(C::Connections),
+    );
+    counter(
+        &mut o,
+        "turnstile_connections_rejected_total",
+        "RESP connections refused at --max-connections.",
+        m.get(C::RejectedConnections),
+    );
+    gauge(
+        &mut o,
+        "turnstile_connections",
+        "RESP connections open.",
+        s.connections.load(Ordering::Relaxed) as u64,
+    );
+    counter(
+        &mut o,
+        "turnstile_resp_commands_total",
+        "RESP commands executed.",
+        m.get(C::Commands),
+    );
+    counter(
+        &mut o,
+        "turnstile_resp_protocol_errors_total",
+        "RESP connections closed for a protocol error.",
+        m.get(C::ProtocolErrors),
+    );
+    let _ = writeln!(o, "# HELP turnstile_throttle_total CL.THROTTLE answers by result.\n# TYPE turnstile_throttle_total counter");
+    let _ = writeln!(
+        o,
+        "turnstile_throttle_total{{result=\"allowed\"}} {}",
+        m.get(C::ThrottleAllowed)
+    );
+    let _ = writeln!(
+        o,
+        "turnstile_throttle_total{{result=\"limited\"}} {}",
+        m.get(C::ThrottleLimited)
+    );
+    let _ = writeln!(o, "# HELP turnstile_checks_total Rules checks (TURNSTILE.CHECK and POST /v1/check) by result.\n# TYPE turnstile_checks_total counter");
+    let _ = writeln!(
+        o,
+        "turnstile_checks_total{{result=\"allowed\"}} {}",
+        m.get(C::CheckAllowed)
+    );
+    let _ = writeln!(
+        o,
+        "turnstile_checks_total{{result=\"denied\"}} {}",
+        m.get(C::CheckDenied)
+    );
+    counter(
+        &mut o,
+        "turnstile_http_requests_total",
+        "HTTP requests.",
+        m.get(C::HttpRequests),
+    );
+    counter(
+        &mut o,
+        "turnstile_http_checks_total",
+        "POST /v1/check requests answered with a decision.",
+        m.get(C::HttpChecks),
+    );
+    counter(
+        &mut o,
+        "turnstile_http_errors_total",
+        "HTTP requests answered with a 4xx error other than 429.",
+        m.get(C::HttpErrors),
+    );
+    let _ = writeln!(o, "# HELP turnstile_reloads_total Rules reloads by result.\n# TYPE turnstile_reloads_total counter");
+    let _ = writeln!(
+        o,
+        "turnstile_reloads_total{{result=\"ok\"}} {}",
+        r(&m.reloads_ok)
+    );
+    let _ = writeln!(
+        o,
+        "turnstile_reloads_total{{result=\"failed\"}} {}",
+        r(&m.reloads_failed)
+    );
+    let _ = writeln!(o, "# HELP turnstile_snapshots_total Snapshot writes by result.\n# TYPE turnstile_snapshots_total counter");
+    let _ = writeln!(
+        o,
+        "turnstile_snapshots_total{{result=\"ok\"}} {}",
+        r(&m.snapshots_ok)
+    );
+    let _ = writeln!(
+        o,
+        "turnstile_snapshots_total{{result=\"failed\"}} {}",
+        r(&m.snapshots_failed)
+    );
+    gauge(
+        &mut o,
+        "turnstile_snapshot_records",
+        "Records in the last snapshot written.",
+        r(&m.snapshot_records),
+    );
+
+    // Latency histogram, summed over workers.
+    let mut h = [0u64; HIST];
+    let mut sum = 0u64;
+    for w in m.workers.iter() {
+        for (t, x) in h.iter_mut().zip(w.hist.iter()) {
+            *t += x.load(Ordering::Relaxed);
+        }
+        sum += w.sum_ns.load(Ordering::Relaxed);
+    }
+    let _ = writeln!(o, "# HELP turnstile_check_seconds Time to execute one CL.THROTTLE, TURNSTILE.* or /v1/check.\n# TYPE turnstile_check_seconds histogram");
+    let mut cum = 0;
+    for (i, b) in BOUNDS_NS.iter().enumerate() {
+        cum += h[i];
+        let _ = writeln!(
+            o,
+            "turnstile_check_seconds_bucket{{le=\"{}\"}} {cum}",
+            *b as f64 / 1e9
+        );
+    }
+    cum += h[HIST - 1];
+    let _ = writeln!(o, "turnstile_check_seconds_bucket{{le=\"+Inf\"}} {cum}");
+    let _ = writeln!(o, "turnstile_check_seconds_sum {}", sum as f64 / 1e9);
+    let _ = writeln!(o, "turnstile_check_seconds_count {cum}");
+
+    // Stores of CL.THROTTLE, summed.
+    let mut st = turnstile::keyed::StoreStats::default();
+    let entries = s.throttles.entries();
+    for e in &entries {
+        let x = e.store.stats();
+        st.live += x.live;
+        st.reclaimed += x.reclaimed;
+        st.evicted += x.evicted;
+        st.rejected += x.rejected;
+        st.inserted += x.inserted;
+    }
+    gauge(
+        &mut o,
+        "turnstile_throttle_stores",
+        "CL.THROTTLE stores (one per max_burst, count, period).",
+        entries.len() as u64,
+    );
+    let _ = writeln!(o, "# HELP turnstile_store_keys Live keys in the CL.THROTTLE stores.\n# TYPE turnstile_store_keys gauge\nturnstile_store_keys{{store=\"throttle\"}} {}", st.live);
+    let _ = writeln!(o, "# HELP turnstile_store_events_total What the CL.THROTTLE stores did with records.\n# TYPE turnstile_store_events_total counter");
+    for (k, v) in [
+        ("inserted", st.inserted),
+        ("reclaimed", st.reclaimed),
+        ("evicted", st.evicted),
+        ("rejected", st.rejected),
+    ] {
+        let _ = writeln!(
+            o,
+            "turnstile_store_events_total{{store=\"throttle\",event=\"{k}\"}} {v}"
+        );
+    }
+
+    // The rules engine.
+    if let Some(e) = &s.engine {
+        let _ = writeln!(o, "# HELP turnstile_rule_events_total What each rule did: denied, would_deny (shadow), elastic (admitted from the pool), over_nominal (soft).\n# TYPE turnstile_rule_events_total counter");
+        let names = e.rule_names();
+        for n in &names {
+            if let Some(rs) = e.rule_stats(n) {
+                let n = label(n);
+                for (k, v) in [
+                    ("denied", rs.denied),
+                    ("would_deny", rs.would_deny),
+                    ("elastic", rs.elastic),
+                    ("over_nominal", rs.over_nominal),
+                ] {
+                    let _ = writeln!(
+                        o,
+                        "turnstile_rule_events_total{{rule=\"{n}\",event=\"{k}\"}} {v}"
+                    );
+                }
+            }
+        }
+        let _ = writeln!(o, "# HELP turnstile_rule_keys Live keys in each rule's store.\n# TYPE turnstile_rule_keys gauge");
+        for n in &names {
+            if let Some(k) = e.rule_keys(n) {
+                let _ = writeln!(o, "turnstile_rule_keys{{rule=\"{}\"}} {k}", label(n));
+            }
+        }
+        let _ = writeln!(o, "# HELP turnstile_shed_total Requests shed by priority.\n# TYPE turnstile_shed_total counter");
+        let shed = e.shed_counts();
+        for p in Priority::ALL {
+            let _ = writeln!(
+                o,
+                "turnstile_shed_total{{priority=\"{p}\"}} {}",
+                shed[p.index()]
+            );
+        }
+    }
+    o
+}

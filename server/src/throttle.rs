@@ -1,0 +1,373 @@
+//! `CL.THROTTLE key max_burst count period [quantity]`: redis-cell's command on turnstile's
+//! keyed stores.
+//!
+//! redis-cell is GCRA with an emission interval E = period / count (whole nanoseconds, rounded
+//! down) and a tolerance τ = E × (max_burst + 1); turnstile's `token_bucket` is the same GCRA
+//! (`src/algo/token_bucket.rs`) with capacity max_burst + 1 and interval E, so a decision of
+//! the store carries what the reply needs: the TTL (`reset_after_ns`), and, when denied, the
+//! time until the request fits (`retry_after_ns`, `None` when the quantity exceeds the burst).
+//! [`reply`] turns it into redis-cell's five integers with redis-cell's own arithmetic:
+//! `remaining` = (τ − TTL) in whole microseconds over E in whole microseconds, truncated;
+//! times in seconds, truncated, plus one if a whole millisecond is left over.
+//!
+//! Keys of one `(max_burst, count, period)` share one store, created on first use while the
+//! memory budget allows ([`Throttles`]); a connection keeps the store it used last, so a
+//! client that always sends the same parameters never touches the shared map.
+//!
+//! Where this differs from redis-cell, on inputs redis-cell does not guard: a negative
+//! quantity, count or period, or a negative max_burst, is refused (`ERR value is out of range,
+//! must be positive`) instead of corrupting the key; a rate over one per microsecond, where
+//! redis-cell divides by a zero microsecond interval, computes `remaining` in nanoseconds.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use turnstile::algo::token_bucket;
+use turnstile::keyed::{FullPolicy, Store, StoreBuilder};
+use turnstile::{Decision, Limit, Limits, Outcome};
+
+/// The parameters that select a store.
+pub type Params = (i64, i64, i64);
+
+/// redis-cell's reply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cell {
+    /// 1 if limited.
+    pub limited: i64,
+    /// max_burst + 1.
+    pub limit: i64,
+    /// Requests left.
+    pub remaining: i64,
+    /// Seconds until the request would fit; -1 when allowed or when it never fits.
+    pub retry_after: i64,
+    /// Seconds until the key is back to full.
+    pub reset_after: i64,
+}
+
+impl Cell {
+    /// The five integers, in reply order.
+    pub fn as_array(&self) -> [i64; 5] {
+        [
+            self.limited,
+            self.limit,
+            self.remaining,
+            self.retry_after,
+            self.reset_after,
+        ]
+    }
+}
+
+/// Why a `CL.THROTTLE` was refused before it reached a store (Redis's wording).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ArgError {
+    /// Not an integer.
+    NotInteger,
+    /// Negative where a count is needed.
+    NotPositive,
+    /// Too large to represent.
+    OutOfRange,
+    /// The store budget is spent.
+    NoRoom(String),
+}
+
+impl std::fmt::Display for ArgError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ArgError::NotInteger => f.write_str("ERR value is not an integer or out of range"),
+            ArgError::NotPositive => f.write_str("ERR value is out of range, must be positive"),
+            ArgError::OutOfRange => f.write_str("ERR value is out of range"),
+            ArgError::NoRoom(m) => write!(f, "ERR {m}"),
+        }
+    }
+}
+
+/// An integer argument as Redis reads one.
+pub fn parse_i64(b: &[u8]) -> Result<i64, ArgError> {
+    std::str::from_utf8(b)
+        .ok()
+        .filter(|s| !s.starts_with('+'))
+        .and_then(|s| s.parse::<i64>().ok())
+        .ok_or(ArgError::NotInteger)
+}
+
+/// E in ns as redis-cell computes it: `(period_ns as f64 / count as f64) as i64`.
+pub fn emission_ns(count: i64, period: i64) -> Result<i64, ArgError> {
+    if count <= 0 || period <= 0 {
+        return Err(ArgError::NotPositive);
+    }
+    let period_ns = period
+        .checked_mul(1_000_000_000)
+        .ok_or(ArgError::OutOfRange)?;
+    let e = (period_ns as f64 / count as f64) as i64;
+    if e < 1 {
+        return Err(ArgError::OutOfRange);
+    }
+    Ok(e)
+}
+
+/// The store limit for `(max_burst, count, period)`.
+pub fn limit_of((max_burst, count, period): Params) -> Result<Limit, ArgError> {
+    if max_burst < 0 {
+        return Err(ArgError::NotPositive);
+    }
+    let e = emission_ns(count, period)?;
+    let cap = (max_burst as u64)
+        .checked_add(1)
+        .ok_or(ArgError::OutOfRange)?;
+    token_bucket::Params::with_interval(cap, e as u64)
+        .map(Limit::TokenBucket)
+        .map_err(|_| ArgError::OutOfRange)
+}
+
+/// Seconds as redis-cell rounds them: truncated, plus one if a whole millisecond is left.
+fn seconds(ns: i64) -> i64 {
+    ns / 1_000_000_000 + i64::from((ns % 1_000_000_000) / 1_000_000 > 0)
+}
+
+/// redis-cell's five integers from the store's decision for a limit of capacity
+/// `max_burst + 1` and interval `e` ns.
+pub fn reply(d: &Decision, max_burst: i64, e: i64) -> Cell {
+    let limit = max_burst + 1;
+    let tau = e.saturating_mul(limit);
+    let limited = !d.allowed();
+    let ttl = d.reset_after_ns.min(i64::MAX as u64) as i64;
+    let next = tau - ttl;
+    let remaining = if next > -e {
+        let (n, d) = if e >= 1000 {
+            (next / 1000, e / 1000)
+        } else {
+            (next, e)
+        };
+        (n as f64 / d as f64) as i64
+    } else {
+        0
+    };
+    let retry_after = match (limited, d.retry_after_ns) {
+        (true, Some(r)) if d.outcome == Outcome::Limited => seconds(r.min(i64::MAX as u64) as i64),
+        _ => -1,
+    };
+    Cell {
+        limited: i64::from(limited),
+        limit,
+        remaining,
+        retry_after,
+        reset_after: seconds(ttl),
+    }
+}
+
+/// One store per parameter set, within a memory budget.
+pub struct Throttles {
+    map: RwLock<HashMap<Params, Arc<Store>>>,
+    budget: usize,
+    keys: u64,
+    seed: u64,
+}
+
+/// What [`Throttles`] has, for `/metrics` and snapshots.
+pub struct ThrottleEntry {
+    /// Its parameters.
+    pub params: Params,
+    /// Its store.
+    pub store: Arc<Store>,
+}
+
+impl Throttles {
+    /// Stores of room for `keys` keys each, all of them within `budget` bytes, hashing keys
+    /// with `seed` (kept in snapshots, so that restored ids are found again).
+    pub fn new(budget: usize, keys: u64, seed: u64) -> Self {
+        Self {
+            map: RwLock::new(HashMap::new()),
+            budget,
+            keys,
+            seed,
+        }
+    }
+
+    /// The hash seed.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// The store for `p`, created if new and the budget allows.
+    pub fn store(&self, p: Params) -> Result<Arc<Store>, ArgError> {
+        if let Some(s) = self.map.read().unwrap_or_else(|e| e.into_inner()).get(&p) {
+            return Ok(s.clone());
+        }
+        let limit = limit_of(p)?;
+        let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = map.get(&p) {
+            return Ok(s.clone());
+        }
+        let used: usize = map.values().map(|s| s.memory_bytes()).sum();
+        let left = self.budget.saturating_sub(used);
+        let build = || -> Result<Store, String> {
+            let limits = Limits::new(vec![limit]).map_err(|e| e.to_string())?;
+            let b: StoreBuilder = Store::builder(limits)
+                .capacity(self.keys)
+                .policy(FullPolicy::EvictStalest)
+                .seed(self.seed);
+            b.build().map_err(|e| e.to_string())
+        };
+        let store = build().map_err(|e| ArgError::NoRoom(format!("cannot build a store: {e}")))?;
+        if store.memory_bytes() > left {
+            return Err(ArgError::NoRoom(format!(
+                "no room for another CL.THROTTLE store: {} stores use {used} of the {}-byte budget and a new one needs {}; reuse parameters or raise --throttle-memory",
+                map.len(),
+                self.budget,
+                store.memory_bytes()
+            )));
+        }
+        let store = Arc::new(store);
+        map.insert(p, store.clone());
+        tracing::info!(
+            max_burst = p.0,
+            count = p.1,
+            period = p.2,
+            bytes = store.memory_bytes(),
+            "CL.THROTTLE store created"
+        );
+        Ok(store)
+    }
+
+    /// Every store, in no particular order.
+    pub fn entries(&self) -> Vec<ThrottleEntry> {
+        self.map
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(p, s)| ThrottleEntry {
+                params: *p,
+                store: s.clone(),
+            })
+            .collect()
+    }
+}
+
+/// A connection's cache of the store it used last.
+#[derive(Default)]
+pub struct LastStore(Option<(Params, Arc<Store>)>);
+
+impl LastStore {
+    /// `CL.THROTTLE` with its arguments after the command name.
+    pub fn throttle(&mut self, t: &Throttles, args: &[&[u8]]) -> Result<Cell, ArgError> {
+        let p = (
+            parse_i64(args[1])?,
+            parse_i64(args[2])?,
+            parse_i64(args[3])?,
+        );
+        let quantity = match args.get(4) {
+            Some(q) => parse_i64(q)?,
+            None => 1,
+        };
+        if quantity < 0 {
+            return Err(ArgError::NotPositive);
+        }
+        let store = match &self.0 {
+            Some((lp, s)) if *lp == p => s,
+            _ => {
+                let s = t.store(p)?;
+                &self.0.insert((p, s)).1
+            }
+        };
+        let d = store.check(args[0], quantity as u64);
+        let e = emission_ns(p.1, p.2)?;
+        Ok(reply(&d, p.0, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use turnstile::ManualClock;
+
+    /// redis-cell's own test table (`src/cell/mod.rs`, `it_rate_limits`), in ns.
+    #[test]
+    fn redis_cell_cases() {
+        let start = 1_000_000_000_000u64;
+        let clock = ManualClock::new(start);
+        let p = (4, 1, 1);
+        let store = Store::builder(Limits::new(vec![limit_of(p).unwrap()]).unwrap())
+            .capacity(16)
+            .build_with_clock(&clock)
+            .unwrap();
+        let e = emission_ns(1, 1).unwrap();
+        let ms = 1_000_000u64;
+        // (now offset ms, quantity, remaining, reset ms, retry s (redis-cell's Duration, -1), limited)
+        let cases: [(u64, u64, i64, i64, i64, bool); 15] = [
+            (0, 6, 5, 0, -1, true),
+            (0, 1, 4, 1000, -1, false),
+            (0, 1, 3, 2000, -1, false),
+            (0, 1, 2, 3000, -1, false),
+            (0, 1, 1, 4000, -1, false),
+            (0, 1, 0, 5000, -1, false),
+            (0, 1, 0, 5000, 1, true),
+            (3000, 1, 2, 3000, -1, false),
+            (3100, 1, 1, 3900, -1, false),
+            (4000, 1, 1, 4000, -1, false),
+            (8000, 1, 4, 1000, -1, false),
+            (9500, 1, 4, 1000, -1, false),
+            (9500, 0, 4, 1000, -1, false),
+            (9500, 2, 2, 3000, -1, false),
+            (9500, 5, 2, 3000, 3, true),
+        ];
+        for (i, (at, q, rem, reset_ms, retry_s, limited)) in cases.into_iter().enumerate() {
+            clock.set(start + at * ms);
+            let d = store.check("foo", q);
+            assert_eq!(d.reset_after_ns, reset_ms as u64 * ms, "case {i} reset");
+            let c = reply(&d, p.0, e);
+            assert_eq!(c.limited, i64::from(limited), "case {i}");
+            assert_eq!(c.limit, 5, "case {i}");
+            assert_eq!(c.remaining, rem, "case {i} remaining");
+            assert_eq!(c.retry_after, retry_s, "case {i} retry");
+            assert_eq!(
+                c.reset_after,
+                reset_ms / 1000 + i64::from(reset_ms % 1000 > 0),
+                "case {i}"
+            );
+        }
+    }
+
+    #[test]
+    fn rounding_and_arguments() {
+        assert_eq!(seconds(0), 0);
+        assert_eq!(seconds(999_999), 0);
+        assert_eq!(seconds(1_000_000), 1);
+        assert_eq!(seconds(1_000_999_999), 1);
+        assert_eq!(seconds(1_001_000_000), 2);
+        assert_eq!(seconds(-1_000_000_000), -1);
+        assert_eq!(emission_ns(30, 60), Ok(2_000_000_000));
+        assert_eq!(emission_ns(3, 1), Ok(333_333_333));
+        assert_eq!(emission_ns(0, 1), Err(ArgError::NotPositive));
+        assert_eq!(emission_ns(1, i64::MAX), Err(ArgError::OutOfRange));
+        assert_eq!(parse_i64(b"12"), Ok(12));
+        assert_eq!(parse_i64(b"-3"), Ok(-3));
+        assert_eq!(parse_i64(b"+3"), Err(ArgError::NotInteger));
+        assert_eq!(parse_i64(b"1.5"), Err(ArgError::NotInteger));
+        assert_eq!(
+            parse_i64(b"99999999999999999999"),
+            Err(ArgError::NotInteger)
+        );
+        assert_eq!(
+            ArgError::NotInteger.to_string(),
+            "ERR value is not an integer or out of range"
+        );
+        assert!(limit_of((-1, 1, 1)).is_err());
+        assert!(limit_of((i64::MAX, 1, 1)).is_err());
+    }
+
+    #[test]
+    fn stores_within_budget() {
+        let one = {
+            let t = Throttles::new(usize::MAX, 1000, 1);
+            t.store((1, 1, 1)).unwrap().memory_bytes()
+        };
+        let t = Throttles::new(one * 2 + one / 2, 1000, 1);
+        let a = t.store((1, 1, 1)).unwrap();
+        assert!(Arc::ptr_eq(&a, &t.store((1, 1, 1)).unwrap()));
+        t.store((2, 1, 1)).unwrap();
+        let Err(e) = t.store((3, 1, 1)) else {
+            panic!("a third store fits")
+        };
+        assert!(e.to_string().contains("--throttle-memory"), "{e}");
+        assert_eq!(t.entries().len(), 2);
+    }
+}

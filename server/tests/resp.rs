@@ -1,0 +1,297 @@
+//! The server in process on loopback, spoken to over real sockets: raw RESP, and redis-cli
+//! when it is installed (.ci/run installs it).
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::Command;
+use std::time::Duration;
+use turnstile::keyed::Store;
+use turnstile::Limits;
+use turnstile_server::throttle::{emission_ns, limit_of, reply};
+use turnstile_server::{start, Running, ServeArgs};
+
+fn server(f: impl FnOnce(&mut ServeArgs)) -> Running {
+    let mut a = ServeArgs::new();
+    a.resp = "127.0.0.1:0".parse().unwrap();
+    a.http = "127.0.0.1:0".parse().unwrap();
+    a.workers = Some(2);
+    a.throttle_keys = 10_000;
+    f(&mut a);
+    start(a).expect("server starts")
+}
+
+fn connect(addr: SocketAddr) -> TcpStream {
+    let s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s
+}
+
+/// Sends `req` and reads until the reply holds `want` bytes or the server closes.
+fn roundtrip(s: &mut TcpStream, req: &[u8], want: usize) -> Vec<u8> {
+    s.write_all(req).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while got.len() < want {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            // A server that closes with our request unread resets the connection.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(e) => panic!("read: {e}; got {:?}", String::from_utf8_lossy(&got)),
+        }
+    }
+    got
+}
+
+/// HELLO 3, its whole reply (it ends with the empty module list).
+fn hello3(s: &mut TcpStream) -> Vec<u8> {
+    s.write_all(&cmd(&["HELLO", "3"])).unwrap();
+    let mut got = Vec::new();
+    let mut b = [0u8; 1];
+    while !got.ends_with(b"modules\r\n*0\r\n") {
+        assert_eq!(
+            s.read(&mut b).unwrap(),
+            1,
+            "closed after {:?}",
+            String::from_utf8_lossy(&got)
+        );
+        got.push(b[0]);
+    }
+    got
+}
+
+fn cmd(parts: &[&str]) -> Vec<u8> {
+    let mut v = format!("*{}\r\n", parts.len()).into_bytes();
+    for p in parts {
+        v.extend_from_slice(format!("${}\r\n{p}\r\n", p.len()).as_bytes());
+    }
+    v
+}
+
+fn stop(r: Running) {
+    r.stop();
+    r.join().unwrap();
+}
+
+#[test]
+fn pipelined_commands_and_errors() {
+    let r = server(|_| {});
+    let mut s = connect(r.resp);
+    let mut req = Vec::new();
+    req.extend(cmd(&["PING"]));
+    req.extend(cmd(&["ECHO", "hi"]));
+    req.extend(b"ping\r\n");
+    req.extend(cmd(&["SELECT", "0"]));
+    req.extend(cmd(&["SELECT", "1"]));
+    req.extend(cmd(&["CL.THROTTLE", "k"]));
+    req.extend(cmd(&["CL.THROTTLE", "k", "x", "1", "1"]));
+    req.extend(cmd(&["NOPE", "a"]));
+    let want = "+PONG\r\n$2\r\nhi\r\n+PONG\r\n+OK\r\n-ERR DB index is out of range\r\n-ERR wrong number of arguments for 'cl.throttle' command\r\n-ERR value is not an integer or out of range\r\n-ERR unknown command 'NOPE', with args beginning with: 'a' \r\n";
+    let got = roundtrip(&mut s, &req, want.len());
+    assert_eq!(String::from_utf8_lossy(&got), want);
+    // RESP3 after HELLO 3: a map; a null is `_`.
+    let got = hello3(&mut s);
+    assert!(
+        got.starts_with(b"%7\r\n$6\r\nserver\r\n$9\r\nturnstile\r\n"),
+        "{:?}",
+        String::from_utf8_lossy(&got)
+    );
+    let mut s2 = connect(r.resp);
+    hello3(&mut s2);
+    let got = roundtrip(&mut s2, &cmd(&["CLIENT", "GETNAME"]), 3);
+    assert_eq!(got, b"_\r\n");
+    // A protocol error is replied, then the connection closes.
+    let mut s3 = connect(r.resp);
+    let got = roundtrip(&mut s3, b"*1\r\n$-5\r\n", usize::MAX);
+    assert_eq!(
+        String::from_utf8_lossy(&got),
+        "-ERR Protocol error: invalid bulk length\r\n"
+    );
+    let mut s4 = connect(r.resp);
+    let got = roundtrip(&mut s4, format!("*{}\r\n", 1 << 20).as_bytes(), usize::MAX);
+    assert_eq!(
+        String::from_utf8_lossy(&got),
+        "-ERR Protocol error: invalid multibulk length\r\n"
+    );
+    stop(r);
+}
+
+#[test]
+fn throttle_equals_the_in_process_store() {
+    let r = server(|_| {});
+    let mut s = connect(r.resp);
+    // One per hour with a burst of 4: the elapsed milliseconds of the test change no second.
+    let p = (4i64, 1i64, 3600i64);
+    let store = Store::builder(Limits::new(vec![limit_of(p).unwrap()]).unwrap())
+        .capacity(100)
+        .build()
+        .unwrap();
+    let e = emission_ns(p.1, p.2).unwrap();
+    for (i, q) in [1u64, 1, 2, 0, 7, 1, 1, 5, 0, 1].into_iter().enumerate() {
+        let want = reply(&store.check("user:1", q), p.0, e).as_array();
+        let mut w = b"*5\r\n".to_vec();
+        for v in want {
+            w.extend(format!(":{v}\r\n").as_bytes());
+        }
+        let got = roundtrip(
+            &mut s,
+            &cmd(&["CL.THROTTLE", "user:1", "4", "1", "3600", &q.to_string()]),
+            w.len(),
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&got),
+            String::from_utf8_lossy(&w),
+            "step {i}, quantity {q}"
+        );
+    }
+    stop(r);
+}
+
+fn redis_cli() -> bool {
+    Command::new("redis-cli").arg("--version").output().is_ok()
+}
+
+#[test]
+fn redis_cli_speaks_to_it() {
+    if !redis_cli() {
+        eprintln!("redis-cli not installed (apt-get install redis-tools): skipped");
+        return;
+    }
+    let r = server(|a| a.requirepass = Some("s3cret".into()));
+    let port = r.resp.port().to_string();
+    let cli_all = |args: &[&str]| {
+        let o = Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &port, "--no-auth-warning"])
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            String::from_utf8_lossy(&o.stdout).trim().to_string(),
+            String::from_utf8_lossy(&o.stderr).trim().to_string(),
+        )
+    };
+    let cli = |args: &[&str]| cli_all(args).0;
+    assert_eq!(cli(&["PING"]), "NOAUTH Authentication required.");
+    let (out, err) = cli_all(&["-a", "wrong", "PING"]);
+    assert!(
+        err.contains("WRONGPASS invalid username-password pair"),
+        "{err}"
+    );
+    assert_eq!(out, "NOAUTH Authentication required.");
+    let a = ["-a", "s3cret"];
+    assert_eq!(cli(&[&a[..], &["PING"]].concat()), "PONG");
+    assert_eq!(
+        cli(&[&a[..], &["CL.THROTTLE", "cli", "1", "1", "60"]].concat()),
+        "0\n2\n1\n-1\n60"
+    );
+    assert_eq!(
+        cli(&[&a[..], &["CL.THROTTLE", "cli", "1", "1", "60"]].concat()),
+        "0\n2\n0\n-1\n120"
+    );
+    assert_eq!(
+        cli(&[&a[..], &["CL.THROTTLE", "cli", "1", "1", "60"]].concat()),
+        "1\n2\n0\n60\n120"
+    );
+    assert_eq!(
+        cli(&[&a[..], &["-3", "CL.THROTTLE", "cli", "1", "1", "60", "0"]].concat()),
+        "0\n2\n0\n-1\n120"
+    );
+    assert!(cli(&[&a[..], &["INFO"]].concat()).contains("redis_version"));
+    stop(r);
+}
+
+#[test]
+fn turnstile_check_over_rules() {
+    let dir = std::env::temp_dir().join(format!("turnstile-resp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let rules = dir.join("rules.toml");
+    std::fs::write(
+        &rules,
+        "[[rule]]\nname = \"per-customer\"\nkey = \"customer\"\nlimits = [{ algorithm = \"token_bucket\", limit = 2, window = \"1h\" }]\n",
+    )
+    .unwrap();
+    let r = server(|a| {
+        a.rules = Some(rules.clone());
+        a.runtime = turnstile_server::RuntimeKind::MultiThread;
+    });
+    let mut s = connect(r.resp);
+    let mut req = Vec::new();
+    req.extend(cmd(&["TURNSTILE.PEEK", "customer", "user:5"]));
+    req.extend(cmd(&["TURNSTILE.CHECK", "customer", "user:5"]));
+    req.extend(cmd(&["TURNSTILE.CHECK", "customer", "5", "1", "get"]));
+    let want = "*6\r\n:1\r\n:2\r\n:2\r\n:-1\r\n:0\r\n$-1\r\n*6\r\n:1\r\n:2\r\n:1\r\n:-1\r\n:1800000\r\n$-1\r\n*6\r\n:1\r\n:2\r\n:0\r\n:-1\r\n:3600000\r\n$-1\r\n";
+    let got = roundtrip(&mut s, &req, want.len());
+    assert_eq!(String::from_utf8_lossy(&got), want);
+    // Denied: the rule is named, retry in ms.
+    let got = roundtrip(&mut s, &cmd(&["TURNSTILE.CHECK", "customer", "5"]), 55);
+    let text = String::from_utf8_lossy(&got);
+    assert!(
+        text.starts_with("*6\r\n:0\r\n:2\r\n:0\r\n:1") && text.ends_with("$12\r\nper-customer\r\n"),
+        "{text}"
+    );
+    let bad = [
+        (
+            vec!["TURNSTILE.CHECK", "planet", "x"],
+            "-ERR unknown key class `planet`",
+        ),
+        (
+            vec!["TURNSTILE.CHECK", "customer", "bob"],
+            "-ERR `bob` is not a customer id",
+        ),
+        (
+            vec!["TURNSTILE.CHECK", "customer", "5", "-1"],
+            "-ERR value is out of range, must be positive",
+        ),
+        (
+            vec!["TURNSTILE.CHECK", "customer", "5", "1", "urgent"],
+            "-ERR unknown priority",
+        ),
+        (
+            vec!["TURNSTILE.CHECK", "customer"],
+            "-ERR wrong number of arguments for 'turnstile.check' command",
+        ),
+    ];
+    for (c, want) in bad {
+        let got = roundtrip(&mut s, &cmd(&c), want.len());
+        assert_eq!(String::from_utf8_lossy(&got[..want.len()]), want, "{c:?}");
+        let mut rest = [0u8; 512];
+        let mut got = got;
+        while !got.ends_with(b"\r\n") {
+            let n = s.read(&mut rest).unwrap();
+            got.extend_from_slice(&rest[..n]);
+        }
+    }
+    stop(r);
+    // Without rules, TURNSTILE.CHECK says how to get them.
+    let r = server(|_| {});
+    let mut s = connect(r.resp);
+    let want = "-ERR no rules loaded: start the server with --rules FILE\r\n";
+    let got = roundtrip(
+        &mut s,
+        &cmd(&["TURNSTILE.CHECK", "customer", "1"]),
+        want.len(),
+    );
+    assert_eq!(String::from_utf8_lossy(&got), want);
+    stop(r);
+}
+
+#[test]
+fn connection_limits() {
+    let r = server(|a| {
+        a.max_connections = 1;
+        a.idle_timeout = Duration::from_millis(300);
+    });
+    let mut a = connect(r.resp);
+    assert_eq!(roundtrip(&mut a, &cmd(&["PING"]), 7), b"+PONG\r\n");
+    let mut b = connect(r.resp);
+    let got = roundtrip(&mut b, &cmd(&["PING"]), usize::MAX);
+    assert_eq!(
+        String::from_utf8_lossy(&got),
+        "-ERR max number of clients reached\r\n"
+    );
+    // Idle past the timeout: closed by the server.
+    std::thread::sleep(Duration::from_millis(600));
+    let mut buf = [0u8; 16];
+    assert_eq!(a.read(&mut buf).unwrap(), 0, "an idle connection is closed");
+    stop(r);
+}
