@@ -22,9 +22,12 @@ local function imod(a, b)
 end
 
 -- floor(a * b / c) and the remainder, a * b possibly above 2^53 (b, c <= 2^52): binary long
--- multiplication keeping the remainder below c.
+-- multiplication keeping the remainder below c. (The quotient is exact below 2^53; above,
+-- callers only compare it with a duration.)
 local function muldiv(a, b, c)
-  local q, r = 0, 0
+  local qb = idiv(b, c)
+  b = b - qb * c
+  local q0, q, r = a * qb, 0, 0
   local bit = 1
   while bit * 2 <= a do bit = bit * 2 end
   while bit >= 1 do
@@ -37,7 +40,7 @@ local function muldiv(a, b, c)
     end
     bit = bit / 2
   end
-  return q, r
+  return q0 + q, r
 end
 
 local function t_parse(str)
