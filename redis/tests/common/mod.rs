@@ -60,6 +60,8 @@ impl Server {
         let child = Command::new("redis-server")
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
+            // The failure tests block the server with DEBUG SLEEP.
+            .args(["--enable-debug-command", "yes"])
             .arg("--dir")
             .arg(&self.dir)
             .args(&self.extra)
