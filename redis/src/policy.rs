@@ -146,7 +146,9 @@ pub(crate) fn scaled(l: &Limit, nodes: u64) -> Limit {
     };
     use turnstile::Algorithm as A;
     let built = match l {
-        Limit::FixedWindow(p) => spec(A::FixedWindow, div(p.limit), p.window, p.count_denied).build(),
+        Limit::FixedWindow(p) => {
+            spec(A::FixedWindow, div(p.limit), p.window, p.count_denied).build()
+        }
         Limit::SlidingWindow(p) => {
             spec(A::SlidingWindow, div(p.limit), p.window, p.count_denied).build()
         }

@@ -329,7 +329,9 @@ impl RedisStore {
             return d;
         }
         if !self.breaker.allow() {
-            self.counters.short_circuited.fetch_add(1, Ordering::Relaxed);
+            self.counters
+                .short_circuited
+                .fetch_add(1, Ordering::Relaxed);
             return self.fallback(key, cost);
         }
         let r = self.try_check(key, cost).await;
@@ -469,7 +471,12 @@ impl RedisStore {
         }
     }
 
-    async fn many(&self, keys: &[&str], now: Option<u64>, cost: u64) -> Result<Vec<Decision>, Error> {
+    async fn many(
+        &self,
+        keys: &[&str],
+        now: Option<u64>,
+        cost: u64,
+    ) -> Result<Vec<Decision>, Error> {
         if self.conn.is_cluster() {
             let calls = keys.iter().map(|k| self.decide(k, now, cost));
             return futures_util::future::join_all(calls)
@@ -485,9 +492,7 @@ impl RedisStore {
         let mut conn = self.conn.clone();
         let run = async {
             let mut vals: Vec<Value> = pipe.query_async(&mut conn).await?;
-            let noscript = |v: &Value| {
-                matches!(v, Value::ServerError(e) if e.kind() == Some(ServerErrorKind::NoScript))
-            };
+            let noscript = |v: &Value| matches!(v, Value::ServerError(e) if e.kind() == Some(ServerErrorKind::NoScript));
             if vals.iter().any(noscript) {
                 // The script cache was lost mid-stream: load it and run the calls that did not.
                 self.script.load_async(&mut conn).await?;

@@ -57,13 +57,22 @@ fn one_limit() -> impl Strategy<Value = Limit> {
             .unwrap()
         }),
         // Buckets spanning more than 2^52 ns are refused on Redis (a test below).
-        (limit(1 << 20), prop_oneof![Just(1u64), Just(15), 1u64..=1000], window())
+        (
+            limit(1 << 20),
+            prop_oneof![Just(1u64), Just(15), 1u64..=1000],
+            window()
+        )
             .prop_filter_map("span beyond 2^52 ns", |(cap, rate, w)| {
                 Limit::token_bucket(cap, rate, Duration::from_nanos(w))
                     .ok()
                     .filter(|l| matches!(l, Limit::TokenBucket(p) if p.tau <= MAX_DURATION_NS))
             }),
-        (prop_oneof![Just(1u64), Just(10), 1u64..=1000], window(), 0u64..=20, any::<u8>())
+        (
+            prop_oneof![Just(1u64), Just(10), 1u64..=1000],
+            window(),
+            0u64..=20,
+            any::<u8>()
+        )
             .prop_map(|(rate, w, burst, d)| {
                 let delay = (d % 3 == 0).then_some(d as u64 % (burst + 1));
                 Limit::leaky_bucket(rate, Duration::from_nanos(w), burst, delay).unwrap()
@@ -138,7 +147,12 @@ fn redis_matches_the_in_memory_store() {
         failure_persistence: None,
         ..Config::default()
     });
-    let starts = prop_oneof![Just(0u64), Just(1_763_900_000 * S), Just(1u64 << 62), 0u64..1 << 62];
+    let starts = prop_oneof![
+        Just(0u64),
+        Just(1_763_900_000 * S),
+        Just(1u64 << 62),
+        0u64..1 << 62
+    ];
     let strategy = (
         prop::collection::vec(one_limit(), 1..=3),
         starts,
@@ -231,7 +245,11 @@ async fn run_case(
                 prop_assert!(
                     pttl >= want - 2000,
                     "step {} {}: key {} expires in {} ms, idle in {} ns",
-                    i, what, rkeys[j], pttl, idle
+                    i,
+                    what,
+                    rkeys[j],
+                    pttl,
+                    idle
                 );
             }
             if rec[j] != before[j] {

@@ -157,7 +157,10 @@ fn a_slow_server_is_answered_by_the_policy_within_the_timeout() {
                 .await
                 .unwrap();
             assert_eq!(store.check("k", 1).await.outcome, Outcome::Allowed);
-            for block in [&["debug", "sleep", "0.4"][..], &["client", "pause", "400", "all"]] {
+            for block in [
+                &["debug", "sleep", "0.4"][..],
+                &["client", "pause", "400", "all"],
+            ] {
                 let mut c = background(server.port, block);
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 let t0 = Instant::now();
@@ -197,14 +200,21 @@ fn a_dead_server_opens_the_circuit_and_a_restart_closes_it() {
         for _ in 0..60 {
             let t0 = Instant::now();
             admitted += store.check("k", 1).await.allowed() as u64;
-            assert!(t0.elapsed() < Duration::from_millis(200), "{:?}", t0.elapsed());
+            assert!(
+                t0.elapsed() < Duration::from_millis(200),
+                "{:?}",
+                t0.elapsed()
+            );
         }
         assert_eq!(admitted, 25);
         assert!(store.circuit_open());
         let s = store.stats();
         assert_eq!(s.fallbacks, 60, "{s:?}");
         assert_eq!(s.opened, 1, "{s:?}");
-        assert!(s.short_circuited >= 50, "the dead server was left alone: {s:?}");
+        assert!(
+            s.short_circuited >= 50,
+            "the dead server was left alone: {s:?}"
+        );
         assert_eq!(s.errors + s.timeouts + s.short_circuited, 60, "{s:?}");
         server.restart();
         let t0 = Instant::now();
@@ -214,7 +224,10 @@ fn a_dead_server_opens_the_circuit_and_a_restart_closes_it() {
                 assert_eq!(d.remaining, 99, "Redis again, fresh after the restart");
                 break;
             }
-            assert!(t0.elapsed() < Duration::from_secs(10), "circuit never closed");
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "circuit never closed"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     });

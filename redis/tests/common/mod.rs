@@ -44,7 +44,8 @@ impl Server {
     /// Starts a server with extra arguments (e.g. `--cluster-enabled yes`).
     pub fn start_with(extra: &[&str]) -> Self {
         let port = free_port();
-        let dir = std::env::temp_dir().join(format!("turnstile-redis-{}-{port}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("turnstile-redis-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temporary directory");
         let mut s = Server {
             port,
@@ -72,7 +73,11 @@ impl Server {
         self.child = Some(child);
         let t0 = Instant::now();
         while cli(self.port, &["ping"]).as_deref() != Some("PONG") {
-            assert!(t0.elapsed() < Duration::from_secs(10), "redis-server did not start on {}", self.port);
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "redis-server did not start on {}",
+                self.port
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
     }
@@ -127,7 +132,10 @@ impl Cluster {
                 ])
             })
             .collect();
-        let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
         let out = Command::new("redis-cli")
             .arg("--cluster")
             .arg("create")
@@ -135,10 +143,20 @@ impl Cluster {
             .arg("--cluster-yes")
             .output()
             .expect("redis-cli --cluster create");
-        assert!(out.status.success(), "cluster create: {}", String::from_utf8_lossy(&out.stdout));
+        assert!(
+            out.status.success(),
+            "cluster create: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
         let t0 = Instant::now();
-        while !nodes.iter().all(|n| n.cli(&["cluster", "info"]).contains("cluster_state:ok")) {
-            assert!(t0.elapsed() < Duration::from_secs(20), "cluster did not become ok");
+        while !nodes
+            .iter()
+            .all(|n| n.cli(&["cluster", "info"]).contains("cluster_state:ok"))
+        {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "cluster did not become ok"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         Cluster { nodes }
