@@ -175,6 +175,9 @@ impl RedisStoreBuilder {
     }
 }
 
+/// The over-limit cache: key → (deny until, the smallest cost denied, the decision).
+type DenyCache = HashMap<String, (Instant, u64, Decision)>;
+
 /// Entries the over-limit cache holds before it drops the expired ones (then, if still full,
 /// all of them).
 const DENY_CACHE_MAX: usize = 65_536;
@@ -194,7 +197,7 @@ pub struct RedisStore {
     counters: Counters,
     insurance: Option<Store>,
     /// key → (deny until, the smallest cost denied, the decision).
-    deny_cache: Option<Mutex<HashMap<String, (Instant, u64, Decision)>>>,
+    deny_cache: Option<Mutex<DenyCache>>,
     limits: Limits,
 }
 
