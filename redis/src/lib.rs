@@ -19,6 +19,7 @@
 
 #![warn(missing_docs)]
 
+pub mod bench;
 mod conn;
 mod policy;
 mod script;
