@@ -26,8 +26,8 @@ pub struct Decision {
     /// What happened.
     pub outcome: Outcome,
     /// The limit this decision was made against (requests per window, bucket capacity, ...).
-    /// For several limits on one key, the one that decided (the first denying one, else the one
-    /// with the least remaining).
+    /// For several limits on one key, the one with the least remaining (the first such; when
+    /// denied, a denying one if it ties).
     pub limit: u64,
     /// What is left after this check.
     pub remaining: u64,

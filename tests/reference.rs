@@ -240,7 +240,8 @@ impl Model for FixedWindowModel {
             self.counts.insert(w, c + cost);
             return Answer::allow(self.limit - c - cost);
         }
-        let c = if self.count_denied {
+        // Documented: a cost above the limit (NeverFits) is never counted.
+        let c = if self.count_denied && cost <= self.limit {
             let n = (c + cost).min(FW_SATURATE);
             self.counts.insert(w, n);
             n
@@ -291,7 +292,8 @@ impl Model for SlidingWindowModel {
             *self.counts.entry(i).or_insert(0) += cost;
             return Answer::allow(self.limit - est - cost);
         }
-        if self.count_denied {
+        // Documented: a cost above the limit (NeverFits) is never counted.
+        if self.count_denied && cost <= self.limit {
             let c = self.counts.entry(i).or_insert(0);
             *c = (*c + cost).min(SW_SATURATE);
         }
@@ -606,10 +608,22 @@ impl WindowRingModel {
         // part / s rounded to nearest, halves up.
         (whole + (2 * part + s) / (2 * s)) as u64
     }
-    /// A sub-window counter holds 2^w − 1 at most, w the bit length of the limit; only a
-    /// `count_denied` ring ever reaches that.
+    /// A sub-window counter holds 2^w − 1 at most. Without `count_denied` w is the bit length
+    /// of the limit (never reached). With it, w is the bit length of ⌈(2·limit − 1)·s / 2⌉
+    /// (any count that large denies whatever its share: exact), but at most the largest w with
+    /// N · (2^w − 1) < 2^26 (the running total), and at least the limit's bit length.
     fn counter_max(&self) -> u64 {
-        (1 << (64 - self.limit.leading_zeros())) - 1
+        let bits = |x: u128| 128 - x.leading_zeros();
+        let mut w = bits(self.limit as u128);
+        if self.count_denied {
+            let exact = bits(((2 * self.limit as u128 - 1) * self.sub as u128).div_ceil(2));
+            let mut fit = 0;
+            while self.buckets as u128 * ((1u128 << (fit + 1)) - 1) < 1 << 26 {
+                fit += 1;
+            }
+            w = w.max(exact.min(fit));
+        }
+        (1 << w) - 1
     }
 }
 
@@ -993,9 +1007,9 @@ proptest! {
         (sk, sr) in start_raw(), ops in raw_ops(40),
     ) {
         let p = fixed_window::Params::new(limit, window, count_denied).unwrap();
-        // The index is kept mod 2^39 and "behind" means by less than 2^38.
+        // The index is kept mod 2^39; ahead by at most AHEAD windows is time going backwards.
         let start = start_time(sk, sr, &boundaries(window, fixed_window::INDEX_BITS), 4 * window);
-        let back = ((1u64 << 38) - 2).saturating_mul(window);
+        let back = (fixed_window::AHEAD - 1).saturating_mul(window);
         let model = FixedWindowModel { limit, window, count_denied, counts: HashMap::new() };
         drive(PackedSut::new(Packed::Fw(p)), model, &plan(start, vec![window], limit, back), &ops)?;
     }
@@ -1008,7 +1022,7 @@ proptest! {
     ) {
         let p = sliding_window::Params::new(limit, window, count_denied).unwrap();
         let start = start_time(sk, sr, &boundaries(window, sliding_window::INDEX_BITS), 4 * window);
-        let back = ((1u64 << 22) - 2).saturating_mul(window);
+        let back = (sliding_window::AHEAD - 1).saturating_mul(window);
         let model = SlidingWindowModel { limit, window, count_denied, counts: HashMap::new() };
         drive(PackedSut::new(Packed::Sw(p)), model, &plan(start, vec![window], limit, back), &ops)?;
     }
@@ -1127,7 +1141,7 @@ proptest! {
         let window = sub * buckets;
         let p = window_ring::Params::new(limit, window, buckets, count_denied).unwrap();
         let start = start_time(sk, sr, &boundaries(sub, window_ring::INDEX_BITS), 4 * window);
-        let back = ((1u64 << 37) - 2).saturating_mul(sub);
+        let back = (window_ring::AHEAD - 1).saturating_mul(sub);
         let model = WindowRingModel { limit, sub, buckets, count_denied, counts: HashMap::new() };
         let plan = plan(start, vec![sub, window], limit, back);
         drive(CellsSut::new(Var::Ring(p)), model, &plan, &ops)?;
@@ -1343,12 +1357,12 @@ fn backwards_case(
     ops: &[RawOp],
     probes: &[Probe],
 ) -> Result<(), TestCaseError> {
-    // How far back a probe may go: less than half of each index range.
-    let behind = |bits: u32, unit: u64| ((1u64 << (bits - 1)) - 2).saturating_mul(unit);
+    // How far back a probe may go: what each index takes for time going backwards.
+    let behind = |ahead: u64, unit: u64| (ahead - 1).saturating_mul(unit);
     match algo {
         0 => {
             let p = fixed_window::Params::new(limit, window, count_denied).unwrap();
-            let back = behind(fixed_window::INDEX_BITS, window);
+            let back = behind(fixed_window::AHEAD, window);
             backwards_after(
                 PackedSut::new(Packed::Fw(p)),
                 start,
@@ -1361,7 +1375,7 @@ fn backwards_case(
         }
         1 => {
             let p = sliding_window::Params::new(limit, window, count_denied).unwrap();
-            let back = behind(sliding_window::INDEX_BITS, window);
+            let back = behind(sliding_window::AHEAD, window);
             backwards_after(
                 PackedSut::new(Packed::Sw(p)),
                 start,
@@ -1414,7 +1428,7 @@ fn backwards_case(
         5 => {
             let sub = window / 60;
             let p = window_ring::Params::new(limit, sub * 60, 60, count_denied).unwrap();
-            let back = behind(window_ring::INDEX_BITS, sub);
+            let back = behind(window_ring::AHEAD, sub);
             backwards_after(
                 CellsSut::new(Var::Ring(p)),
                 start,
@@ -1710,8 +1724,10 @@ impl Model for AllOrNothing {
             .map(|m| m.clone().model().check(now, cost))
             .collect();
         let all = answers.iter().all(|a| a.allowed);
+        // A cost some limit can never admit changes no state, in any limit.
+        let never = answers.iter().any(|a| !a.allowed && a.never_fits);
         for (m, a) in self.0.iter_mut().zip(answers.iter_mut()) {
-            if all || m.counts_denied() {
+            if all || (m.counts_denied() && !never) {
                 *a = m.model().check(now, cost);
             }
         }
@@ -1720,11 +1736,14 @@ impl Model for AllOrNothing {
             out.delay_ns = answers.iter().map(|a| a.delay_ns).max().unwrap();
             return out;
         }
-        let first = answers.iter().find(|a| !a.allowed).unwrap();
-        Answer::deny(
-            first.remaining,
-            answers.iter().any(|a| !a.allowed && a.never_fits),
-        )
+        // A denial: the least any limit holds now.
+        let remaining = self
+            .0
+            .iter()
+            .map(|m| m.clone().model().check(now, 0).remaining)
+            .min()
+            .unwrap();
+        Answer::deny(remaining, never)
     }
     fn refund(&mut self, now: u64, n: u64) {
         for m in &mut self.0 {
@@ -1883,10 +1902,8 @@ proptest! {
         let mut limits = vec![];
         let mut units = vec![];
         let mut cap = u64::MAX;
-        let mut counts_denied = false;
         for &(kind, limit, mult, count_denied, extra) in &specs {
             let (m, l, c, unit) = one_limit(kind, limit, base * mult, count_denied, extra);
-            counts_denied |= m.counts_denied();
             models.push(m);
             limits.push(l);
             units.push(unit);
@@ -1897,10 +1914,9 @@ proptest! {
         let mut plan = plan(start, units, cap, u64::MAX);
         // As for one sliding_log: no refunds when a log counts denials.
         plan.refunds = !models.iter().any(|m| matches!(m, AnyModel::Log(l) if l.count_denied));
-        // A limit counting denials records a request another limit denies: the retry (the
-        // denier's) does not wait for that, so it is only checked without `count_denied`.
+        // The retry waits for every limit, including a denial a `count_denied` limit recorded.
         let sut = LimitsSut { limits, rec };
-        drive_limits(sut, AllOrNothing(models), &plan, &ops, !counts_denied)?;
+        drive_limits(sut, AllOrNothing(models), &plan, &ops, true)?;
     }
 }
 

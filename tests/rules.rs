@@ -592,13 +592,16 @@ fn reload_keeps_the_state_of_unchanged_rules() {
         + "\n[[rule]]\nname = \"new\"\nkey = \"ip\"\nlimits = [{ limit = 1, window = \"1s\" }]\n";
     let rep = e.reload_str(&next, "next.toml").unwrap();
     assert_eq!(rep.kept, vec!["steady"]);
-    assert_eq!(rep.fresh, vec!["churn", "new"]);
+    // churn's limit changed, its window did not: its count is carried over (tests/rules_contract.rs).
+    assert_eq!(rep.carried, vec!["churn"]);
+    assert_eq!(rep.fresh, vec!["new"]);
     assert!(rep.removed.is_empty());
     assert_eq!(admitted(&e, &steady, 5), 1, "steady kept its 4");
     assert_eq!(e.rule_names(), vec!["steady", "churn", "new"]);
     let rep = e.reload_str(BASE, "base.toml").unwrap();
     assert_eq!(rep.removed, vec!["new"]);
-    // Mode hard → shadow keeps the store (same limits); hard → soft 20 % rescales 5 to 6 (fresh).
+    // Mode hard → shadow keeps the store (same limits); hard → soft 20 % rescales 5 to 6
+    // (the same window: carried over).
     let shadow = BASE.replacen(
         "key = \"customer\"\n",
         "key = \"customer\"\nmode = \"shadow\"\n",
@@ -613,7 +616,10 @@ fn reload_keeps_the_state_of_unchanged_rules() {
         "key = \"customer\"\nmode = \"soft\"\nsoft_percent = 20\n",
         1,
     );
-    assert_eq!(e.reload_str(&soft, "s.toml").unwrap().fresh, vec!["steady"]);
+    assert_eq!(
+        e.reload_str(&soft, "s.toml").unwrap().carried,
+        vec!["steady"]
+    );
 }
 
 #[test]

@@ -55,13 +55,21 @@ impl Params {
     }
 }
 
+/// Whether a cell stamped `v` holds a live lease at `now`. A stamp of `u64::MAX` (the last
+/// time of the clock) never expires: at `now = u64::MAX` it is still held.
+#[inline]
+fn is_live(v: u64, now: u64) -> bool {
+    v > now || v == u64::MAX
+}
+
 fn live<C: Cells + ?Sized>(c: &C, p: &Params, now: u64) -> (u64, u64, u64) {
     let (mut n, mut max, mut latest) = (0, 0, 0);
     for i in 0..p.limit as usize {
         let v = c.get(i);
-        if v > now {
+        if is_live(v, now) {
             n += 1;
-            latest = latest.max(v - now);
+            // Never idle within the clock while a u64::MAX stamp is held.
+            latest = latest.max(if v == u64::MAX { u64::MAX } else { v - now });
         }
         max = max.max(v);
     }
@@ -102,7 +110,8 @@ pub fn acquire<C: Cells + ?Sized>(
                 after = next;
                 need = need.saturating_sub(same);
             }
-            Some(after - now)
+            // A lease stamped u64::MAX never frees within the clock: it never fits.
+            (after < u64::MAX).then(|| after - now)
         };
         return (
             Decision::deny(p.limit, p.limit - active, latest, retry),
@@ -116,13 +125,18 @@ pub fn acquire<C: Cells + ?Sized>(
             if left == 0 {
                 break;
             }
-            if c.get(i) <= now {
+            if !is_live(c.get(i), now) {
                 c.set(i, stamp);
                 left -= 1;
             }
         }
     }
-    let d = Decision::allow(p.limit, p.limit - active - cost, latest.max(stamp - now));
+    let held = if stamp == u64::MAX {
+        u64::MAX
+    } else {
+        stamp - now
+    };
+    let d = Decision::allow(p.limit, p.limit - active - cost, latest.max(held));
     (d, apply.then_some(stamp))
 }
 

@@ -14,12 +14,18 @@
 //!
 //! * `count` ≤ [`MAX_LIMIT`] = 2^24 − 1: larger limits are refused when the limit is built.
 //!   With `count_denied`, denied costs are added too and the counter saturates at 2^24 − 1.
-//! * The index is kept mod 2^39 (17 years of 1 ms windows). An index "behind" the stored one
-//!   by less than 2^38 means the caller's time went backwards: the stored window is used, so
-//!   an earlier `now` never finds a fresh window. A record idle for 2^38 windows or more
-//!   (8.7 years of 1 ms windows) can look the same and then keeps its count until the index
-//!   comes round again (at most 2^38 windows more; an idle time of an exact multiple of 2^39
-//!   windows aliases outright): spurious denials, never an over-admission.
+//! * The index is kept mod 2^39 (17 years of 1 ms windows). A stored index ahead of now's by
+//!   at most [`AHEAD`] = 2^27 windows means the caller's time went backwards: the stored
+//!   window is used, so a small step back never finds a fresh window. Any other distance is a
+//!   record that has expired ("far behind means expired"), so a long absence never locks a
+//!   client out. The index comes round only after 2^39 windows (never for windows of 2^25 ns,
+//!   34 ms, or more: 2^64 ns is the whole clock); a record idle within `AHEAD` windows short
+//!   of a multiple of 2^39 windows (or exactly one) reads as recent and keeps its count for at
+//!   most `AHEAD` + 1 windows more. A step back of more than `AHEAD` windows finds a fresh
+//!   window (at most one limit more per such step).
+//! * A request that cannot fit before the end of the clock (the next window starts at 2^64 ns
+//!   or later) is `NeverFits`, as is a cost above the limit: neither is counted, with or
+//!   without `count_denied`.
 //! * State 0 is the fresh record. A count of 0 is fresh at any index: an empty record is never
 //!   held in an old window.
 
@@ -33,7 +39,9 @@ pub const INDEX_BITS: u32 = 39;
 pub const MAX_LIMIT: u64 = (1 << COUNT_BITS) - 1;
 const COUNT_MASK: u64 = MAX_LIMIT;
 const INDEX_MASK: u64 = (1 << INDEX_BITS) - 1;
-const BEHIND: u64 = 1 << (INDEX_BITS - 1);
+/// Windows a stored index may be ahead of now's and be read as time going backwards; beyond,
+/// the record has expired (module docs).
+pub const AHEAD: u64 = 1 << (INDEX_BITS - 12);
 
 /// Parameters, validated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -78,35 +86,40 @@ fn pack(idx: u64, count: u64) -> u64 {
     ((idx & INDEX_MASK) << COUNT_BITS) | (count & COUNT_MASK)
 }
 
-/// The window the record is in at `now`: (index mod 2^39, count, ns until that window ends).
+/// The window the record is in at `now`: (index mod 2^39, count, ns from `now` until that
+/// window ends; more than `u64::MAX` if it ends past the end of the clock).
 #[inline]
-fn current(s: u64, now: u64, p: &Params) -> (u64, u64, u64) {
+fn current(s: u64, now: u64, p: &Params) -> (u64, u64, u128) {
     let full = now / p.window;
     let cur = full & INDEX_MASK;
     let (idx, count) = unpack(s);
     let d = cur.wrapping_sub(idx) & INDEX_MASK;
     let end_of = |windows_ahead: u64| {
-        full.saturating_add(windows_ahead)
-            .saturating_add(1)
-            .saturating_mul(p.window)
-            .saturating_sub(now)
+        (full as u128 + windows_ahead as u128 + 1) * p.window as u128 - now as u128
     };
     if d == 0 {
         (cur, count, end_of(0))
-    } else if d >= BEHIND && count > 0 {
-        // Time went backwards: stay in the stored (later) window. (An empty record has
-        // nothing to keep: it is fresh whatever its index, e.g. state 0 at any time.)
-        (idx, count, end_of((1 << INDEX_BITS) - d))
+    } else if d >= INDEX_MASK + 1 - AHEAD && count > 0 {
+        // Time went backwards a little: stay in the stored (later) window. (An empty record
+        // has nothing to keep: it is fresh whatever its index, e.g. state 0 at any time.)
+        (idx, count, end_of(INDEX_MASK + 1 - d))
     } else {
+        // Behind, or far ahead: expired.
         (cur, 0, end_of(0))
     }
+}
+
+/// A time in ns, clamped to `u64::MAX` ("not within the clock").
+#[inline]
+fn clamp(t: u128) -> u64 {
+    t.min(u64::MAX as u128) as u64
 }
 
 /// The transition: `(new_state, decision)` for a request of `cost` at `now`. Cost 0 peeks.
 #[inline]
 pub fn decide(s: u64, now: u64, p: &Params, cost: u64) -> (u64, Decision) {
     let (idx, count, ends_in) = current(s, now, p);
-    let reset = |c: u64| if c == 0 { 0 } else { ends_in };
+    let reset = |c: u64| if c == 0 { 0 } else { clamp(ends_in) };
     if cost == 0 {
         return (
             s,
@@ -115,23 +128,27 @@ pub fn decide(s: u64, now: u64, p: &Params, cost: u64) -> (u64, Decision) {
     }
     if count.saturating_add(cost) <= p.limit {
         let c = count + cost;
-        return (pack(idx, c), Decision::allow(p.limit, p.limit - c, ends_in));
+        return (
+            pack(idx, c),
+            Decision::allow(p.limit, p.limit - c, reset(c)),
+        );
     }
-    let retry = if cost > p.limit { None } else { Some(ends_in) };
-    let ns = if p.count_denied {
-        pack(idx, count.saturating_add(cost).min(COUNT_MASK))
+    // The next window must start within the clock for a retry to be possible.
+    let retry =
+        (cost <= p.limit && now as u128 + ends_in <= u64::MAX as u128).then(|| ends_in as u64);
+    if p.count_denied && retry.is_some() {
+        let c = count.saturating_add(cost).min(COUNT_MASK);
+        (
+            pack(idx, c),
+            Decision::deny(p.limit, p.limit.saturating_sub(c), reset(c), retry),
+        )
     } else {
-        s
-    };
-    let c = if p.count_denied {
-        count.saturating_add(cost).min(COUNT_MASK)
-    } else {
-        count
-    };
-    (
-        ns,
-        Decision::deny(p.limit, p.limit.saturating_sub(c), reset(c), retry),
-    )
+        // Not counted: the same state.
+        (
+            s,
+            Decision::deny(p.limit, p.limit.saturating_sub(count), reset(count), retry),
+        )
+    }
 }
 
 /// Gives `n` back to the current window (nothing to give back once the window has passed).
@@ -148,7 +165,7 @@ pub fn idle_in(s: u64, now: u64, p: &Params) -> u64 {
     if count == 0 {
         0
     } else {
-        ends_in
+        clamp(ends_in)
     }
 }
 

@@ -20,7 +20,7 @@
 //! # Packed state
 //! Identical to `token_bucket`: one 63-bit TAT in ns.
 
-use super::token_bucket::{advance, MAX_TAT, MAX_TAU};
+use super::token_bucket::{Gcra, MAX_TAU};
 use crate::decision::{ConfigError, Decision};
 
 /// Meter or shaper.
@@ -101,28 +101,25 @@ impl Params {
     }
 }
 
-/// The transition. Cost 0 peeks.
+/// The transition. Cost 0 peeks. (A request that cannot be admitted before the TAT's range
+/// ends, 2^63 ns, is `NeverFits`: see `token_bucket`.)
 #[inline]
 pub fn decide(tat: u64, now: u64, p: &Params, cost: u64) -> (u64, Decision) {
     let cap = p.capacity();
     let backlog = tat.saturating_sub(now);
-    let rem = |b: u64| p.tau.saturating_sub(b) / p.interval;
+    let g = Gcra::new(tat, now, p.interval, p.tau);
     if cost == 0 {
-        return (tat, Decision::allow(cap, rem(backlog), backlog));
+        return (tat, Decision::allow(cap, g.remaining(), backlog));
     }
-    let (new, after) = advance(tat, now, p.interval, cost);
-    if after <= p.tau && new < MAX_TAT {
-        let mut d = Decision::allow(cap, rem(after), after);
-        d.delay_ns = after.saturating_sub(p.free);
-        return (new, d);
+    match g.take(now, cost, cap) {
+        Ok(new) => {
+            let after = new - now;
+            let mut d = Decision::allow(cap, g.remaining_after(new), after);
+            d.delay_ns = after.saturating_sub(p.free);
+            (new, d)
+        }
+        Err(retry) => (tat, Decision::deny(cap, g.remaining(), backlog, retry)),
     }
-    let retry = if cost > cap {
-        None
-    } else {
-        // after ≤ τ here only if the TAT saturated (`now` near 2^63 ns): still a retry ≥ 1.
-        Some(after.saturating_sub(p.tau).max(1))
-    };
-    (tat, Decision::deny(cap, rem(backlog), backlog, retry))
 }
 
 /// Gives `n` back.

@@ -13,7 +13,9 @@
 //!   gives it exclusive access (see `keyed::arena`).
 //!
 //! [`Limits`] combines several limits on one key, all-or-nothing: it evaluates every limit
-//! first and records only if all admit (or, for limits that count denied requests, the denial).
+//! first and records only if all admit (or, for limits that count denied requests, the denial
+//! of a cost that fits). A denial reports the least remaining over all limits, the latest
+//! reset and the latest retry, each from what the record holds (docs/algorithms.md).
 
 pub mod concurrency;
 pub mod fixed_window;
@@ -358,6 +360,44 @@ impl Limit {
         }
     }
 
+    /// Whether a record written under this limit reads, under `to`, as the same state: a
+    /// counter keeps its count, a bucket its TAT, a log its entries. True for the same
+    /// algorithm when the record's layout and time base are unchanged: token_bucket and
+    /// leaky_bucket always (the TAT is a time; the new rate and burst apply to it);
+    /// fixed_window and sliding_window with the same window (the limit and `count_denied` may
+    /// change); window_ring with the same window, sub-windows and counter width (the limit
+    /// may change within the same bit length); sliding_log with the same limit (its ring
+    /// length) and window; concurrency only unchanged. Otherwise the state starts fresh.
+    pub fn carries_to(&self, to: &Limit) -> bool {
+        match (self, to) {
+            (Limit::FixedWindow(a), Limit::FixedWindow(b)) => a.window == b.window,
+            (Limit::SlidingWindow(a), Limit::SlidingWindow(b)) => a.window == b.window,
+            (Limit::TokenBucket(_), Limit::TokenBucket(_)) => true,
+            (Limit::LeakyBucket(_), Limit::LeakyBucket(_)) => true,
+            (Limit::WindowRing(a), Limit::WindowRing(b)) => {
+                (a.window, a.buckets, a.width) == (b.window, b.buckets, b.width)
+            }
+            (Limit::SlidingLog(a), Limit::SlidingLog(b)) => {
+                (a.limit, a.window, a.tick) == (b.limit, b.window, b.tick)
+            }
+            (Limit::Concurrency(a), Limit::Concurrency(b)) => a == b,
+            _ => false,
+        }
+    }
+
+    /// The same limit with `count_denied` off: what it answers without recording a denial.
+    pub fn counting_nothing(&self) -> Limit {
+        let mut l = *self;
+        match &mut l {
+            Limit::FixedWindow(p) => p.count_denied = false,
+            Limit::SlidingWindow(p) => p.count_denied = false,
+            Limit::SlidingLog(p) => p.count_denied = false,
+            Limit::WindowRing(p) => p.count_denied = false,
+            _ => {}
+        }
+        l
+    }
+
     /// Whether denied requests count against this limit.
     pub fn counts_denied(&self) -> bool {
         match self {
@@ -540,30 +580,110 @@ impl Limits {
     }
 
     /// All-or-nothing decision over the combined record.
+    ///
+    /// Every limit is evaluated on the record as it is. If all admit, all record the request
+    /// and the answer is the least remaining, the latest reset and the longest delay. If any
+    /// denies, only the limits that count denied requests record it (none, if some limit can
+    /// never fit the cost: a never-fitting request changes nothing), and the answer describes
+    /// the record as it then is ([`Limits::denial`]).
     pub fn decide<C: Cells + ?Sized>(&self, c: &mut C, now: u64, cost: u64) -> Decision {
         if let [l] = &*self.limits {
             return l.step(c, now, cost, true);
         }
-        let mut all = true;
+        self.run(c, now, cost, true)
+    }
+
+    /// What [`Limits::decide`] would answer, recording nothing (a denial is described without
+    /// the count a `count_denied` limit would add).
+    pub fn evaluate<C: Cells + ?Sized>(&self, c: &mut C, now: u64, cost: u64) -> Decision {
+        if let [l] = &*self.limits {
+            return l.counting_nothing().step(c, now, cost, false);
+        }
+        self.run(c, now, cost, false)
+    }
+
+    fn run<C: Cells + ?Sized>(&self, c: &mut C, now: u64, cost: u64, apply: bool) -> Decision {
+        let (mut all, mut fits) = (true, true);
         for (l, &off) in self.limits.iter().zip(self.offsets.iter()) {
-            if !l
-                .step(&mut Sub { c: &mut *c, off }, now, cost, false)
-                .allowed()
-            {
+            let d = l.step(&mut Sub { c: &mut *c, off }, now, cost, false);
+            if !d.allowed() {
                 all = false;
-                break;
+                fits &= d.outcome != Outcome::NeverFits;
             }
         }
-        let mut out: Option<Decision> = None;
-        for (l, &off) in self.limits.iter().zip(self.offsets.iter()) {
-            let apply = all || l.counts_denied();
-            let d = l.step(&mut Sub { c: &mut *c, off }, now, cost, apply);
-            out = Some(match out {
-                None => d,
-                Some(o) => combine(o, d),
-            });
+        if all {
+            let mut out: Option<Decision> = None;
+            for (l, &off) in self.limits.iter().zip(self.offsets.iter()) {
+                let d = l.step(&mut Sub { c: &mut *c, off }, now, cost, apply);
+                out = Some(match out {
+                    None => d,
+                    Some(o) => admitted(o, d),
+                });
+            }
+            return out.expect("at least one limit");
         }
-        out.expect("at least one limit")
+        if apply && fits {
+            for (l, &off) in self.limits.iter().zip(self.offsets.iter()) {
+                if l.counts_denied() {
+                    l.step(&mut Sub { c: &mut *c, off }, now, cost, true);
+                }
+            }
+        }
+        self.denial(c, now, cost)
+    }
+
+    /// A denial of `cost` at `now`, described from the record as it is (after any denial was
+    /// counted), each limit by what it holds now rather than by what it would hold had it
+    /// recorded the request:
+    /// * `remaining`: the least any limit has left (so a request of that cost is admitted at
+    ///   once, and one more is not), with that limit's `limit`;
+    /// * `reset_after`: the latest time at which a limit is idle;
+    /// * `retry_after`: the latest time at which a limit that denies this cost now admits it
+    ///   (admission only grows with time when nothing else happens); `None`, and
+    ///   [`Outcome::NeverFits`], if some limit can never admit it.
+    #[cold]
+    fn denial<C: Cells + ?Sized>(&self, c: &mut C, now: u64, cost: u64) -> Decision {
+        let mut out = Decision::deny(u64::MAX, u64::MAX, 0, Some(0));
+        let mut denier_least = false;
+        for (l, &off) in self.limits.iter().zip(self.offsets.iter()) {
+            let mut sub = Sub { c: &mut *c, off };
+            // What the limit holds (a peek), and whether and when it admits the cost, judged
+            // without counting this denial again (a `count_denied` limit's own denial
+            // describes the record with the denial counted once more).
+            let held = l.step(&mut sub, now, 0, false);
+            let d = l.counting_nothing().step(&mut sub, now, cost, false);
+            let denies = !d.allowed();
+            out.reset_after_ns = out.reset_after_ns.max(held.reset_after_ns);
+            // The least remainder; on a tie, a denying limit's (it is the one that binds).
+            if held.remaining < out.remaining
+                || (held.remaining == out.remaining && denies && !denier_least)
+            {
+                out.remaining = held.remaining;
+                out.limit = held.limit;
+                denier_least = denies;
+            }
+            if denies {
+                out.retry_after_ns = match (out.retry_after_ns, d.retry_after_ns) {
+                    (Some(x), Some(y)) => Some(x.max(y)),
+                    _ => None,
+                };
+            }
+        }
+        if out.retry_after_ns.is_none() {
+            out.outcome = Outcome::NeverFits;
+        }
+        out
+    }
+
+    /// Whether records of these limits read as the same state under `to`: as many limits,
+    /// each carrying to its counterpart ([`Limit::carries_to`]), so the layout is the same.
+    pub fn carries_to(&self, to: &Limits) -> bool {
+        self.limits.len() == to.limits.len()
+            && self
+                .limits
+                .iter()
+                .zip(to.limits.iter())
+                .all(|(a, b)| a.carries_to(b))
     }
 
     /// Gives `n` back to every limit.
@@ -583,35 +703,11 @@ impl Limits {
     }
 }
 
-/// Two limits' decisions as one: denied if either is; the later retry; the tighter remainder.
-fn combine(a: Decision, b: Decision) -> Decision {
-    let reset = a.reset_after_ns.max(b.reset_after_ns);
-    let delay = a.delay_ns.max(b.delay_ns);
-    let mut d = match (a.allowed(), b.allowed()) {
-        (true, true) => {
-            if b.remaining < a.remaining {
-                b
-            } else {
-                a
-            }
-        }
-        (false, true) => a,
-        (true, false) => b,
-        (false, false) => {
-            let mut d = a;
-            d.retry_after_ns = match (a.retry_after_ns, b.retry_after_ns) {
-                (Some(x), Some(y)) => Some(x.max(y)),
-                _ => None,
-            };
-            d.outcome = if d.retry_after_ns.is_some() {
-                Outcome::Limited
-            } else {
-                Outcome::NeverFits
-            };
-            d
-        }
-    };
-    d.reset_after_ns = reset;
-    d.delay_ns = if d.allowed() { delay } else { 0 };
+/// Two admitting limits' decisions as one: the tighter remainder (the first on a tie), the
+/// later reset, the longer delay.
+fn admitted(a: Decision, b: Decision) -> Decision {
+    let mut d = if b.remaining < a.remaining { b } else { a };
+    d.reset_after_ns = a.reset_after_ns.max(b.reset_after_ns);
+    d.delay_ns = a.delay_ns.max(b.delay_ns);
     d
 }

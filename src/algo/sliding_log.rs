@@ -106,18 +106,18 @@ impl View {
     fn pos(&self, p: &Params, k: u64) -> u64 {
         (self.head + p.limit - self.count + k) % p.limit
     }
-    /// Expiry time (ns) of the entry at position `i`.
+    /// Expiry time (ns, u128: it may lie past the end of the clock) of the entry at `i`.
     #[inline]
-    fn expiry<C: Cells + ?Sized>(&self, c: &C, p: &Params, i: u64) -> u64 {
-        let tick = self.base + entry(c, i) - 1;
-        tick.saturating_mul(p.tick).saturating_add(p.window)
+    fn expiry<C: Cells + ?Sized>(&self, c: &C, p: &Params, i: u64) -> u128 {
+        let tick = self.base as u128 + (entry(c, i) - 1) as u128;
+        tick * p.tick as u128 + p.window as u128
     }
     /// Unexpired entries at `now` (binary search over the ordered ring).
     fn live<C: Cells + ?Sized>(&self, c: &C, p: &Params, now: u64) -> u64 {
         let (mut lo, mut hi) = (0, self.count);
         while lo < hi {
             let mid = (lo + hi) / 2;
-            if self.expiry(c, p, self.pos(p, mid)) <= now {
+            if self.expiry(c, p, self.pos(p, mid)) <= now as u128 {
                 lo = mid + 1;
             } else {
                 hi = mid;
@@ -129,9 +129,20 @@ impl View {
         if self.count == 0 {
             return 0;
         }
-        self.expiry(c, p, self.pos(p, self.count - 1))
-            .saturating_sub(now)
+        until(self.expiry(c, p, self.pos(p, self.count - 1)), now)
     }
+}
+
+/// Nanoseconds from `now` to `t` (0 if past), clamped to `u64::MAX`.
+#[inline]
+fn until(t: u128, now: u64) -> u64 {
+    t.saturating_sub(now as u128).min(u64::MAX as u128) as u64
+}
+
+/// A retry at `t`, if `t` is a time of the clock (else the request never fits).
+#[inline]
+fn retry_at(t: u128, now: u64) -> Option<u64> {
+    (t <= u64::MAX as u128).then(|| until(t, now))
 }
 
 /// The transition, in place. Cost 0 peeks; `apply = false` evaluates without recording.
@@ -157,43 +168,48 @@ pub fn decide<C: Cells + ?Sized>(
     } else {
         Some(v.expiry(c, p, v.pos(p, k - 1)))
     };
-    let fits = blocker.is_none_or(|e| e <= now);
-    if fits || p.count_denied {
-        let mut d = if fits {
-            Decision::allow(p.limit, p.limit - (live + cost).min(p.limit), 0)
-        } else {
-            Decision::deny(p.limit, p.limit - live, 0, blocker.map(|e| e - now))
-        };
+    let fits = blocker.is_none_or(|e| e <= now as u128);
+    let retry = blocker.and_then(|e| retry_at(e, now));
+    if fits {
+        let mut d = Decision::allow(p.limit, p.limit - (live + cost).min(p.limit), p.window);
         if apply {
             record(c, p, &v, now, cost);
-            let v2 = view(c);
-            d.reset_after_ns = v2.newest_expiry(c, p, now);
-            if !fits {
-                d.remaining = p.limit - v2.live(c, p, now);
-                // The denial is logged too: the retry waits for the log as it is now.
-                let k2 = v2.count + cost - p.limit;
-                d.retry_after_ns = Some(v2.expiry(c, p, v2.pos(p, k2 - 1)) - now);
-            }
-        } else {
-            d.reset_after_ns = p.window;
+            d.reset_after_ns = view(c).newest_expiry(c, p, now);
         }
         return d;
     }
-    Decision::deny(
-        p.limit,
-        p.limit - live,
-        v.newest_expiry(c, p, now),
-        blocker.map(|e| e - now),
-    )
+    // A denial is logged (count_denied) only if it can be retried within the clock once
+    // logged: every entry then expires by the logged tick's expiry.
+    let logged_tick = now.div_ceil(p.tick).max(newest_tick(c, p, &v)) as u128;
+    let countable =
+        retry.is_some() && logged_tick * p.tick as u128 + p.window as u128 <= u64::MAX as u128;
+    if p.count_denied && countable && apply {
+        record(c, p, &v, now, cost);
+        let v2 = view(c);
+        // The denial is logged too: the retry waits for the log as it is now.
+        let k2 = v2.count + cost - p.limit;
+        return Decision::deny(
+            p.limit,
+            p.limit - v2.live(c, p, now),
+            v2.newest_expiry(c, p, now),
+            retry_at(v2.expiry(c, p, v2.pos(p, k2 - 1)), now),
+        );
+    }
+    Decision::deny(p.limit, p.limit - live, v.newest_expiry(c, p, now), retry)
+}
+
+/// The tick of the newest entry (0 if none).
+fn newest_tick<C: Cells + ?Sized>(c: &C, p: &Params, v: &View) -> u64 {
+    if v.count == 0 {
+        0
+    } else {
+        v.base + (entry(c, v.pos(p, v.count - 1)) - 1)
+    }
 }
 
 fn record<C: Cells + ?Sized>(c: &mut C, p: &Params, v: &View, now: u64, cost: u64) {
     let mut base = v.base;
-    let newest = if v.count == 0 {
-        0
-    } else {
-        base + entry(c, v.pos(p, v.count - 1)) - 1
-    };
+    let newest = newest_tick(c, p, v);
     let t = now.div_ceil(p.tick).max(newest);
     if v.count == 0 {
         base = t;
@@ -202,7 +218,7 @@ fn record<C: Cells + ?Sized>(c: &mut C, p: &Params, v: &View, now: u64, cost: u6
         let nb = t - (1 << 31);
         for k in 0..v.count {
             let i = v.pos(p, k);
-            let abs = base + entry(c, i) - 1;
+            let abs = base + (entry(c, i) - 1);
             set_entry(c, i, abs.saturating_sub(nb) + 1);
         }
         base = nb;

@@ -16,12 +16,19 @@
 //!
 //! * Counts ≤ [`MAX_LIMIT`] = 2^20 − 1 (larger limits are refused; with `count_denied` the
 //!   counters saturate there).
-//! * The index is mod 2^23. A stored index ahead of `now`'s by less than 2^22 (time went
-//!   backwards) is treated as the current window at elapsed 0, the most conservative
-//!   weighting. A record idle for 2^22 windows or more (70 minutes of 1 ms windows, 48 days of
-//!   1 s ones) can look the same and then keeps its counts until `now`'s index comes round
-//!   again, at most 2^22 windows later (an exact multiple of 2^23 aliases outright): spurious
-//!   denials, never over-admission. Counts of 0 are fresh at any index (state 0 included).
+//! * The index is mod 2^23. A stored index ahead of now's by at most [`AHEAD`] = 2^11 windows
+//!   means time went backwards: the stored window stays current, at elapsed 0 (the most
+//!   conservative weighting), and retry and reset count from that window's start, not from
+//!   `now`. Any other distance is a record that has expired ("far behind means expired"): a
+//!   long absence never locks a client out. The index comes round after 2^23 windows (97 days
+//!   of 1 s windows); a record idle within `AHEAD` windows short of a multiple of that, or up
+//!   to one window past it, reads as recent and keeps its counts for at most `AHEAD` + 2
+//!   windows more. A step back of more than `AHEAD` windows finds fresh counts (at most one
+//!   limit more per such step). Counts of 0 are fresh at any index (state 0 included).
+//! * Windows are at most [`MAX_WINDOW`] = 2^63 − 1 ns, so that the two windows a count is
+//!   held for fit the clock. A request that cannot fit before the end of the clock is
+//!   `NeverFits`, as is a cost above the limit: neither is counted, with or without
+//!   `count_denied`. Times are computed in u128: nothing wraps at any `now`.
 
 use crate::decision::{ConfigError, Decision};
 
@@ -33,7 +40,11 @@ pub const INDEX_BITS: u32 = 23;
 pub const MAX_LIMIT: u64 = (1 << COUNT_BITS) - 1;
 const COUNT_MASK: u64 = MAX_LIMIT;
 const INDEX_MASK: u64 = (1 << INDEX_BITS) - 1;
-const BEHIND: u64 = 1 << (INDEX_BITS - 1);
+/// Windows a stored index may be ahead of now's and be read as time going backwards; beyond,
+/// the record has expired (module docs).
+pub const AHEAD: u64 = 1 << (INDEX_BITS - 12);
+/// The longest window: a count is held for two windows, which must fit the clock.
+pub const MAX_WINDOW: u64 = u64::MAX / 2;
 
 /// Parameters, validated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -55,10 +66,10 @@ impl Params {
                 format!("sliding_window holds 1..={MAX_LIMIT} requests per window (two {COUNT_BITS}-bit counters), got {limit}; use token_bucket for larger rates"),
             ));
         }
-        if window == 0 {
+        if window == 0 || window > MAX_WINDOW {
             return Err(ConfigError::new(
                 "window",
-                "the window must be at least 1 ns",
+                format!("sliding_window takes windows of 1..={MAX_WINDOW} ns (two windows must fit the 2^64 ns clock), got {window}"),
             ));
         }
         Ok(Self {
@@ -84,23 +95,81 @@ fn pack(idx: u64, prev: u64, cur: u64) -> u64 {
         | (cur & COUNT_MASK)
 }
 
-/// (index, previous, current, elapsed in the window) as seen at `now`.
+/// The record as seen at `now`.
+struct View {
+    idx: u64,
+    prev: u64,
+    cur: u64,
+    /// Elapsed in the window, for the weighting: 0 when time went backwards.
+    e: u64,
+    /// The window's start, ns (after `now` when time went backwards).
+    start: u128,
+}
+
 #[inline]
-fn view(s: u64, now: u64, p: &Params) -> (u64, u64, u64, u64) {
+fn view(s: u64, now: u64, p: &Params) -> View {
     let full = now / p.window;
     let cur_idx = full & INDEX_MASK;
     let (idx, prev, cur) = unpack(s);
     let d = cur_idx.wrapping_sub(idx) & INDEX_MASK;
-    let elapsed = now - full * p.window;
+    let start = full as u128 * p.window as u128;
+    let e = now - full * p.window;
+    let fresh = View {
+        idx: cur_idx,
+        prev: 0,
+        cur: 0,
+        e,
+        start,
+    };
     if d == 0 {
-        (idx, prev, cur, elapsed)
+        View {
+            idx,
+            prev,
+            cur,
+            e,
+            start,
+        }
     } else if d == 1 {
-        (cur_idx, cur, 0, elapsed)
-    } else if d >= BEHIND && (prev | cur) != 0 {
-        // Time went backwards. (Empty counts are fresh whatever the index, e.g. state 0.)
-        (idx, prev, cur, 0)
+        View {
+            idx: cur_idx,
+            prev: cur,
+            cur: 0,
+            e,
+            start,
+        }
+    } else if d >= INDEX_MASK + 1 - AHEAD && (prev | cur) != 0 {
+        // Time went backwards a little: the stored window, which starts after `now`. (Empty
+        // counts are fresh whatever the index, e.g. state 0.)
+        let start = (full as u128 + (INDEX_MASK + 1 - d) as u128) * p.window as u128;
+        if start > u64::MAX as u128 {
+            // No time of the clock lies in that window: not a window this record was in.
+            return fresh;
+        }
+        View {
+            idx,
+            prev,
+            cur,
+            e: 0,
+            start,
+        }
     } else {
-        (cur_idx, 0, 0, elapsed)
+        // Behind, or far ahead: expired.
+        fresh
+    }
+}
+
+impl View {
+    /// Nanoseconds from `now` until `prev` and `cur` have slid out (clamped to `u64::MAX`).
+    fn reset(&self, p: &Params, now: u64, prev: u64, cur: u64) -> u64 {
+        let w = p.window as u128;
+        let at = if cur > 0 {
+            self.start + 2 * w
+        } else if prev > 0 {
+            self.start + w
+        } else {
+            return 0;
+        };
+        (at - now as u128).min(u64::MAX as u128) as u64
     }
 }
 
@@ -125,58 +194,64 @@ fn first_elapsed_fitting(prev: u64, w: u64, a: u64) -> u64 {
 #[inline]
 pub fn decide(s: u64, now: u64, p: &Params, cost: u64) -> (u64, Decision) {
     let w = p.window;
-    let (idx, prev, cur, e) = view(s, now, p);
+    let v = view(s, now, p);
+    let (idx, prev, cur, e) = (v.idx, v.prev, v.cur, v.e);
     let est = weighted(prev, w, e) + cur;
-    let reset_of = |prev: u64, cur: u64| {
-        if cur > 0 {
-            2 * w - e
-        } else if prev > 0 {
-            w - e
-        } else {
-            0
-        }
-    };
     if cost == 0 {
         return (
             s,
-            Decision::allow(p.limit, p.limit.saturating_sub(est), reset_of(prev, cur)),
+            Decision::allow(
+                p.limit,
+                p.limit.saturating_sub(est),
+                v.reset(p, now, prev, cur),
+            ),
         );
     }
     if est.saturating_add(cost) <= p.limit {
         let cur2 = cur + cost;
-        let d = Decision::allow(p.limit, p.limit - est - cost, reset_of(prev, cur2));
+        let d = Decision::allow(p.limit, p.limit - est - cost, v.reset(p, now, prev, cur2));
         return (pack(idx, prev, cur2), d);
     }
-    let cur2 = if p.count_denied {
-        cur.saturating_add(cost).min(COUNT_MASK)
-    } else {
-        cur
+    // With `count_denied` a denial that can be retried is counted, and the retry waits for it.
+    let counted = cur.saturating_add(cost).min(COUNT_MASK);
+    let retry = |cur2: u64| -> Option<u64> {
+        if cost > p.limit {
+            return None;
+        }
+        // The first time (ns since the window's start) the request fits.
+        let at = if cur2 + cost <= p.limit {
+            // Later in this window, once enough of `prev` has slid out.
+            first_elapsed_fitting(prev, w, p.limit - cur2 - cost).max(e + 1) as u128
+        } else {
+            // Next window: previous becomes `cur2`, current 0.
+            w as u128 + first_elapsed_fitting(cur2, w, p.limit - cost) as u128
+        };
+        let at = v.start + at;
+        // Past the end of the clock: it never fits.
+        (at <= u64::MAX as u128).then(|| (at - now as u128) as u64)
     };
-    let retry = if cost > p.limit {
-        None
-    } else if cur2 + cost <= p.limit {
-        // Fits later in this window, once enough of `prev` has slid out. (`cur2`: a counted
-        // denial is part of what the retry must wait out.)
-        let x = first_elapsed_fitting(prev, w, p.limit - cur2 - cost);
-        Some(x.saturating_sub(e).max(1))
-    } else {
-        // Next window: previous becomes `cur2`, current 0.
-        let x = first_elapsed_fitting(cur2, w, p.limit - cost);
-        Some(w - e + x)
-    };
-    let new = if p.count_denied {
-        pack(idx, prev, cur2)
-    } else {
-        s
-    };
-    let est2 = weighted(prev, w, e) + cur2;
+    if p.count_denied {
+        if let Some(r) = retry(counted) {
+            let est2 = weighted(prev, w, e) + counted;
+            return (
+                pack(idx, prev, counted),
+                Decision::deny(
+                    p.limit,
+                    p.limit.saturating_sub(est2),
+                    v.reset(p, now, prev, counted),
+                    Some(r),
+                ),
+            );
+        }
+    }
+    // Not counted (never fits, or not counting denials): the same state.
     (
-        new,
+        s,
         Decision::deny(
             p.limit,
-            p.limit.saturating_sub(est2),
-            reset_of(prev, cur2),
-            retry,
+            p.limit.saturating_sub(est),
+            v.reset(p, now, prev, cur),
+            retry(cur),
         ),
     )
 }
@@ -184,21 +259,15 @@ pub fn decide(s: u64, now: u64, p: &Params, cost: u64) -> (u64, Decision) {
 /// Gives `n` back to the current window's count.
 #[inline]
 pub fn refund(s: u64, now: u64, p: &Params, n: u64) -> u64 {
-    let (idx, prev, cur, _) = view(s, now, p);
-    pack(idx, prev, cur.saturating_sub(n))
+    let v = view(s, now, p);
+    pack(v.idx, v.prev, v.cur.saturating_sub(n))
 }
 
 /// Nanoseconds until equivalent to a fresh record.
 #[inline]
 pub fn idle_in(s: u64, now: u64, p: &Params) -> u64 {
-    let (_, prev, cur, e) = view(s, now, p);
-    if cur > 0 {
-        2 * p.window - e
-    } else if prev > 0 {
-        p.window - e
-    } else {
-        0
-    }
+    let v = view(s, now, p);
+    v.reset(p, now, v.prev, v.cur)
 }
 
 #[cfg(test)]

@@ -23,8 +23,9 @@
 //! +------------------------------------------------+
 //! ```
 //!
-//! 2^63 ns is 292 years. TAT saturates at 2^63 − 1 (a request that would push it further is
-//! denied; so is every request once `now` itself is past it, without a panic). State 0 (TAT in
+//! 2^63 ns is 292 years. A TAT is at most 2^63 − 2: a request that would push it further
+//! cannot be admitted at any time the state can hold and is `NeverFits` (so is every request
+//! once `now` itself is past it, with `remaining` 0: nothing fits any more). State 0 (TAT in
 //! the past) is a full bucket. An earlier `now` only makes TAT − now larger: time going
 //! backwards admits less, never more.
 
@@ -93,40 +94,77 @@ impl Params {
     }
 }
 
-/// The shared GCRA step: `(tat_after, backlog_after_ns)` for `cost` at `now`.
-#[inline]
-pub(crate) fn advance(tat: u64, now: u64, interval: u64, cost: u64) -> (u64, u64) {
-    let base = tat.max(now);
-    let new = base
-        .saturating_add(cost.saturating_mul(interval))
-        .min(MAX_TAT);
-    // Saturating: a `now` past MAX_TAT (292 years) leaves no room; the caller then denies.
-    (new, new.saturating_sub(now))
+/// The shared GCRA step over a TAT in [`MAX_TAT`]: `n·T` fits at `now` iff
+/// `max(TAT, now) + n·T ≤ top`, with `top = min(now + τ, MAX_TAT − 1)` (the bucket's depth,
+/// and the last time a TAT can hold).
+#[derive(Clone, Copy)]
+pub(crate) struct Gcra {
+    /// max(TAT, now).
+    base: u64,
+    top: u64,
+    interval: u64,
+    tau: u64,
+}
+
+impl Gcra {
+    #[inline]
+    pub(crate) fn new(tat: u64, now: u64, interval: u64, tau: u64) -> Self {
+        Self {
+            base: tat.max(now),
+            top: now.saturating_add(tau).min(MAX_TAT - 1),
+            interval,
+            tau,
+        }
+    }
+    /// Requests that fit now (0 once `now` is past what a TAT can hold: 2^63 ns, 292 years).
+    #[inline]
+    pub(crate) fn remaining(&self) -> u64 {
+        self.remaining_after(self.base)
+    }
+    /// Requests that fit now once the TAT is `tat` (≥ the base).
+    #[inline]
+    pub(crate) fn remaining_after(&self, tat: u64) -> u64 {
+        self.top.saturating_sub(tat) / self.interval
+    }
+    /// `Ok(new TAT)` if `cost` fits now; else `Err(retry)`: ns until it fits, `None` if it never
+    /// does (more than the capacity, or not before the TAT's range ends).
+    #[inline]
+    pub(crate) fn take(&self, now: u64, cost: u64, capacity: u64) -> Result<u64, Option<u64>> {
+        // A multiply, not `remaining()`'s divide, on the hot path.
+        let room = self.top.saturating_sub(self.base);
+        if let Some(n) = cost.checked_mul(self.interval).filter(|&n| n <= room) {
+            return Ok(self.base + n);
+        }
+        if cost > capacity {
+            return Err(None);
+        }
+        // It fits at t = TAT + n·T − τ (≤ TAT, as n·T ≤ τ), if that TAT can be held.
+        let need = self.base as u128 + cost as u128 * self.interval as u128;
+        if need > (MAX_TAT - 1) as u128 {
+            return Err(None);
+        }
+        Err(Some((need - self.tau as u128 - now as u128) as u64))
+    }
 }
 
 /// The transition. Cost 0 peeks.
 #[inline]
 pub fn decide(tat: u64, now: u64, p: &Params, cost: u64) -> (u64, Decision) {
     let backlog = tat.saturating_sub(now);
+    let g = Gcra::new(tat, now, p.interval, p.tau);
     if cost == 0 {
-        let rem = p.tau.saturating_sub(backlog) / p.interval;
-        return (tat, Decision::allow(p.capacity, rem, backlog));
+        return (tat, Decision::allow(p.capacity, g.remaining(), backlog));
     }
-    let (new, after) = advance(tat, now, p.interval, cost);
-    if after <= p.tau && new < MAX_TAT {
-        return (
+    match g.take(now, cost, p.capacity) {
+        Ok(new) => (
             new,
-            Decision::allow(p.capacity, (p.tau - after) / p.interval, after),
-        );
+            Decision::allow(p.capacity, g.remaining_after(new), new - now),
+        ),
+        Err(retry) => (
+            tat,
+            Decision::deny(p.capacity, g.remaining(), backlog, retry),
+        ),
     }
-    let retry = if cost > p.capacity {
-        None
-    } else {
-        // after ≤ τ here only if the TAT saturated (`now` near 2^63 ns): still a retry ≥ 1.
-        Some(after.saturating_sub(p.tau).max(1))
-    };
-    let rem = p.tau.saturating_sub(backlog) / p.interval;
-    (tat, Decision::deny(p.capacity, rem, backlog, retry))
 }
 
 /// Gives `n` tokens back (never above capacity).

@@ -25,7 +25,7 @@
 //! # Record layout (`1 + ⌈(N + 1) / ⌊64/w⌋⌉` words of 64 bits)
 //!
 //! ```text
-//! word 0:  | sub-window index mod 2^38 (38) | total of the N newest counters (26) |
+//! word 0:  | sub-window index mod P (38) | total of the N newest counters (26) |
 //! word 1+: | counter | counter | ... |   N + 1 counters (sub-window j at slot j mod (N + 1)),
 //!                                         each w = bit length of the limit (≤ 16) bits,
 //!                                         ⌊64 / w⌋ to a word, never straddling words
@@ -35,12 +35,16 @@
 //! (the notes estimate 1.6 KB). The running total (at most N × (2^16 − 1) < 2^26) makes a
 //! check O(1) plus the sub-windows that slid out since the last check. Limits ≤
 //! [`MAX_LIMIT`] = 65 535, N ≤ [`MAX_BUCKETS`] = 1024, and the window must split into N whole
-//! nanoseconds. A stored index ahead of `now`'s by less than 2^37 (time went backwards) keeps
-//! the stored sub-window current and its straddling sub-window whole: conservative. A ring
-//! idle for 2^37 sub-windows or more can look the same and then keeps its counts until the
-//! index comes round again: spurious denials, never over-admission. An aliased index that
-//! reads as N or more sub-windows behind empties the ring, as the truth would; one that reads
-//! as fewer keeps the counts until they slide out. While a ring counts anything it is never
+//! nanoseconds (with `count_denied`, counters as wide as `docs/algorithms.md` says). The
+//! header keeps the sub-window index mod P ([`Params::period`]), the largest multiple of N + 1
+//! below 2^38, so an index that has come round names the slots its counters were written to.
+//! A stored index ahead of now's by at most [`AHEAD`] = 2^26 sub-windows (time went
+//! backwards) keeps the stored sub-window current and its straddling sub-window whole:
+//! conservative. Any other distance ahead is an expired ring ("far behind means expired"). A
+//! ring idle for about a multiple of P sub-windows can read as recent and is held at most
+//! N + `AHEAD` + 2 sub-windows more. An aliased index that reads as N or more sub-windows
+//! behind empties the ring, as the truth would; one that reads as fewer keeps the counts until
+//! they slide out. While a ring counts anything it is never
 //! reported idle (`idle_in`), so reclaiming an idle record never changes a decision. A ring
 //! whose counters are all 0 is fresh at any index.
 
@@ -55,9 +59,10 @@ pub const MAX_BUCKETS: u64 = 1024;
 pub const INDEX_BITS: u32 = 38;
 /// Bits of the running total (of the N newest counters: ≤ 1024 × 65 535 < 2^26).
 pub const TOTAL_BITS: u32 = 26;
-const INDEX_MASK: u64 = (1 << INDEX_BITS) - 1;
 const TOTAL_MASK: u64 = (1 << TOTAL_BITS) - 1;
-const BEHIND: u64 = 1 << (INDEX_BITS - 1);
+/// Sub-windows a stored index may be ahead of now's and be read as time going backwards;
+/// beyond, the record has expired (module docs).
+pub const AHEAD: u64 = 1 << (INDEX_BITS - 12);
 const _: () = assert!(MAX_BUCKETS * MAX_LIMIT <= TOTAL_MASK);
 
 /// Parameters, validated.
@@ -99,16 +104,35 @@ impl Params {
         if window == 0 || window % buckets != 0 {
             return Err(ConfigError::new("window", format!("a window of {window} ns does not split into {buckets} sub-windows of whole nanoseconds; pick a window that is a multiple of the bucket count")));
         }
-        let width = 64 - limit.leading_zeros();
+        let bits = |x: u128| 128 - x.leading_zeros();
+        let sub = window / buckets;
+        let width = if count_denied {
+            // Denials push a counter past the limit. Any count of at least
+            // ⌈(2·limit − 1)·s / 2⌉ denies whatever the share of it still inside the window
+            // (module docs), so counters that wide are exact; wider than the running total
+            // allows for N of them they cannot be, and saturate (the bound in the docs).
+            let exact = bits(((2 * limit as u128 - 1) * sub as u128).div_ceil(2));
+            let fit = bits((TOTAL_MASK / buckets) as u128 + 1) - 1;
+            exact.min(fit).max(bits(limit as u128))
+        } else {
+            bits(limit as u128)
+        };
         Ok(Self {
             limit,
             window,
             buckets,
-            sub: window / buckets,
+            sub,
             width,
             per_word: 64 / width as u64,
             count_denied,
         })
+    }
+
+    /// P: sub-window indexes are kept mod P, the largest multiple of N + 1 below 2^38, so
+    /// that an index's slot (index mod N + 1) is the same whichever multiple of P it is read
+    /// at.
+    pub fn period(&self) -> u64 {
+        (1u64 << INDEX_BITS) / self.slots() * self.slots()
     }
 
     /// Words in a record: the header and N + 1 counters.
@@ -121,7 +145,8 @@ impl Params {
         self.buckets + 1
     }
 
-    fn max_count(&self) -> u64 {
+    /// The largest a sub-window's counter holds: 2^w − 1, w = `width`.
+    pub fn max_count(&self) -> u64 {
         (1 << self.width) - 1
     }
 }
@@ -192,7 +217,11 @@ fn view<C: Cells + ?Sized>(c: &C, now: u64, p: &Params) -> View {
     let (idx, total) = (h >> TOTAL_BITS, h & TOTAL_MASK);
     let n = p.buckets;
     let b = now / p.sub;
-    let d = (b & INDEX_MASK).wrapping_sub(idx) & INDEX_MASK;
+    // Indexes are kept mod P, a multiple of N + 1 (`Params::period`): an index that has come
+    // round then names the same slots as the sub-window that wrote them, so an aliased ring
+    // reads as a ring really written then, never as counts no slot holds.
+    let period = p.period();
+    let d = (b % period + period - idx % period) % period;
     let rem_in = |cur: u64| until_end(p, cur, 0, now).min(p.sub);
     if total == 0 && (1..p.words()).all(|w| c.get(w) == 0) {
         // An empty ring is fresh whatever its stored index (e.g. state 0 at any time).
@@ -204,26 +233,34 @@ fn view<C: Cells + ?Sized>(c: &C, now: u64, p: &Params) -> View {
             rem: rem_in(b),
         };
     }
-    if d >= BEHIND || d > b {
-        // d ≥ BEHIND: the stored index is ahead of now's (time went backwards): it stays
-        // current. d > b: the stored sub-window would lie before time 0 (a wrapped index from
-        // a clock far ahead). Either way the counts are kept as they are: conservative, and
-        // nothing underflows.
-        let cur = if d >= BEHIND {
-            b.saturating_add((1 << INDEX_BITS) - d)
-        } else {
-            b
-        };
+    if d >= period - AHEAD {
+        // The stored index is ahead of now's by at most AHEAD (time went backwards a little):
+        // it stays current, its counts kept as they are: conservative.
+        let cur = b.checked_add(period - d);
+        if let Some(cur) = cur.filter(|&j| j as u128 * p.sub as u128 <= u64::MAX as u128) {
+            return View {
+                cur,
+                slid: 0,
+                full: total,
+                old: if cur >= n {
+                    get_counter(c, p, slot(p, cur, 1))
+                } else {
+                    0
+                },
+                rem: rem_in(cur),
+            };
+        }
+        // No time of the clock lies in that sub-window: not one this ring was in. Expired.
+    }
+    if d > b || d >= period - AHEAD {
+        // Far ahead (a wrapped index; the stored sub-window would lie before time 0): expired.
+        // Every slot is cleared when the ring is next written.
         return View {
-            cur,
-            slid: 0,
-            full: total,
-            old: if cur >= n {
-                get_counter(c, p, slot(p, cur, 1))
-            } else {
-                0
-            },
-            rem: rem_in(cur),
+            cur: b,
+            slid: p.slots(),
+            full: 0,
+            old: 0,
+            rem: rem_in(b),
         };
     }
     // The stored sub-window is d ≤ b behind: sub-windows stored − N + 1 ..= b − N left the
@@ -278,12 +315,12 @@ fn newest_nonzero<C: Cells + ?Sized>(c: &C, p: &Params, v: &View) -> Option<u64>
 
 fn slide<C: Cells + ?Sized>(c: &mut C, p: &Params, v: &View) {
     for k in 0..v.slid {
-        let Some(j) = v.cur.checked_sub(k) else { break };
-        set_counter(c, p, slot(p, j, 0), 0);
+        // Sub-window cur − k (mod N + 1, so that nothing underflows near time 0).
+        set_counter(c, p, slot(p, v.cur, p.slots() - k), 0);
     }
     c.set(
         0,
-        ((v.cur & INDEX_MASK) << TOTAL_BITS) | v.full.min(TOTAL_MASK),
+        ((v.cur % p.period()) << TOTAL_BITS) | v.full.min(TOTAL_MASK),
     );
 }
 
@@ -304,34 +341,40 @@ pub fn decide<C: Cells + ?Sized>(
     }
     // Saturating: a huge cost must be refused, not wrap around into an admission.
     let fits = count.saturating_add(cost) <= p.limit;
-    if fits || (p.count_denied && cost <= p.limit) {
-        let mut d = if fits {
-            Decision::allow(
-                p.limit,
-                p.limit - count - cost,
-                until_end(p, v.cur, p.buckets, now),
-            )
-        } else {
-            denied(c, now, p, &v, cost, reset)
-        };
+    if fits {
         if apply {
-            slide(c, p, &v);
-            let pos = slot(p, v.cur, 0);
-            let cnt = get_counter(c, p, pos);
-            let add = cost.min(p.max_count() - cnt);
-            set_counter(c, p, pos, cnt + add);
-            let full = (v.full + add).min(TOTAL_MASK);
-            c.set(0, ((v.cur & INDEX_MASK) << TOTAL_BITS) | full);
-            if !fits {
-                // The denial is counted too: the retry waits for the ring as it is now.
-                let after = view(c, now, p);
-                d.remaining = p.limit.saturating_sub(after.count(p));
-                d.retry_after_ns = denied(c, now, p, &after, cost, 0).retry_after_ns;
-            }
+            add(c, p, &v, cost);
         }
+        return Decision::allow(
+            p.limit,
+            p.limit - count - cost,
+            until_end(p, v.cur, p.buckets, now),
+        );
+    }
+    let d = denied(c, now, p, &v, cost, reset);
+    // A denial is counted (count_denied) only if it can be retried within the clock once
+    // counted: by the end of sub-window cur + N everything counted now has slid out.
+    let countable = d.retry_after_ns.is_some()
+        && (v.cur as u128 + p.buckets as u128 + 1) * (p.sub as u128) <= u64::MAX as u128;
+    if !(p.count_denied && countable && apply) {
         return d;
     }
-    denied(c, now, p, &v, cost, reset)
+    add(c, p, &v, cost);
+    // The denial is counted too: retry, remaining and reset are those of the ring as it is now.
+    let after = view(c, now, p);
+    let reset = reset_in(c, p, &after, now);
+    denied(c, now, p, &after, cost, reset)
+}
+
+/// Records `cost` in the current sub-window (its counter saturating at `max_count`).
+fn add<C: Cells + ?Sized>(c: &mut C, p: &Params, v: &View, cost: u64) {
+    slide(c, p, v);
+    let pos = slot(p, v.cur, 0);
+    let cnt = get_counter(c, p, pos);
+    let add = cost.min(p.max_count() - cnt);
+    set_counter(c, p, pos, cnt + add);
+    let full = (v.full + add).min(TOTAL_MASK);
+    c.set(0, ((v.cur % p.period()) << TOTAL_BITS) | full);
 }
 
 fn denied<C: Cells + ?Sized>(
@@ -342,7 +385,11 @@ fn denied<C: Cells + ?Sized>(
     cost: u64,
     reset: u64,
 ) -> Decision {
-    let retry = (cost <= p.limit).then(|| first_fit(c, now, p, v, cost));
+    // Past the end of the clock it never fits.
+    let retry = (cost <= p.limit)
+        .then(|| first_fit(c, now, p, v, cost))
+        .filter(|&r| now as u128 + r <= u64::MAX as u128)
+        .map(|r| r as u64);
     Decision::deny(p.limit, p.limit.saturating_sub(v.count(p)), reset, retry)
 }
 
@@ -351,7 +398,7 @@ fn denied<C: Cells + ?Sized>(
 /// room, and in it the first instant at which the straddling sub-window's weighted share
 /// fits: ⌊(2·old·r + s) / 2s⌋ ≤ room ⟺ 2·old·r < (2·room + 1)·s ⟺
 /// r ≤ ⌈(2·room + 1)·s / 2·old⌉ − 1, r the nanoseconds of it still inside the window. By sub-window cur + N + 1 nothing is left, so the loop always returns.
-fn first_fit<C: Cells + ?Sized>(c: &C, now: u64, p: &Params, v: &View, cost: u64) -> u64 {
+fn first_fit<C: Cells + ?Sized>(c: &C, now: u64, p: &Params, v: &View, cost: u64) -> u128 {
     let s = p.sub as u128;
     let (mut full, mut old) = (v.full, v.old);
     for k in 0..=p.buckets + 1 {
@@ -379,9 +426,9 @@ fn first_fit<C: Cells + ?Sized>(c: &C, now: u64, p: &Params, v: &View, cost: u64
             }
             start.max((j + 1) * s - r_max.min(s))
         };
-        return (at - now as u128).clamp(1, u64::MAX as u128) as u64;
+        return (at - now as u128).max(1);
     }
-    until_end(p, v.cur, p.buckets + 1, now).max(1)
+    ((v.cur as u128 + p.buckets as u128 + 2) * s - now as u128).max(1)
 }
 
 /// Gives `n` back, newest sub-windows first (the straddling one last).
@@ -404,7 +451,7 @@ pub fn refund<C: Cells + ?Sized>(c: &mut C, now: u64, p: &Params, n: u64) {
             full -= take.min(full);
         }
     }
-    c.set(0, ((v.cur & INDEX_MASK) << TOTAL_BITS) | full);
+    c.set(0, ((v.cur % p.period()) << TOTAL_BITS) | full);
 }
 
 /// Nanoseconds until the record is equivalent to a fresh one: the end of the sub-window in
@@ -572,7 +619,7 @@ mod tests {
             if let Some(k) = behind {
                 // A stored index a few sub-windows behind now's, counters at any slots: what
                 // an index aliased after 2^38 sub-windows looks like.
-                let idx = (now / sub).wrapping_sub(k) & INDEX_MASK;
+                let idx = (now / sub).wrapping_sub(k) % p.period();
                 words[0] = idx << TOTAL_BITS | (words[0] & TOTAL_MASK);
             }
             let rec = &words[..p.words()];

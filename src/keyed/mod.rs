@@ -24,7 +24,9 @@ use crate::clock::{Clock, DefaultClock, Nanos};
 use crate::decision::{ConfigError, Decision, Outcome};
 use crate::sync::Ordering;
 use crossbeam_utils::CachePadded;
+// std's `Arc`: the shards are shared between stores, never touched by loom models of a check.
 pub use key::{parse_key, Key, KeyError, KeyHasher, ParsedKey};
+use std::sync::Arc;
 use table::{Ctx, Loc, Shard, BUCKET};
 
 /// What to do with a new key when its probe range is full of live keys.
@@ -228,7 +230,8 @@ pub struct Store<C: Clock = DefaultClock> {
     packed: Option<Limit>,
     /// Buckets in each shard (all shards are the same size).
     shard_buckets: u64,
-    shards: Box<[CachePadded<Shard>]>,
+    /// Shared with the stores [`Store::with_limits`] made from this one (rules reload).
+    shards: Arc<[CachePadded<Shard>]>,
     shard_bits: u32,
     limits: Limits,
     hasher: KeyHasher,
@@ -260,6 +263,31 @@ impl Store<DefaultClock> {
 }
 
 impl<C: Clock> Store<C> {
+    /// A store over the very same records, deciding them by `limits` under `policy`: what a
+    /// rules reload that changes a limit uses to carry every key's state over. Checks through
+    /// either store update the same atomic records (no update is lost, whichever limits a
+    /// check was decided by). `None` unless the records read alike under both limits
+    /// ([`Limits::carries_to`]): then a new store starts fresh.
+    pub fn with_limits(&self, limits: Limits, policy: FullPolicy) -> Option<Store<C>>
+    where
+        C: Clone,
+    {
+        if !self.limits.carries_to(&limits) {
+            return None;
+        }
+        Some(Store {
+            packed: limits.single_packed().copied(),
+            shard_buckets: self.shard_buckets,
+            shards: self.shards.clone(),
+            shard_bits: self.shard_bits,
+            limits,
+            hasher: self.hasher.clone(),
+            policy,
+            clock: self.clock.clone(),
+            capacity: self.capacity,
+        })
+    }
+
     /// The clock.
     pub fn clock(&self) -> &C {
         &self.clock
@@ -441,6 +469,34 @@ impl<C: Clock> Store<C> {
     /// [`Store::peek`] at `now`.
     pub fn peek_at<K: Key + ?Sized>(&self, key: &K, now: Nanos) -> Decision {
         self.run(key.key_id(&self.hasher), now, 0, false, false)
+    }
+
+    /// What a check of `cost` for `key` at `now` would answer, recording nothing (and not
+    /// inserting the key). A denial is described without the count a `count_denied` limit
+    /// would add ([`Limits::evaluate`]).
+    pub fn evaluate_at<K: Key + ?Sized>(&self, key: &K, cost: u64, now: Nanos) -> Decision {
+        let id = key.key_id(&self.hasher);
+        let (shard, home) = self.locate(id);
+        let ctx = Ctx {
+            limits: &self.limits,
+            policy: self.policy,
+            missed: false,
+        };
+        let limits = &self.limits;
+        shard.with_key(
+            &ctx,
+            id,
+            home,
+            now,
+            false,
+            &mut |s| {
+                let mut w = [s];
+                (s, limits.evaluate(&mut w, now, cost))
+            },
+            &mut |c| limits.evaluate(c, now, cost),
+            &mut || Shard::fresh(limits.words(), &mut |c| limits.evaluate(c, now, cost)),
+            &mut |o| self.full_decision(o),
+        )
     }
 
     /// Gives `n` back to `key`'s limits.

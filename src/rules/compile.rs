@@ -5,7 +5,12 @@
 //! is identified by (rule name, override key id, pool, key class, compiled limits, capacity,
 //! policy); [`compile`] reuses the very same `Arc`'d part of the previous rules when that
 //! identity is unchanged, so checks running on the old rules during the swap and checks on the
-//! new ones update one state. Counters are kept per rule name.
+//! new ones update one state. When only the limits (or the policy) changed and the old records
+//! read alike under the new limits (`Limits::carries_to`: same algorithms, same windows or
+//! record layout), the new part is a store over the old part's very records
+//! (`Store::with_limits`): every key keeps its count, TAT or log, and checks on either side of
+//! the swap still update one state. Otherwise the part starts fresh. Counters are kept per rule
+//! name.
 
 use super::load::LoadConfig;
 use super::matcher::{key_id, KeyPlan, RouteTable};
@@ -26,7 +31,10 @@ use std::sync::Arc;
 pub struct ReloadReport {
     /// Rules whose state was kept (same name, key class, limits, capacity).
     pub kept: Vec<String>,
-    /// Rules that start from fresh state (new, or changed).
+    /// Rules whose limits changed and whose state was carried over to them (same name, key
+    /// class, capacity; limits whose records read alike: `Limit::carries_to`).
+    pub carried: Vec<String>,
+    /// Rules that start from fresh state (new, or changed otherwise).
     pub fresh: Vec<String>,
     /// Rules no longer present.
     pub removed: Vec<String>,
@@ -90,6 +98,32 @@ pub(crate) struct Ident {
     pub(crate) policy: FullPolicy,
 }
 
+/// What identifies a part's records: its identity but for the limits and the policy.
+type Records = (String, Option<u64>, bool, KeyClass, u64);
+
+impl Ident {
+    fn records(&self) -> Records {
+        (
+            self.rule.clone(),
+            self.target,
+            self.pool,
+            self.class,
+            self.capacity,
+        )
+    }
+}
+
+/// How a part of the new rules came by its state.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reuse {
+    /// The old part itself.
+    Kept,
+    /// A store over the old part's records, with the new limits.
+    Carried,
+    /// A new store.
+    Fresh,
+}
+
 pub(crate) struct Part<C: Clock> {
     pub(crate) ident: Ident,
     pub(crate) store: Store<Arc<C>>,
@@ -150,14 +184,21 @@ pub(crate) type Parts<C> = HashMap<Ident, Arc<Part<C>>>;
 #[allow(clippy::too_many_arguments)]
 fn part<C: Clock>(
     old: &Parts<C>,
+    by_records: &HashMap<Records, Arc<Part<C>>>,
     ident: Ident,
     clock: &Arc<C>,
     seed: Option<u64>,
     one_key: bool,
     err: impl Fn(String) -> RulesError,
-) -> Result<(Arc<Part<C>>, bool), RulesError> {
+) -> Result<(Arc<Part<C>>, Reuse), RulesError> {
     if let Some(p) = old.get(&ident) {
-        return Ok((p.clone(), true));
+        return Ok((p.clone(), Reuse::Kept));
+    }
+    let carried = by_records
+        .get(&ident.records())
+        .and_then(|p| p.store.with_limits(ident.limits.clone(), ident.policy));
+    if let Some(store) = carried {
+        return Ok((Arc::new(Part { ident, store }), Reuse::Carried));
     }
     let mut b = Store::builder(ident.limits.clone())
         .capacity(ident.capacity)
@@ -171,7 +212,7 @@ fn part<C: Clock>(
     let store = b
         .build_with_clock(clock.clone())
         .map_err(|e| err(e.to_string()))?;
-    Ok((Arc::new(Part { ident, store }), false))
+    Ok((Arc::new(Part { ident, store }), Reuse::Fresh))
 }
 
 pub(crate) fn compile<C: Clock>(
@@ -195,6 +236,10 @@ pub(crate) fn compile<C: Clock>(
             }
         }
     }
+    let by_records: HashMap<Records, Arc<Part<C>>> = parts
+        .values()
+        .map(|p| (p.ident.records(), p.clone()))
+        .collect();
     let mut report = ReloadReport::default();
     let mut out = Vec::with_capacity(rules.rules.len());
     for (i, r) in rules.rules.iter().enumerate() {
@@ -205,7 +250,7 @@ pub(crate) fn compile<C: Clock>(
                     specs: &[crate::LimitSpec],
                     lim: &dyn Fn(usize, &'static str) -> Loc,
                     whole: Loc|
-         -> Result<(Slot<C>, bool), RulesError> {
+         -> Result<(Slot<C>, Reuse), RulesError> {
             let (main, pool) =
                 compile_limits(specs, r.mode, lim, whole).map_err(|(l, m)| rules.error_at(l, m))?;
             let cap = if target.is_some() { 1 } else { capacity };
@@ -221,6 +266,7 @@ pub(crate) fn compile<C: Clock>(
             let err = |m: String| rules.error_at(at(Rf::Capacity), m);
             let (main, kept) = part(
                 &parts,
+                &by_records,
                 ident(main, false),
                 clock,
                 seed,
@@ -228,9 +274,18 @@ pub(crate) fn compile<C: Clock>(
                 err,
             )?;
             let pool = match pool {
-                Some(l) => {
-                    Some(part(&parts, ident(l, true), clock, seed, target.is_some(), err)?.0)
-                }
+                Some(l) => Some(
+                    part(
+                        &parts,
+                        &by_records,
+                        ident(l, true),
+                        clock,
+                        seed,
+                        target.is_some(),
+                        err,
+                    )?
+                    .0,
+                ),
                 None => None,
             };
             let nominal = match r.mode {
@@ -253,10 +308,10 @@ pub(crate) fn compile<C: Clock>(
             ))
         };
         let (main, kept) = slot(None, &r.limits, &|j, f| at(Rf::Limit(j, f)), at(Rf::Limits))?;
-        if kept {
-            report.kept.push(r.name.clone());
-        } else {
-            report.fresh.push(r.name.clone());
+        match kept {
+            Reuse::Kept => report.kept.push(r.name.clone()),
+            Reuse::Carried => report.carried.push(r.name.clone()),
+            Reuse::Fresh => report.fresh.push(r.name.clone()),
         }
         let mut ov: Vec<(u64, Slot<C>)> = Vec::with_capacity(r.overrides.len());
         for (o, x) in r.overrides.iter().enumerate() {

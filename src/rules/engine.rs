@@ -493,6 +493,7 @@ impl<C: Clock> Engine<C> {
                 }
                 Step::Denied => {
                     self.deny(c, req, &enforce[..k], now, &pooled, sel, cand.rule);
+                    self.latest(c, req, &enforce[k + 1..], sel, now, load, &mut acc);
                     why.denied(cand.rule);
                     // `apply` left the denial in `acc`.
                     return acc;
@@ -679,6 +680,59 @@ impl<C: Clock> Engine<C> {
         c.rules[rule as usize]
             .counters
             .add(self.load.shard(), DENIED);
+    }
+
+    /// After enforcing rule denial `d`: the enforcing rules among `cands` (those after the
+    /// denier) are asked, without charging them, whether they would deny too, and `d`'s
+    /// retry becomes the latest of theirs (NeverFits if one can never admit the request). The
+    /// client is told when every rule admits, not only the first that denied.
+    #[cold]
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn latest(
+        &self,
+        c: &Compiled<C>,
+        req: &Request<'_>,
+        cands: &[Cand],
+        sel: u32,
+        now: Nanos,
+        load: f64,
+        d: &mut Decision,
+    ) {
+        for cand in cands {
+            if d.outcome != Outcome::Limited {
+                return;
+            }
+            if !cand.admits(sel) {
+                continue;
+            }
+            let r = &c.rules[cand.rule as usize];
+            let Some(id) = r.plan.id(req, &self.hasher) else {
+                continue;
+            };
+            let cost = req.cost.saturating_mul(r.cost);
+            let slot = r.slot(id);
+            let e = slot.main.store.evaluate_at(&id, cost, now);
+            if e.allowed() {
+                continue;
+            }
+            // An elastic rule admits from its pool what its limits deny (as in `decide`).
+            if let (Kind::Elastic { below }, Some(pool)) = (r.kind, &slot.pool) {
+                if e.outcome == Outcome::Limited
+                    && load < below
+                    && pool.store.evaluate_at(&id, cost, now).allowed()
+                {
+                    continue;
+                }
+            }
+            match (d.retry_after_ns, e.retry_after_ns) {
+                (Some(x), Some(y)) => d.retry_after_ns = Some(x.max(y)),
+                _ => {
+                    d.retry_after_ns = None;
+                    d.outcome = Outcome::NeverFits;
+                }
+            }
+        }
     }
 
     /// One enforcing rule's decision `d` from its main store, by its mode: `Ok` with the
