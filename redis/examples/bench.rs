@@ -4,7 +4,9 @@
 #[tokio::main(flavor = "multi_thread", worker_threads = 1)]
 async fn main() {
     let mut args = std::env::args().skip(1);
-    let url = args.next().unwrap_or_else(|| "redis://127.0.0.1:6379/".into());
+    let url = args
+        .next()
+        .unwrap_or_else(|| "redis://127.0.0.1:6379/".into());
     let requests = args.next().and_then(|n| n.parse().ok()).unwrap_or(50_000);
     match turnstile_redis::bench::run(&url, requests, &[1, 64]).await {
         Ok(rows) => {

@@ -34,37 +34,59 @@ if ARGV[3] == 'r' then
   return 0
 end
 if #ls == 1 then return ls[1][1].step(ls[1][2], ls[1][3], s, n, cost, true) end
-local all = true
+-- Several limits: turnstile::Limits::decide. Every limit is evaluated on the record as it is.
+local all, fits = true, true
 for i = 1, #ls do
-  if ls[i][1].step(ls[i][2], ls[i][3], s, n, cost, false)[1] ~= 0 then
+  local d = ls[i][1].step(ls[i][2], ls[i][3], s, n, cost, false)
+  if d[1] ~= 0 then
     all = false
-    break
+    if d[1] == 2 then fits = false end
   end
 end
--- Two decisions as one (turnstile's `combine`): denied if either is; the later retry; the
--- tighter remainder; the later reset; the larger delay when admitted.
-local function combine(a, b)
-  local reset, delay = math.max(a[4], b[4]), math.max(a[6], b[6])
-  local d
-  if a[1] == 0 and b[1] == 0 then
-    if b[3] < a[3] then d = b else d = a end
-  elseif b[1] == 0 then
-    d = a
-  elseif a[1] == 0 then
-    d = b
-  else
-    d = a
-    if a[5] >= 0 and b[5] >= 0 then d[5] = math.max(a[5], b[5]) else d[5] = -1 end
-    if d[5] >= 0 then d[1] = 1 else d[1] = 2 end
+if all then
+  -- All record; the least remaining (the first on a tie), the latest reset, the longest delay.
+  local out
+  for i = 1, #ls do
+    local d = ls[i][1].step(ls[i][2], ls[i][3], s, n, cost, true)
+    if not out then
+      out = d
+    else
+      local m = out
+      if d[3] < out[3] then m = d end
+      m[4], m[6] = math.max(out[4], d[4]), math.max(out[6], d[6])
+      out = m
+    end
   end
-  d[4] = reset
-  if d[1] == 0 then d[6] = delay else d[6] = 0 end
-  return d
+  return out
 end
-local out
+-- Denied: limits counting denials record it (unless some limit can never fit the cost), and
+-- the answer describes the record as it then is: the least remaining (a denying limit's on a
+-- tie), the latest reset, the latest retry of the limits that deny (none if one never fits).
+if fits then
+  for i = 1, #ls do
+    if ls[i][1].cd(ls[i][3]) then ls[i][1].step(ls[i][2], ls[i][3], s, n, cost, true) end
+  end
+end
+local out = {1, -1, -1, 0, 0, 0}
+local denier_least = false
 for i = 1, #ls do
-  local l = ls[i]
-  local d = l[1].step(l[2], l[3], s, n, cost, all or l[1].cd(l[3]))
-  if out then out = combine(out, d) else out = d end
+  local alg, k, p = ls[i][1], ls[i][2], ls[i][3]
+  local held = alg.step(k, p, s, n, 0, false)
+  local q = p
+  if alg.cd(p) then
+    q = {}
+    for j = 1, #p do q[j] = p[j] end
+    q[3] = 0
+  end
+  local d = alg.step(k, q, s, n, cost, false)
+  local denies = d[1] ~= 0
+  out[4] = math.max(out[4], held[4])
+  if out[3] < 0 or held[3] < out[3] or (held[3] == out[3] and denies and not denier_least) then
+    out[3], out[2], denier_least = held[3], held[2], denies
+  end
+  if denies then
+    if out[5] >= 0 and d[5] >= 0 then out[5] = math.max(out[5], d[5]) else out[5] = -1 end
+  end
 end
+if out[5] < 0 then out[1] = 2 end
 return out

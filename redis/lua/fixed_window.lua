@@ -17,7 +17,9 @@ local function fw_view(key, p, s, n)
     c = tonumber(c)
     local d = t_diff(ss, sn, cs, cn)
     if d == 0 then return cs, cn, c, w - r end
-    if d > 0 and c > 0 then return ss, sn, c, d + w - r end -- time went backwards
+    -- Time went backwards, by less than 2^27 windows (the in-memory AHEAD): the stored
+    -- window; farther ahead, expired.
+    if d > 0 and c > 0 and d < 134217728 * w then return ss, sn, c, d + w - r end
   end
   return cs, cn, 0, w - r
 end
@@ -34,7 +36,8 @@ ALG.fw.step = function(k, p, s, n, cost, apply)
   local retry = ends
   if cost > limit then retry = -1 end
   local c = count
-  if cd then
+  -- A denial is counted only if it could ever fit (never-fitting requests change nothing).
+  if cd and cost <= limit then
     c = math.min(count + cost, FW_MAX)
     if apply then put(KEYS[k], t_str(ws, wn) .. ' ' .. c, reset(c)) end
   end

@@ -18,7 +18,9 @@ local function sw_view(key, p, s, n)
     local d = t_diff(cs, cn, ss, sn)
     if d == 0 then return cs, cn, pv, cu, r end
     if d == w then return cs, cn, cu, 0, r end
-    if d < 0 and pv + cu > 0 then return ss, sn, pv, cu, 0 end -- time went backwards
+    -- Time went backwards, by less than 2^11 windows (the in-memory AHEAD): the stored
+    -- window, at elapsed 0; farther ahead, expired.
+    if d < 0 and pv + cu > 0 and -d < 2048 * w then return ss, sn, pv, cu, 0 end
   end
   return cs, cn, 0, 0, r
 end
@@ -43,9 +45,12 @@ end
 ALG.sw.step = function(k, p, s, n, cost, apply)
   local limit, w, cd = p[1], p[2], p[3] == 1
   local ws, wn, prev, cur, e = sw_view(KEYS[k], p, s, n)
+  -- ns from now to the start of the window the record is in (negative but for time going
+  -- backwards, where that window starts after now).
+  local lead = t_diff(ws, wn, s, n)
   local est = sw_weighted(prev, w, e) + cur
   local function reset_of(pv, cu)
-    if cu > 0 then return 2 * w - e elseif pv > 0 then return w - e end
+    if cu > 0 then return lead + 2 * w elseif pv > 0 then return lead + w end
     return 0
   end
   if cost == 0 then return allow(limit, sat(limit - est), reset_of(prev, cur)) end
@@ -54,19 +59,24 @@ ALG.sw.step = function(k, p, s, n, cost, apply)
     if apply then sw_put(KEYS[k], w, ws, wn, s, n, prev, cur2) end
     return allow(limit, limit - est - cost, reset_of(prev, cur2))
   end
-  local cur2 = cur
-  if cd then cur2 = math.min(cur + cost, SW_MAX) end
-  local retry
-  if cost > limit then
-    retry = -1
-  elseif cur2 + cost <= limit then
-    retry = math.max(sat(sw_first(prev, w, limit - cur2 - cost) - e), 1)
-  else
-    retry = w - e + sw_first(cur2, w, limit - cost)
+  local function retry(cur2)
+    if cost > limit then return -1 end
+    local at
+    if cur2 + cost <= limit then
+      at = math.max(sw_first(prev, w, limit - cur2 - cost), e + 1)
+    else
+      at = w + sw_first(cur2, w, limit - cost)
+    end
+    return lead + at
   end
-  if cd and apply then sw_put(KEYS[k], w, ws, wn, s, n, prev, cur2) end
-  local est2 = sw_weighted(prev, w, e) + cur2
-  return deny(limit, sat(limit - est2), reset_of(prev, cur2), retry)
+  -- With count_denied a denial that can be retried is counted, and the retry waits for it.
+  if cd and cost <= limit then
+    local counted = math.min(cur + cost, SW_MAX)
+    if apply then sw_put(KEYS[k], w, ws, wn, s, n, prev, counted) end
+    local est2 = sw_weighted(prev, w, e) + counted
+    return deny(limit, sat(limit - est2), reset_of(prev, counted), retry(counted))
+  end
+  return deny(limit, sat(limit - est), reset_of(prev, cur), retry(cur))
 end
 ALG.sw.refund = function(k, p, s, n, m)
   local ws, wn, prev, cur = sw_view(KEYS[k], p, s, n)
