@@ -21,6 +21,7 @@
 
 pub mod bench;
 mod conn;
+pub mod lease;
 mod policy;
 mod script;
 mod store;
