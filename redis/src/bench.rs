@@ -2,6 +2,7 @@
 //! same run (the ceiling for one round trip per check). What `turnstile bench --engine redis`
 //! will call; until then `cargo run --release -p turnstile-redis --example bench -- URL`.
 
+use crate::lease::{LeaseMode, LeasedStore};
 use crate::{Error, RedisStore};
 use redis::aio::ConnectionManager;
 use std::sync::Arc;
@@ -106,6 +107,26 @@ pub async fn run(url: &str, requests: u64, concurrencies: &[usize]) -> Result<Ve
                 per_sec,
             });
         }
+        // token_bucket through reservations of 100 (one node), on 64 hot keys.
+        let l = limits()[1];
+        let store = RedisStore::builder(Limits::new(vec![l])?)
+            .timeout(Duration::from_secs(2))
+            .build(crate::Conn::Single(conn.clone()))?;
+        let leased = Arc::new(LeasedStore::new(store, LeaseMode::Reserve { chunk: 100 })?);
+        let per_sec = timed(c, requests, move |i| {
+            let s = leased.clone();
+            async move {
+                // Leases are for hot keys: 64 of them.
+                s.check(&format!("hot{}", i % 64), 1).await?;
+                Ok(())
+            }
+        })
+        .await?;
+        rows.push(Row {
+            name: "token_bucket, leases of 100, 64 hot keys".into(),
+            concurrency: c,
+            per_sec,
+        });
     }
     Ok(rows)
 }

@@ -15,9 +15,10 @@
 
 use crate::{Error, RedisStore};
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
-use turnstile::{Decision, Outcome};
+use turnstile::{Decision, Limit, Outcome};
 
 /// How a node spends a key's quota between round trips.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,9 +51,12 @@ struct Local {
 pub struct LeasedStore {
     store: RedisStore,
     mode: LeaseMode,
-    // An async lock per node: a key's local state changes across a round trip; the lock is
-    // held only by this node's tasks and, beside the round trip it saves, costs little.
-    local: Mutex<HashMap<String, Local>>,
+    /// For buckets, how long reserved tokens are kept (windows: until the window's end).
+    keep: Option<Duration>,
+    // One async lock per key: a key's local state changes across its round trip (one
+    // reservation or flush in flight per key and node keeps the bound); other keys go on. The
+    // map's own lock is held only to find the key's entry.
+    local: std::sync::Mutex<HashMap<String, Arc<Mutex<Local>>>>,
     round_trips: std::sync::atomic::AtomicU64,
 }
 
@@ -68,14 +72,35 @@ fn local_allow(limit: u64, remaining: u64) -> Decision {
 }
 
 impl LeasedStore {
-    /// Leases over `store`.
-    pub fn new(store: RedisStore, mode: LeaseMode) -> Self {
-        Self {
+    /// Leases over `store`, which must hold one limit: several limits' reset time is the
+    /// latest of them, past the end of a shorter window.
+    pub fn new(store: RedisStore, mode: LeaseMode) -> Result<Self, Error> {
+        let ls = store.limits().limits();
+        if ls.len() != 1 {
+            return Err(Error::Config(turnstile::ConfigError {
+                field: "limits",
+                message: format!(
+                    "leases take a store of one limit, got {}; lease each limit's store apart",
+                    ls.len()
+                ),
+            }));
+        }
+        // Reserved admissions of a window stay valid until the window's end (an admitted
+        // check's reset time); a bucket's tokens, once taken, can be spent any time: they are
+        // kept for a second, then dropped (stranded).
+        let bucket = matches!(ls[0], Limit::TokenBucket(_) | Limit::LeakyBucket(_));
+        Ok(Self {
             store,
             mode,
-            local: Mutex::new(HashMap::new()),
+            keep: bucket.then_some(Duration::from_secs(1)),
+            local: std::sync::Mutex::new(HashMap::new()),
             round_trips: Default::default(),
-        }
+        })
+    }
+
+    /// How long what Redis granted stays valid locally.
+    fn validity(&self, d: &Decision) -> Duration {
+        self.keep.unwrap_or(Duration::from_nanos(d.reset_after_ns))
     }
 
     /// Calls made to Redis so far.
@@ -91,8 +116,15 @@ impl LeasedStore {
 
     /// Checks a request of `cost` for `key`.
     pub async fn check(&self, key: &str, cost: u64) -> Result<Decision, Error> {
-        let mut m = self.local.lock().await;
-        let l = m.entry(key.to_owned()).or_default();
+        let entry = {
+            let mut m = self.local.lock().unwrap_or_else(|p| p.into_inner());
+            match m.get(key) {
+                Some(e) => e.clone(),
+                None => m.entry(key.to_owned()).or_default().clone(),
+            }
+        };
+        let mut guard = entry.lock().await;
+        let l = &mut *guard;
         let now = Instant::now();
         let limit = self.store.limits().limits()[0].capacity();
         if let Some((t, c)) = l.denied_until {
@@ -123,7 +155,7 @@ impl LeasedStore {
                 }
                 if d.allowed() {
                     l.budget = took - cost;
-                    l.until = Some(now + Duration::from_nanos(d.reset_after_ns));
+                    l.until = Some(now + self.validity(&d));
                 } else {
                     l.budget = 0;
                     remember(l, now, cost, &d);
@@ -143,7 +175,7 @@ impl LeasedStore {
                 let d = self.redis(key, cost).await?;
                 if d.allowed() {
                     l.budget = d.remaining;
-                    l.until = Some(now + Duration::from_nanos(d.reset_after_ns));
+                    l.until = Some(now + self.validity(&d));
                 } else {
                     remember(l, now, cost, &d);
                 }
@@ -164,7 +196,7 @@ impl LeasedStore {
         }
         l.pending = 0;
         l.budget = if d.allowed() { d.remaining } else { 0 };
-        l.until = Some(now + Duration::from_nanos(d.reset_after_ns));
+        l.until = Some(now + self.validity(&d));
         Ok(())
     }
 }

@@ -23,7 +23,7 @@ async fn run(url: &str, mode: LeaseMode, key: &str) -> (u64, u64) {
             .connect(url)
             .await
             .unwrap();
-        let node = Arc::new(LeasedStore::new(store, mode));
+        let node = Arc::new(LeasedStore::new(store, mode).unwrap());
         let key = key.to_string();
         tasks.push(tokio::spawn(async move {
             let mut admitted = 0;
