@@ -22,6 +22,7 @@
 pub mod bench;
 mod conn;
 pub mod lease;
+pub mod memory;
 mod policy;
 mod script;
 mod store;
