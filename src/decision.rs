@@ -110,7 +110,9 @@ pub struct ConfigError {
 }
 
 impl ConfigError {
-    pub(crate) fn new(field: &'static str, message: impl Into<String>) -> Self {
+    /// An error about `field`; `message` says what is wrong and how to fix it (for backends
+    /// and services that check limits further, e.g. the ranges a Redis script computes).
+    pub fn new(field: &'static str, message: impl Into<String>) -> Self {
         Self {
             field,
             message: message.into(),

@@ -1,0 +1,33 @@
+//! # turnstile-redis
+//!
+//! turnstile's algorithms on Redis and Redis Cluster, for limits that many machines share.
+//!
+//! * [`RedisStore`] takes the same [`turnstile::Limits`] as the in-memory
+//!   `turnstile::keyed::Store` and answers the same [`turnstile::Decision`]s: every decision is
+//!   one atomic Lua script call (`EVALSHA`, reloaded on `NOSCRIPT`), several limits on one key
+//!   all-or-nothing in that one call, their keys sharing the `{hash tag}` of the key so that
+//!   they live in one Cluster slot.
+//! * One clock: the script reads the server's `TIME`, so machines with skewed clocks agree.
+//!   [`RedisStore::check_at`] passes an explicit `now` instead, for tests that run one trace
+//!   through Redis and through the in-memory engine.
+//! * Every key carries a TTL equal to the time until it is equivalent to absent.
+//! * When Redis is slow or down: a per-call timeout (default 20 ms), then a
+//!   [`FailurePolicy`] (open, closed, or an in-memory insurance limiter at limit ÷ nodes),
+//!   behind a circuit breaker; every fallback counted ([`FailureStats`]).
+//!
+//! See `docs/redis.md`.
+
+#![warn(missing_docs)]
+
+pub mod bench;
+mod conn;
+pub mod lease;
+pub mod memory;
+mod policy;
+mod script;
+mod store;
+
+pub use conn::Conn;
+pub use policy::{FailurePolicy, FailureStats};
+pub use script::MAX_DURATION_NS;
+pub use store::{Error, RedisStore, RedisStoreBuilder, EXPLICIT_NOW_TTL_SLACK_MS};

@@ -1,0 +1,157 @@
+//! RedisStore on a real 3-master Redis Cluster: the race across clients, several limits of one
+//! key in one slot, a slot moved under a live key (MOVED followed, state kept), and a master
+//! killed (errors answered by the policy, no panic).
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+use turnstile::{Limit, Limits, Outcome};
+use turnstile_redis::RedisStore;
+
+/// Redis Cluster's key slot: CRC16 (XMODEM) of the hash tag, mod 16384.
+fn slot(key: &str) -> u16 {
+    let b = key.as_bytes();
+    let tag = match b.iter().position(|&c| c == b'{') {
+        Some(i) => match b[i + 1..].iter().position(|&c| c == b'}') {
+            Some(j) if j > 0 => &b[i + 1..i + 1 + j],
+            _ => b,
+        },
+        None => b,
+    };
+    let mut crc: u16 = 0;
+    for &x in tag {
+        crc ^= (x as u16) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
+}
+
+fn two_buckets() -> Limits {
+    Limits::new(vec![
+        Limit::token_bucket(100, 1, Duration::from_secs(3600)).unwrap(),
+        Limit::fixed_window(1000, Duration::from_secs(3600)).unwrap(),
+    ])
+    .unwrap()
+}
+
+#[test]
+fn cluster_race_moved_and_a_dead_master() {
+    assert_eq!(
+        slot("123456789"),
+        12739,
+        "the CRC16 of the Redis Cluster spec"
+    );
+    let mut cluster = common::Cluster::start();
+    let rt = common::runtime();
+    let urls = cluster.urls();
+    let refs: Vec<&str> = urls.iter().map(String::as_str).collect();
+    rt.block_on(async {
+        // The race: 16 clients, own connections, one key: exactly the limit.
+        let mut tasks = Vec::new();
+        for _ in 0..16 {
+            let store = RedisStore::builder(two_buckets())
+                .timeout(Duration::from_secs(5))
+                .connect_cluster(&refs)
+                .await
+                .unwrap();
+            tasks.push(tokio::spawn(async move {
+                let mut n = 0u64;
+                for _ in 0..40 {
+                    n += store.try_check("race", 1).await.unwrap().allowed() as u64;
+                }
+                n
+            }));
+        }
+        let mut admitted = 0;
+        for t in tasks {
+            admitted += t.await.unwrap();
+        }
+        assert_eq!(admitted, 100);
+
+        // Keys on every master, several limits each in one slot; pipelined.
+        let store = RedisStore::builder(two_buckets())
+            .timeout(Duration::from_secs(5))
+            .connect_cluster(&refs)
+            .await
+            .unwrap();
+        let keys: Vec<String> = (0..30).map(|i| format!("user{i}")).collect();
+        let krefs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let d = store.try_check_many(&krefs, 1).await.unwrap();
+        assert!(d.iter().all(|d| d.remaining == 99));
+        for k in store.redis_keys("user0") {
+            assert_eq!(slot(&k), slot("user0"), "{k}");
+        }
+        let per_node: Vec<u64> = cluster
+            .nodes
+            .iter()
+            .map(|n| n.cli(&["dbsize"]).parse().unwrap())
+            .collect();
+        assert!(
+            per_node.iter().all(|&n| n > 0),
+            "keys on every master: {per_node:?}"
+        );
+
+        // A slot moved under a live key: the client follows MOVED and the state moved with it.
+        let moved = (0..10_000)
+            .map(|i| format!("m{i}"))
+            .find(|k| slot(k) < 50)
+            .unwrap();
+        store.try_check(&moved, 1).await.unwrap();
+        let owner = cluster
+            .nodes
+            .iter()
+            .position(|n| {
+                n.cli(&["dbsize"]) != "0"
+                    && n.cli(&["cluster", "countkeysinslot", &slot(&moved).to_string()]) != "0"
+            })
+            .unwrap();
+        let to = (owner + 1) % 3;
+        let id = |i: usize| cluster.nodes[i].cli(&["cluster", "myid"]);
+        let out = Command::new("redis-cli")
+            .args([
+                "--cluster",
+                "reshard",
+                &format!("127.0.0.1:{}", cluster.nodes[0].port),
+            ])
+            .args(["--cluster-from", &id(owner), "--cluster-to", &id(to)])
+            .args(["--cluster-slots", "50", "--cluster-yes"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let s = slot(&moved).to_string();
+        assert_ne!(
+            cluster.nodes[to].cli(&["cluster", "countkeysinslot", &s]),
+            "0",
+            "moved"
+        );
+        let d = store.try_check(&moved, 1).await.unwrap();
+        assert_eq!(d.remaining, 98, "the state followed its slot");
+
+        // A master killed: the keys it held fail (answered by the policy), the others go on.
+        cluster.nodes[2].kill();
+        let t0 = Instant::now();
+        let mut ok = 0;
+        for k in &krefs {
+            let d = store.check(k, 1).await;
+            if d.outcome == Outcome::Allowed {
+                ok += 1;
+            } else {
+                assert_eq!(d.outcome, Outcome::StoreFull);
+            }
+        }
+        assert!(ok > 0 && ok < 30, "{ok} answered by the live masters");
+        assert!(store.stats().fallbacks > 0);
+        assert!(t0.elapsed() < Duration::from_secs(30));
+    });
+}
