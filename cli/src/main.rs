@@ -37,7 +37,10 @@ enum Command {
     Memory(memory::MemoryArgs),
     /// The approximate algorithms against the exact sliding log, beside Cloudflare's figures.
     Accuracy(accuracy::AccuracyArgs),
-    /// Rules files: validate them.
+    /// Run the engine as a service: Redis protocol (CL.THROTTLE, TURNSTILE.CHECK), HTTP
+    /// (/v1/check, /metrics), and Envoy's rate limit service over gRPC (docs/service.md).
+    Serve(turnstile_server::ServeArgs),
+    /// Rules files: validate them, or import envoyproxy/ratelimit's YAML.
     Rules {
         #[command(subcommand)]
         command: rules::RulesCommand,
@@ -56,6 +59,7 @@ fn main() {
         Command::Bench(a) => bench::run(a),
         Command::Memory(a) => memory::run(a),
         Command::Accuracy(a) => accuracy::run(a),
+        Command::Serve(a) => turnstile_server::run(a).map_err(|e| e.to_string()),
         Command::Rules { command } => rules::run(command),
         Command::Completions { shell } => completions(shell),
     };

@@ -1,4 +1,5 @@
 //! `turnstile rules check FILE...`: validates rules files.
+//! `turnstile rules import-envoy PATH`: envoyproxy/ratelimit's YAML as a turnstile rules file.
 //!
 //! Exit 0 with a one-line summary per file, or exit 1 with `file:line:column: message` on
 //! standard error (the form editors and CI annotate), one line per bad file.
@@ -17,11 +18,22 @@ pub enum RulesCommand {
         #[arg(required = true, value_name = "FILE")]
         files: Vec<String>,
     },
+    /// Print the turnstile rules file equivalent to an envoyproxy/ratelimit configuration
+    /// (a YAML file or a directory of them; docs/envoy.md). A configuration error prints
+    /// `file:line:column: message` and exits with status 1.
+    ImportEnvoy {
+        /// The YAML file or directory.
+        #[arg(value_name = "PATH")]
+        path: std::path::PathBuf,
+    },
 }
 
 /// Runs the subcommand.
 pub fn run(cmd: RulesCommand) -> Result<(), String> {
-    let RulesCommand::Check { files } = cmd;
+    let files = match cmd {
+        RulesCommand::Check { files } => files,
+        RulesCommand::ImportEnvoy { path } => return import_envoy(&path),
+    };
     let mut bad = 0;
     for f in &files {
         match Rules::from_file(f) {
@@ -36,4 +48,20 @@ pub fn run(cmd: RulesCommand) -> Result<(), String> {
         std::process::exit(1);
     }
     Ok(())
+}
+
+fn import_envoy(path: &std::path::Path) -> Result<(), String> {
+    use std::io::Write;
+    match turnstile_server::envoy::load(path) {
+        Ok(cfg) => {
+            let out = turnstile_server::envoy::import_to_rules(&cfg);
+            // A closed pipe (`| head`) ends it quietly.
+            let _ = std::io::stdout().write_all(out.as_bytes());
+            Ok(())
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(1);
+        }
+    }
 }
