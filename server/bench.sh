@@ -15,11 +15,11 @@ N1=${N1:-200000}
 N16=${N16:-1000000}
 KEYS=${KEYS:-1000000}
 WRK_SECS=${WRK_SECS:-10}
-SERVE_BIN=${SERVE_BIN:-target/release/examples/serve}
+TURNSTILE=${TURNSTILE:-target/release/turnstile}
 HELLO=target/release/examples/hello
 RPORT=16379 TPORT=16380 HPORT=18080 WPORT=18090
 
-cargo build --release -q -p turnstile-server --examples
+cargo build --release -q -p turnstile-cli -p turnstile-server --examples
 TMP=$(mktemp -d)
 PIDS=()
 cleanup() {
@@ -48,7 +48,7 @@ rb() {
 }
 
 start_turnstile() {
-    taskset -c 0 "$SERVE_BIN" --resp 127.0.0.1:$TPORT --http 127.0.0.1:$HPORT --workers 1 \
+    taskset -c 0 "$TURNSTILE" serve --resp 127.0.0.1:$TPORT --http 127.0.0.1:$HPORT --workers 1 \
         --rules examples/rules.toml --throttle-keys 2000000 --watch-every 0 "$@" 2>"$TMP/serve.log" &
     PIDS+=($!)
     wait_port $TPORT
