@@ -2,7 +2,7 @@
 # The service benchmark (docs/service.md): redis-benchmark against `turnstile serve` doing
 # CL.THROTTLE and against redis-server doing INCR on the same keys, in the same run with the
 # same client, the server pinned to core 0 and the client to core 1; then wrk against
-# POST /v1/check and against an axum hello world (server/examples/hello.rs) the same way.
+# POST /v1/check and against an axum hello world (server/examples/http_baseline.rs) the same way.
 #
 #   server/bench.sh                 # N1=200000 requests at -P 1, N16=1000000 at -P 16
 #   N1=50000 N16=200000 server/bench.sh
@@ -16,7 +16,7 @@ N16=${N16:-1000000}
 KEYS=${KEYS:-1000000}
 WRK_SECS=${WRK_SECS:-10}
 TURNSTILE=${TURNSTILE:-target/release/turnstile}
-HELLO=target/release/examples/hello
+HELLO=target/release/examples/http_baseline
 RPORT=16379 TPORT=16380 HPORT=18080 WPORT=18090
 
 cargo build --release -q -p turnstile-cli -p turnstile-server --examples

@@ -586,7 +586,7 @@ impl Limits {
     /// and the answer is the least remaining, the latest reset and the longest delay. If any
     /// denies, only the limits that count denied requests record it (none, if some limit can
     /// never fit the cost: a never-fitting request changes nothing), and the answer describes
-    /// the record as it then is ([`Limits::denial`]).
+    /// the record as it then is.
     pub fn decide<C: Cells + ?Sized>(&self, c: &mut C, now: u64, cost: u64) -> Decision {
         if let [l] = &*self.limits {
             return l.step(c, now, cost, true);

@@ -1,6 +1,6 @@
 //! An axum hello world on one current-thread runtime per core with SO_REUSEPORT, like the
 //! server's workers: the baseline `server/bench.sh` compares `POST /v1/check` with.
-//! Usage: `hello ADDR WORKERS`.
+//! Usage: `http_baseline ADDR WORKERS`.
 
 use axum::routing::post;
 use axum::Router;
