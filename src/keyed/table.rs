@@ -637,7 +637,7 @@ impl Shard {
             first_empty
         };
         let Some(off) = empty else {
-            return self.make_room(ctx, home, now, full);
+            return self.make_room(ctx, key, home, now, full);
         };
         // Prepare the record with this request applied.
         let (payload, live_state, r) = match &self.arena {
@@ -651,7 +651,7 @@ impl Shard {
             }
             Some(arena) => {
                 let Some(idx) = arena.alloc() else {
-                    return self.make_room(ctx, home, now, full);
+                    return self.make_room(ctx, key, home, now, full);
                 };
                 let (seq, cells) = arena.record(idx);
                 let r = record::write(seq, cells, |c| {
@@ -822,10 +822,11 @@ impl Shard {
     }
 
     /// No empty slot (or arena record) for a new key: reclaim an idle one, else apply the
-    /// policy.
+    /// policy — unless the key itself is being inserted by another thread.
     fn make_room<R>(
         &self,
         ctx: &Ctx<'_>,
+        key: u64,
         home: Loc,
         now: u64,
         full: &mut dyn FnMut(Outcome) -> R,
@@ -836,6 +837,17 @@ impl Shard {
             let s = self.slot(home, off);
             // Acquire: as in `find`.
             let v = s.load(Ordering::Acquire);
+            if key_of(v) == key && state_of(v) & (LIVE | PENDING) != 0 {
+                // The key itself, live or claimed by another thread since our scan: it is not
+                // absent, so no policy may answer for it (`AllowUntracked` would admit it a
+                // second time, `Reject` refuse a key the store holds). Live: the lookup finds
+                // it. Claimed and not yet committed (insertion steps 2-3): wait for that
+                // commit or its undo — the only wait in the protocol, on one key, for two
+                // CASes of the other thread. Loom model
+                // `insertions_past_the_home_buckets_wrap_around_the_table`.
+                crate::sync::spin_hint();
+                return Step::Retry;
+            }
             if state_of(v) & LIVE == 0 {
                 // An empty slot is room for a packed store. An arena store also gets here
                 // with empty slots but no free record: retrying would spin forever.
