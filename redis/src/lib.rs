@@ -23,11 +23,13 @@ pub mod bench;
 mod conn;
 pub mod lease;
 pub mod memory;
+mod permit;
 mod policy;
 mod script;
 mod store;
 
 pub use conn::Conn;
+pub use permit::RedisPermit;
 pub use policy::{FailurePolicy, FailureStats};
-pub use script::MAX_DURATION_NS;
+pub use script::{MAX_DURATION_NS, MAX_ZSET_DURATION_NS};
 pub use store::{Error, RedisStore, RedisStoreBuilder, EXPLICIT_NOW_TTL_SLACK_MS};
