@@ -2,8 +2,9 @@
 -- (src/algo/concurrency.rs). Needs zset.lua.
 -- KEYS: 1, a sorted set (zset.lua): one member per lease cell at its permit's stamp (its
 --       expiry; a permit of cost k holds k members at one stamp, and stamps are distinct
---       among permits, so a stamp names its permit); every write drops expired leases; TTL
---       until the last lease expires.
+--       among live permits, so a stamp names its permit); at most `limit` members, expired
+--       ones dropped (oldest first) when their room is needed; TTL until the last lease
+--       expires.
 -- ARGV (after the driver's): limit, lease ns.
 -- Reply: a decision (prelude.lua); after an acquire (driver mode "a") the permit's stamp in
 --        ns (decimal, "" if none) is the 7th element. A release (mode "x") answers the cells
@@ -54,7 +55,11 @@ ALG.cc.step = function(k, p, s, n, cost, apply)
   local d = allow(limit, limit - active - cost, math.max(latest, held))
   if apply then
     local ss, sn = t_add(s, n, held)
-    z_add(key, z, s, n, ss, sn, cost)
+    -- Expired leases stay until their room is needed, oldest first, as in-memory cells stay
+    -- until reused: a clock stepping back then sees them live again, as memory does.
+    local over = active + dead + cost - limit
+    if over > 0 then redis.call('ZREMRANGEBYRANK', key, 1, over) end
+    z_add(key, z, nil, nil, ss, sn, cost)
     OUT.stamp = t_str(ss, sn)
     z_expire(key, math.max(latest, held))
   end

@@ -7,7 +7,9 @@
 -- "1", "2", ... (unique while the key lives: members at one time are distinct). A write
 -- drops the members at or before `dead` first; when none are left the key starts over, and
 -- when a new score would pass ZREBASE the base moves up to the oldest member left (scores
--- stay below 2^53: ZREBASE plus a window or a lease, each at most 2^51 ns).
+-- stay below 2^53: ZREBASE plus a window or a lease, each at most 2^51 ns); a new time
+-- before the base (a clock stepped back) moves the base down to it (exact while the step is
+-- shorter than 2^51 ns).
 
 local ZREBASE = 2251799813685248 -- 2^51
 
@@ -48,11 +50,12 @@ local function z_newest(key)
 end
 
 -- Adds `count` members at time (ts, tn), after dropping those at or before the time
--- (ds, dn) (which must not be after (ts, tn)). Returns the set (its base may have moved) and
--- the new members' score.
+-- (ds, dn) (none if ds is nil). Returns the set (its base may have moved) and the new
+-- members' score.
 local function z_add(key, z, ds, dn, ts, tn, count)
   if z then
-    local cut = t_diff(ds, dn, z.s, z.n)
+    local cut = -1
+    if ds then cut = t_diff(ds, dn, z.s, z.n) end
     if cut >= 0 then redis.call('ZREMRANGEBYSCORE', key, 0, z_fmt(z_bound(cut))) end
     if redis.call('ZCARD', key) <= 1 then
       redis.call('DEL', key)
@@ -63,7 +66,17 @@ local function z_add(key, z, ds, dn, ts, tn, count)
     z = {s = ts, n = tn, bm = 'b' .. t_str(ts, tn), seq = 0}
   else
     local rel = t_diff(ts, tn, z.s, z.n)
-    if rel >= ZREBASE then
+    if rel < 0 then
+      -- Before the base (a lease taken after the clock stepped back): the base moves down
+      -- to it, every score up by as much.
+      local all = redis.call('ZRANGE', key, 1, -1, 'WITHSCORES')
+      for i = 1, #all, 2 do
+        redis.call('ZADD', key, z_fmt(tonumber(all[i + 1]) - rel), all[i])
+      end
+      redis.call('ZREM', key, z.bm)
+      z.s, z.n = ts, tn
+      z.bm = 'b' .. t_str(z.s, z.n)
+    elseif rel >= ZREBASE then
       -- Move the base up to the oldest member: every score drops by its score.
       local all = redis.call('ZRANGE', key, 1, -1, 'WITHSCORES')
       local shift = tonumber(all[2])

@@ -250,6 +250,26 @@ async fn run_case(
         })
         .min()
         .unwrap();
+    // A denial's retry is checked against every limit at now + retry (Limits::denial): a
+    // retry reaching past a sliding window's aliasing span (2^23 windows, less AHEAD) finds
+    // the in-memory record aliased, where Redis keeps whole times. Such limits together are
+    // left out.
+    let horizon = limits
+        .iter()
+        .map(|l| match l {
+            Limit::FixedWindow(p) => p.window,
+            Limit::SlidingWindow(p) => p.window.saturating_mul(2),
+            Limit::TokenBucket(p) => p.tau,
+            Limit::LeakyBucket(p) => p.tau,
+            Limit::SlidingLog(p) => p.window,
+            Limit::WindowRing(p) => p.window.saturating_add(p.sub.saturating_mul(2)),
+            Limit::Concurrency(p) => p.lease,
+        })
+        .max()
+        .unwrap();
+    if horizon.saturating_mul(4) > span {
+        return Ok(());
+    }
     let mut now = start;
     for (i, o) in ops.iter().enumerate() {
         now += step(o.step, o.raw, now, &us).min(span / 64);
@@ -483,4 +503,125 @@ async fn concurrency_case(
         r.release_at(now).await.unwrap();
     }
     Ok(())
+}
+
+/// Time going backwards on sliding_log, where Redis and memory differ by design: every Redis
+/// write drops the admissions that have left the window at its `now`, so a later check at an
+/// earlier time does not see them again (the in-memory ring keeps them until overwritten and
+/// judges them at the caller's time). The bound: admissions are recorded no earlier than the
+/// newest, and within any window of recorded times the log never holds more than its limit,
+/// in Redis as in memory.
+#[test]
+fn a_log_forgets_what_left_the_window() {
+    let server = common::Server::start();
+    let rt = common::runtime();
+    rt.block_on(async {
+        let l = Limit::sliding_log(3, Duration::from_secs(60)).unwrap();
+        let ls = Limits::new(vec![l]).unwrap();
+        let redis = RedisStore::builder(ls.clone())
+            .timeout(Duration::from_secs(5))
+            .connect(&server.url())
+            .await
+            .unwrap();
+        let mem = Store::builder(ls).capacity(16).build().unwrap();
+        // The difference: 3 at 100 s; a check at 161 s drops them in Redis; at 160 s memory
+        // still counts them (recorded at 100 s rounded up to the 56 ns tick), Redis does not.
+        for _ in 0..3 {
+            assert!(redis.check_at("k", 1, 100 * S).await.unwrap().allowed());
+            assert!(mem.check_at("k", 1, 100 * S).allowed());
+        }
+        assert!(redis.check_at("k", 1, 161 * S).await.unwrap().allowed());
+        assert!(mem.check_at("k", 1, 161 * S).allowed());
+        assert!(!mem.check_at("k", 1, 160 * S).allowed());
+        assert!(redis.check_at("k", 1, 160 * S).await.unwrap().allowed());
+
+        // The bound, over a trace with steps back of up to two windows (no refunds): the
+        // recorded times never hold more than 3 within 60 s.
+        let key = "trace";
+        let mut now = 1_000 * S;
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for i in 0..1500 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            now = match x % 4 {
+                0 => now.saturating_sub(x % (120 * S)),
+                _ => now + x % (30 * S),
+            };
+            redis.check_at(key, 1 + (x >> 40) % 2, now).await.unwrap();
+            let scores: Vec<(String, f64)> = redis::cmd("ZRANGE")
+                .arg(&redis.redis_keys(key)[0])
+                .arg(1)
+                .arg(-1)
+                .arg("WITHSCORES")
+                .query_async(&mut redis.connection())
+                .await
+                .unwrap();
+            let t: Vec<u64> = scores.iter().map(|(_, s)| *s as u64).collect();
+            for (j, &e) in t.iter().enumerate() {
+                let within = t[..=j].iter().filter(|&&a| a + 60 * S > e).count();
+                assert!(
+                    within <= 3,
+                    "step {i}: {within} admissions within 60 s: {t:?}"
+                );
+            }
+        }
+    });
+}
+
+/// Concurrency with the clock stepping back (up to two leases): nothing breaks (the set's
+/// base moves down), releases work, and the set never holds more than the limit's cells.
+/// (Which expired cells make room differs from memory, so the decisions may too.)
+#[test]
+fn leases_survive_a_clock_stepping_back() {
+    use std::sync::Arc;
+    let server = common::Server::start();
+    let rt = common::runtime();
+    rt.block_on(async {
+        let l = Limit::concurrency(4, Duration::from_secs(10)).unwrap();
+        let redis = Arc::new(
+            RedisStore::builder(Limits::new(vec![l]).unwrap())
+                .timeout(Duration::from_secs(5))
+                .connect(&server.url())
+                .await
+                .unwrap(),
+        );
+        let mut held = Vec::new();
+        let mut now = 1_000 * S;
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for i in 0..1500 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            now = match x % 4 {
+                0 => now.saturating_sub(x % (20 * S)),
+                _ => now + x % (3 * S),
+            };
+            if x % 3 == 0 && !held.is_empty() {
+                let p: turnstile_redis::RedisPermit =
+                    held.swap_remove((x >> 20) as usize % held.len());
+                p.release_at(now).await.unwrap();
+            } else if let Ok(p) = redis
+                .acquire_owned_at("k", 1 + (x >> 40) % 2, now)
+                .await
+                .unwrap()
+            {
+                held.push(p);
+            }
+            let d = redis.peek_at("k", now).await.unwrap();
+            assert!(d.remaining <= 4, "step {i}: {d:?}");
+            let cells: u64 = redis::cmd("ZCARD")
+                .arg(&redis.redis_keys("k")[0])
+                .query_async(&mut redis.connection())
+                .await
+                .unwrap();
+            assert!(
+                cells <= 5,
+                "step {i}: {cells} members (4 cells and the base)"
+            );
+        }
+        for p in held {
+            p.release_at(now).await.unwrap();
+        }
+    });
 }
