@@ -38,7 +38,9 @@ impl Conn {
 }
 
 /// A connection manager to one node whose attempts give up after `connect_timeout` (one retry,
-/// then an error: an unreachable server is reported, not waited for).
+/// then an error: an unreachable server is reported, not waited for). No response timeout of
+/// its own: the store's per-call timeout bounds each call (and the tools' long pipelines are
+/// not cut short).
 pub(crate) async fn manager(
     url: &str,
     connect_timeout: Duration,
@@ -46,6 +48,7 @@ pub(crate) async fn manager(
     let client = redis::Client::open(url)?;
     let cfg = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(connect_timeout))
+        .set_response_timeout(None)
         .set_number_of_retries(1)
         .set_max_delay(Duration::from_millis(100));
     ConnectionManager::new_with_config(client, cfg).await
