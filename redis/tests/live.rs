@@ -154,10 +154,14 @@ fn keys_expire_when_idle_and_nothing_leaks() {
             .chain(leases.redis_keys("user9"))
         {
             let ttl: i64 = server.cli(&["pttl", &k]).parse().unwrap();
-            assert!(ttl == -2 || (1..=100).contains(&ttl), "{k}: ttl {ttl} ms");
+            // 0: under a millisecond left (PTTL rounds down).
+            assert!(ttl == -2 || (0..=100).contains(&ttl), "{k}: ttl {ttl} ms");
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
-        assert_eq!(server.cli(&["dbsize"]), "0", "every key expired once idle");
+        // SCAN expires the keys it meets (DBSIZE counts expired keys that Redis's sampling
+        // has not reclaimed yet).
+        assert_eq!(server.cli(&["--scan"]), "", "every key expired once idle");
+        assert_eq!(server.cli(&["dbsize"]), "0");
         // The leases expired: releasing them now frees nothing, and adds no key.
         for p in permits {
             assert_eq!(p.release().await.unwrap(), 0);
