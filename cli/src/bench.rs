@@ -14,6 +14,7 @@ mod clocks;
 mod keys;
 mod limits;
 mod plot;
+mod redis;
 mod run;
 
 use super::args::parse_count;
@@ -58,9 +59,15 @@ pub struct BenchArgs {
     /// check_batch size for turnstile's batch runs (0: none).
     #[arg(long, value_name = "N", value_parser = parse_count, default_value = "32")]
     batch: u64,
-    /// Which engines run.
+    /// Which engines run (redis: the Redis store's own rows, see --redis-url).
     #[arg(long, value_name = "NAME", value_enum, default_value = "both")]
     engine: Engines,
+    /// The Redis server `--engine redis` measures (a scratch one: the run writes keys).
+    #[arg(long, value_name = "URL")]
+    redis_url: Option<String>,
+    /// Calls per row with `--engine redis` (accepts 20k, 1e5).
+    #[arg(long, value_name = "N", value_parser = parse_count, default_value = "20000")]
+    redis_requests: u64,
     /// Run every configuration N times, interleaved; report medians.
     #[arg(long, value_name = "N", value_parser = parse_count, default_value = "1")]
     repeat: u64,
@@ -91,6 +98,8 @@ enum Engines {
     Both,
     Turnstile,
     Governor,
+    /// RedisStore against a Redis server (`--redis-url`), beside INCR.
+    Redis,
 }
 
 /// A keyless run, or a keyed one under a distribution.
@@ -365,10 +374,25 @@ impl Runner<'_> {
     }
 }
 
+/// An error from Redis as the commands report it: what failed, where, what to do.
+pub(crate) fn redis_error(url: &str, e: turnstile_redis::Error) -> String {
+    format!(
+        "redis at {url}: {e} (is redis-server running there? start one with `redis-server --port PORT --save '' --appendonly no` and pass --redis-url redis://127.0.0.1:PORT)"
+    )
+}
+
 /// Runs the command.
 pub fn run(args: BenchArgs) -> Result<(), String> {
     if args.atomics {
         return atomics::run();
+    }
+    match (args.engine, &args.redis_url) {
+        (Engines::Redis, Some(url)) => return redis::run(url, args.redis_requests, args.json),
+        (Engines::Redis, None) => {
+            return Err("--engine redis needs --redis-url redis://HOST:PORT".into())
+        }
+        (_, Some(_)) => return Err("--redis-url is for --engine redis".into()),
+        _ => {}
     }
     let o = Options::parse(&args)?;
     QUIET.store(o.json, Ordering::Relaxed);

@@ -17,8 +17,10 @@
 //! (note 000: 34 B per user for a fixed window, 12 KB for a log of 500 timestamps, 1.6 KB for
 //! 60 per-minute counters). See docs/memory.md for the results and why they are what they are.
 
+mod redis;
+
 use super::args::parse_count;
-use clap::Args;
+use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 use std::num::NonZeroU32;
 use std::process::Command;
@@ -38,9 +40,23 @@ pub struct MemoryArgs {
     /// One JSON document on stdout: {"users": N, "results": [...]}.
     #[arg(long)]
     json: bool,
+    /// Where the users are kept: the in-memory store (and governor), or a Redis server
+    /// (`--redis-url`; its database is flushed).
+    #[arg(long, value_name = "NAME", value_enum, default_value = "memory")]
+    backend: Backend,
+    /// The Redis server `--backend redis` fills (a scratch one).
+    #[arg(long, value_name = "URL")]
+    redis_url: Option<String>,
     /// One row, measured in this process (the mode the report runs each row in).
     #[arg(long, value_name = "SUBJECT", hide = true)]
     one: Option<String>,
+}
+
+/// Where `memory` keeps the users.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Backend {
+    Memory,
+    Redis,
 }
 
 /// One hour, the notes' window ("500 requests per hour").
@@ -175,9 +191,23 @@ struct Report<'a> {
 
 /// Runs the subcommand.
 pub fn run(a: MemoryArgs) -> Result<(), String> {
-    let MemoryArgs { users, json, one } = a;
+    let MemoryArgs {
+        users,
+        json,
+        one,
+        backend,
+        redis_url,
+    } = a;
     if users == 0 {
         return Err("option --users: give at least 1 user".into());
+    }
+    match (backend, redis_url) {
+        (Backend::Redis, Some(url)) => return redis::run(&url, users, json),
+        (Backend::Redis, None) => {
+            return Err("--backend redis needs --redis-url redis://HOST:PORT".into())
+        }
+        (Backend::Memory, Some(_)) => return Err("--redis-url is for --backend redis".into()),
+        (Backend::Memory, None) => {}
     }
     if let Some(name) = one {
         let row = measure(Subject::parse(&name)?, users, true)?;

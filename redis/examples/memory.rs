@@ -10,14 +10,18 @@ async fn main() {
     let users = args.next().and_then(|n| n.parse().ok()).unwrap_or(100_000);
     match turnstile_redis::memory::measure(&url, users).await {
         Ok(rows) => {
-            println!(
-                "| algorithm (500/h) | users | used_memory per user | MEMORY USAGE of one user |"
-            );
-            println!("|---|---|---|---|");
+            println!("| algorithm (500/h) | each user | users | used_memory per user | MEMORY USAGE of one user | encoding | in memory (accounted) |");
+            println!("|---|---|---|---|---|---|---|");
             for r in rows {
                 println!(
-                    "| {} | {} | {:.0} B | {} B |",
-                    r.name, r.users, r.bytes_per_user, r.memory_usage
+                    "| {} | {} | {} | {:.0} B | {} B | {} | {:.1} B |",
+                    r.name,
+                    r.fill,
+                    r.users,
+                    r.bytes_per_user,
+                    r.memory_usage,
+                    r.encoding,
+                    r.in_memory_bytes_per_user
                 );
             }
         }

@@ -4,11 +4,13 @@
 --       {hash tag}: one Cluster slot).
 -- ARGV: [1] now in ns (decimal), or "" to read the server's TIME;
 --       [2] cost (0: peek; for a refund, the amount given back);
---       [3] "c" check / peek, "r" refund;
+--       [3] "c" check / peek, "r" refund, "a" acquire (concurrency: a check that also
+--           answers the permit's stamp), "x" release (concurrency: [2] is the stamp);
 --       [4] ms added to every TTL (0; tests with an explicit now pass more);
 --       [5] number of limits; then per limit its algorithm code and parameters.
 -- Reply: check: {outcome (0 allowed, 1 limited, 2 never fits), limit, remaining,
---        reset_after ns, retry_after ns (-1: none), delay ns}; refund: 0.
+--        reset_after ns, retry_after ns (-1: none), delay ns}; acquire: the same and the
+--        stamp (decimal ns, "" if none); refund: 0; release: the cells freed.
 -- Several limits are all-or-nothing exactly as turnstile::Limits::decide: every limit is
 -- evaluated first, then all record or none does (limits counting denials record those).
 local s, n
@@ -29,11 +31,25 @@ for i = 1, tonumber(ARGV[5]) do
   ls[i] = {alg, ki, p}
   ai, ki = ai + 1 + alg.nargs, ki + alg.nkeys
 end
+if ARGV[3] == 'x' then return ls[1][1].release(ls[1][2], ls[1][3], s, n, ARGV[2]) end
+if ARGV[3] == 'a' then
+  local d = ls[1][1].step(ls[1][2], ls[1][3], s, n, cost, true)
+  d[7] = OUT.stamp or ''
+  return d
+end
 if ARGV[3] == 'r' then
   for i = 1, #ls do ls[i][1].refund(ls[i][2], ls[i][3], s, n, cost) end
   return 0
 end
 if #ls == 1 then return ls[1][1].step(ls[1][2], ls[1][3], s, n, cost, true) end
+-- p with count_denied off (param 3 of the algorithms that count denials).
+local function counting_nothing(alg, p)
+  if not alg.cd(p) then return p end
+  local q = {}
+  for j = 1, #p do q[j] = p[j] end
+  q[3] = 0
+  return q
+end
 -- Several limits: turnstile::Limits::decide. Every limit is evaluated on the record as it is.
 local all, fits = true, true
 for i = 1, #ls do
@@ -72,13 +88,7 @@ local denier_least = false
 for i = 1, #ls do
   local alg, k, p = ls[i][1], ls[i][2], ls[i][3]
   local held = alg.step(k, p, s, n, 0, false)
-  local q = p
-  if alg.cd(p) then
-    q = {}
-    for j = 1, #p do q[j] = p[j] end
-    q[3] = 0
-  end
-  local d = alg.step(k, q, s, n, cost, false)
+  local d = alg.step(k, counting_nothing(alg, p), s, n, cost, false)
   local denies = d[1] ~= 0
   out[4] = math.max(out[4], held[4])
   if out[3] < 0 or held[3] < out[3] or (held[3] == out[3] and denies and not denier_least) then
@@ -86,6 +96,18 @@ for i = 1, #ls do
   end
   if denies then
     if out[5] >= 0 and d[5] >= 0 then out[5] = math.max(out[5], d[5]) else out[5] = -1 end
+  end
+end
+-- Each limit admits at its own retry and later; but where time went backwards, or at the
+-- end of a clock, a limit may not admit at the latest retry: then no wait helps.
+if out[5] >= 0 and out[5] < 9007199254740992 then
+  local as, an = t_add(s, n, out[5])
+  for i = 1, #ls do
+    local alg, k, p = ls[i][1], ls[i][2], ls[i][3]
+    if alg.step(k, counting_nothing(alg, p), as, an, cost, false)[1] ~= 0 then
+      out[5] = -1
+      break
+    end
   end
 end
 if out[5] < 0 then out[1] = 2 end

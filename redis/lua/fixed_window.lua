@@ -19,7 +19,7 @@ local function fw_view(key, p, s, n)
     if d == 0 then return cs, cn, c, w - r end
     -- Time went backwards, by less than 2^27 windows (the in-memory AHEAD): the stored
     -- window; farther ahead, expired.
-    if d > 0 and c > 0 and d < 134217728 * w then return ss, sn, c, d + w - r end
+    if d > 0 and c > 0 and d <= 134217728 * w then return ss, sn, c, d + w - r end
   end
   return cs, cn, 0, w - r
 end

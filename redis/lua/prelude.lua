@@ -113,3 +113,5 @@ end
 local function sat(x) if x < 0 then return 0 end return x end
 
 local ALG = {}
+-- What an algorithm hands the driver besides a decision (concurrency: the permit's stamp).
+local OUT = {}

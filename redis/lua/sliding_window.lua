@@ -20,7 +20,7 @@ local function sw_view(key, p, s, n)
     if d == w then return cs, cn, cu, 0, r end
     -- Time went backwards, by less than 2^11 windows (the in-memory AHEAD): the stored
     -- window, at elapsed 0; farther ahead, expired.
-    if d < 0 and pv + cu > 0 and -d < 2048 * w then return ss, sn, pv, cu, 0 end
+    if d < 0 and pv + cu > 0 and -d <= 2048 * w then return ss, sn, pv, cu, 0 end
   end
   return cs, cn, 0, 0, r
 end

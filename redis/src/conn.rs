@@ -20,14 +20,7 @@ impl Conn {
     /// Connects to one node at `url` (`redis://127.0.0.1:6379`). Connection attempts give up
     /// after `connect_timeout`; a lost connection is re-established in the background.
     pub async fn single(url: &str, connect_timeout: Duration) -> redis::RedisResult<Self> {
-        let client = redis::Client::open(url)?;
-        let cfg = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(connect_timeout))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_millis(100));
-        Ok(Conn::Single(
-            ConnectionManager::new_with_config(client, cfg).await?,
-        ))
+        Ok(Conn::Single(manager(url, connect_timeout).await?))
     }
 
     /// Connects to a cluster through any of its nodes' URLs.
@@ -42,6 +35,23 @@ impl Conn {
     pub fn is_cluster(&self) -> bool {
         matches!(self, Conn::Cluster(_))
     }
+}
+
+/// A connection manager to one node whose attempts give up after `connect_timeout` (one retry,
+/// then an error: an unreachable server is reported, not waited for). No response timeout of
+/// its own: the store's per-call timeout bounds each call (and the tools' long pipelines are
+/// not cut short).
+pub(crate) async fn manager(
+    url: &str,
+    connect_timeout: Duration,
+) -> redis::RedisResult<ConnectionManager> {
+    let client = redis::Client::open(url)?;
+    let cfg = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(connect_timeout))
+        .set_response_timeout(None)
+        .set_number_of_retries(1)
+        .set_max_delay(Duration::from_millis(100));
+    ConnectionManager::new_with_config(client, cfg).await
 }
 
 impl ConnectionLike for Conn {

@@ -10,6 +10,9 @@
 //! * One clock: the script reads the server's `TIME`, so machines with skewed clocks agree.
 //!   [`RedisStore::check_at`] passes an explicit `now` instead, for tests that run one trace
 //!   through Redis and through the in-memory engine.
+//! * Every algorithm: fixed and sliding window, token and leaky bucket (strings), sliding_log
+//!   (a sorted set of admission times), window_ring (a packed string of sub-window counters),
+//!   concurrency (a sorted set of leases; [`RedisStore::acquire_owned`] and [`RedisPermit`]).
 //! * Every key carries a TTL equal to the time until it is equivalent to absent.
 //! * When Redis is slow or down: a per-call timeout (default 20 ms), then a
 //!   [`FailurePolicy`] (open, closed, or an in-memory insurance limiter at limit ÷ nodes),
@@ -23,11 +26,13 @@ pub mod bench;
 mod conn;
 pub mod lease;
 pub mod memory;
+mod permit;
 mod policy;
 mod script;
 mod store;
 
 pub use conn::Conn;
+pub use permit::RedisPermit;
 pub use policy::{FailurePolicy, FailureStats};
-pub use script::MAX_DURATION_NS;
+pub use script::{MAX_DURATION_NS, MAX_ZSET_DURATION_NS};
 pub use store::{Error, RedisStore, RedisStoreBuilder, EXPLICIT_NOW_TTL_SLACK_MS};

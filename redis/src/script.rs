@@ -15,11 +15,20 @@ const FIXED_WINDOW: &str = include_str!("../lua/fixed_window.lua");
 const SLIDING_WINDOW: &str = include_str!("../lua/sliding_window.lua");
 const TOKEN_BUCKET: &str = include_str!("../lua/token_bucket.lua");
 const LEAKY_BUCKET: &str = include_str!("../lua/leaky_bucket.lua");
+const ZSET: &str = include_str!("../lua/zset.lua");
+const SLIDING_LOG: &str = include_str!("../lua/sliding_log.lua");
+const CONCURRENCY: &str = include_str!("../lua/concurrency.lua");
+const WINDOW_RING: &str = include_str!("../lua/window_ring.lua");
 
 /// The longest window, period, τ or lease a script handles exactly: 2^52 ns (52 days). Lua's
 /// doubles hold integers exactly below 2^53, and the scripts' arithmetic keeps every
 /// intermediate under twice a duration.
 pub const MAX_DURATION_NS: u64 = 1 << 52;
+
+/// The longest sliding_log window and concurrency lease on Redis: 2^51 ns (26 days). Their
+/// sorted sets score times after a base that moves up once a score passes 2^51
+/// (`lua/zset.lua`), so a score plus a window stays below 2^53.
+pub const MAX_ZSET_DURATION_NS: u64 = 1 << 51;
 
 /// One limit as the script sees it: algorithm code, keys it takes, parameters.
 #[derive(Clone, Debug)]
@@ -33,16 +42,6 @@ fn too_long(field: &'static str, what: &str, ns: u64) -> ConfigError {
         field,
         format!(
             "{what} of {ns} ns is longer than the 2^52 ns (52 days) a Redis script computes exactly; shorten it or use the in-memory store"
-        ),
-    )
-}
-
-fn unsupported(l: &Limit) -> ConfigError {
-    ConfigError::new(
-        "algorithm",
-        format!(
-            "{} is not available on Redis yet; use fixed_window, sliding_window, token_bucket or leaky_bucket",
-            l.algorithm()
         ),
     )
 }
@@ -85,7 +84,50 @@ pub(crate) fn limit_args(l: &Limit) -> Result<LimitArgs, ConfigError> {
                 params: vec![p.capacity(), p.interval, p.tau, p.free],
             }
         }
-        _ => return Err(unsupported(l)),
+        Limit::SlidingLog(p) => {
+            if p.window > MAX_ZSET_DURATION_NS {
+                return Err(ConfigError::new(
+                    "window",
+                    format!("a sliding_log window of {} ns is longer than the 2^51 ns (26 days) a Redis sorted set scores exactly; shorten it or use the in-memory store", p.window),
+                ));
+            }
+            LimitArgs {
+                code: "sl",
+                params: vec![p.limit, p.window, p.count_denied as u64, p.tick],
+            }
+        }
+        Limit::WindowRing(p) => {
+            // The ring spans N + 1 sub-windows; the script's arithmetic keeps that span exact.
+            check(
+                "window",
+                "a ring of N + 1 sub-windows",
+                p.sub.saturating_mul(p.buckets + 1),
+            )?;
+            LimitArgs {
+                code: "wr",
+                params: vec![
+                    p.limit,
+                    p.window,
+                    p.count_denied as u64,
+                    p.sub,
+                    p.buckets,
+                    p.max_count(),
+                    (p.width as u64).div_ceil(8),
+                ],
+            }
+        }
+        Limit::Concurrency(p) => {
+            if p.lease > MAX_ZSET_DURATION_NS {
+                return Err(ConfigError::new(
+                    "window",
+                    format!("a concurrency lease of {} ns is longer than the 2^51 ns (26 days) a Redis sorted set scores exactly; shorten it or use the in-memory store", p.lease),
+                ));
+            }
+            LimitArgs {
+                code: "cc",
+                params: vec![p.limit, p.lease],
+            }
+        }
     })
 }
 
@@ -108,6 +150,11 @@ pub(crate) fn compose(limits: &Limits) -> Result<(Script, Vec<LimitArgs>), Confi
     add("tb", TOKEN_BUCKET);
     add("lb", TOKEN_BUCKET);
     add("lb", LEAKY_BUCKET);
+    add("sl", ZSET);
+    add("cc", ZSET);
+    add("sl", SLIDING_LOG);
+    add("cc", CONCURRENCY);
+    add("wr", WINDOW_RING);
     src.push_str(DRIVER);
     Ok((Script::new(&src), args))
 }

@@ -8,7 +8,7 @@ use redis::{ServerErrorKind, Value};
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::Ordering;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use turnstile::keyed::Store;
 use turnstile::{ConfigError, Decision, Limits, Outcome};
@@ -148,14 +148,14 @@ impl RedisStoreBuilder {
             .map(|(i, a): (usize, &LimitArgs)| format!(":{i}{}", a.code))
             .collect();
         let insurance = match self.policy {
-            FailurePolicy::Insurance { expected_nodes } => Some(
+            FailurePolicy::Insurance { expected_nodes } => Some(Arc::new(
                 insurance(&self.limits, expected_nodes, self.insurance_keys).ok_or_else(|| {
                     Error::Config(ConfigError::new(
                         "policy",
                         "the insurance store could not be built for these limits",
                     ))
                 })?,
-            ),
+            )),
             _ => None,
         };
         Ok(RedisStore {
@@ -193,9 +193,9 @@ pub struct RedisStore {
     prefix: String,
     timeout: Duration,
     policy: FailurePolicy,
-    breaker: Breaker,
-    counters: Counters,
-    insurance: Option<Store>,
+    pub(crate) breaker: Breaker,
+    pub(crate) counters: Counters,
+    pub(crate) insurance: Option<Arc<Store>>,
     /// key → (deny until, the smallest cost denied, the decision).
     deny_cache: Option<Mutex<DenyCache>>,
     limits: Limits,
@@ -250,7 +250,13 @@ impl RedisStore {
         self.breaker.is_open()
     }
 
-    fn invocation(&self, key: &str, now: Option<u64>, cost: u64, mode: &str) -> redis::Cmd {
+    pub(crate) fn invocation(
+        &self,
+        key: &str,
+        now: Option<u64>,
+        cost: impl redis::ToRedisArgs,
+        mode: &str,
+    ) -> redis::Cmd {
         let mut c = redis::cmd("EVALSHA");
         c.arg(self.script.get_hash()).arg(self.suffixes.len());
         for s in &self.suffixes {
@@ -266,7 +272,7 @@ impl RedisStore {
 
     /// One script call with the timeout; `NOSCRIPT` (a restart, a failover, `SCRIPT FLUSH`)
     /// loads the script and calls again.
-    async fn call(&self, cmd: redis::Cmd) -> Result<Value, Error> {
+    pub(crate) async fn call(&self, cmd: redis::Cmd) -> Result<Value, Error> {
         let mut conn = self.conn.clone();
         let run = async {
             match cmd.query_async::<Value>(&mut conn).await {
@@ -342,7 +348,7 @@ impl RedisStore {
     }
 
     /// The policy's bookkeeping after one call.
-    fn settle(&self, key: &str, cost: u64, r: Result<Decision, Error>) -> Decision {
+    pub(crate) fn settle(&self, key: &str, cost: u64, r: Result<Decision, Error>) -> Decision {
         // Relaxed: statistics.
         match r {
             Ok(d) => {
@@ -352,20 +358,26 @@ impl RedisStore {
                 d
             }
             Err(e) => {
-                match e {
-                    Error::Timeout(_) => &self.counters.timeouts,
-                    _ => &self.counters.errors,
-                }
-                .fetch_add(1, Ordering::Relaxed);
-                if self.breaker.failure() {
-                    self.counters.opened.fetch_add(1, Ordering::Relaxed);
-                }
+                self.settle_failure(e);
                 self.fallback(key, cost)
             }
         }
     }
 
-    fn fallback(&self, key: &str, cost: u64) -> Decision {
+    /// Counts a failed call and tells the breaker.
+    pub(crate) fn settle_failure(&self, e: Error) {
+        // Relaxed: statistics.
+        match e {
+            Error::Timeout(_) => &self.counters.timeouts,
+            _ => &self.counters.errors,
+        }
+        .fetch_add(1, Ordering::Relaxed);
+        if self.breaker.failure() {
+            self.counters.opened.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn fallback(&self, key: &str, cost: u64) -> Decision {
         self.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
         match (&self.insurance, self.policy) {
             (Some(s), _) => s.check(key, cost),
@@ -521,28 +533,49 @@ impl RedisStore {
 }
 
 /// A script reply as a [`Decision`].
-fn parse(v: Value) -> Result<Decision, Error> {
+pub(crate) fn parse(v: Value) -> Result<Decision, Error> {
+    parse_full(v).map(|(d, _)| d)
+}
+
+/// A script reply as a [`Decision`] and, after an acquire, the permit's stamp.
+pub(crate) fn parse_full(v: Value) -> Result<(Decision, Option<String>), Error> {
     if let Value::ServerError(e) = v {
         return Err(Error::Redis(e.into()));
     }
     let dbg = format!("{v:?}");
-    let f: Vec<i64> = redis::from_redis_value(v).map_err(|_| Error::Reply(dbg.clone()))?;
-    let [o, limit, remaining, reset, retry, delay] = f[..] else {
-        return Err(Error::Reply(dbg));
+    let bad = || Error::Reply(dbg.clone());
+    let Value::Array(items) = v else {
+        return Err(bad());
     };
+    let mut f = [0i64; 6];
+    for (i, x) in f.iter_mut().enumerate() {
+        let item = items.get(i).ok_or_else(bad)?;
+        *x = redis::from_redis_value_ref(item).map_err(|_| bad())?;
+    }
+    let stamp = match items.get(6) {
+        None => None,
+        Some(x) => {
+            let s: String = redis::from_redis_value_ref(x).map_err(|_| bad())?;
+            (!s.is_empty()).then_some(s)
+        }
+    };
+    let [o, limit, remaining, reset, retry, delay] = f;
     let outcome = match o {
         0 => Outcome::Allowed,
         1 => Outcome::Limited,
         2 => Outcome::NeverFits,
-        _ => return Err(Error::Reply(dbg)),
+        _ => return Err(bad()),
     };
     let u = |x: i64| x.max(0) as u64;
-    Ok(Decision {
-        outcome,
-        limit: u(limit),
-        remaining: u(remaining),
-        reset_after_ns: u(reset),
-        retry_after_ns: (retry >= 0).then(|| u(retry)),
-        delay_ns: u(delay),
-    })
+    Ok((
+        Decision {
+            outcome,
+            limit: u(limit),
+            remaining: u(remaining),
+            reset_after_ns: u(reset),
+            retry_after_ns: (retry >= 0).then(|| u(retry)),
+            delay_ns: u(delay),
+        },
+        stamp,
+    ))
 }

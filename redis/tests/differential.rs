@@ -14,7 +14,7 @@ mod common;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use std::time::Duration;
-use turnstile::algo::{fixed_window, sliding_window};
+use turnstile::algo::{fixed_window, sliding_window, window_ring};
 use turnstile::keyed::Store;
 use turnstile::{Algorithm, Limit, LimitSpec, Limits};
 use turnstile_redis::{RedisStore, EXPLICIT_NOW_TTL_SLACK_MS, MAX_DURATION_NS};
@@ -67,6 +67,38 @@ fn one_limit() -> impl Strategy<Value = Limit> {
                 Limit::token_bucket(cap, rate, Duration::from_nanos(w))
                     .ok()
                     .filter(|l| matches!(l, Limit::TokenBucket(p) if p.tau <= MAX_DURATION_NS))
+            }),
+        // Logs of up to 2000 (a member per admission: a check of the maximum cost would add
+        // 2^20 members in one script call).
+        (limit(2000), window(), any::<bool>()).prop_map(|(l, w, cd)| {
+            LimitSpec {
+                count_denied: cd,
+                ..LimitSpec::new(Algorithm::SlidingLog, l, Duration::from_nanos(w))
+            }
+            .build()
+            .unwrap()
+        }),
+        (
+            limit(window_ring::MAX_LIMIT),
+            prop_oneof![
+                Just(1u64),
+                Just(2),
+                Just(3),
+                Just(60),
+                1u64..=100,
+                Just(1024)
+            ],
+            prop_oneof![Just(1u64), Just(MS), Just(S), Just(60 * S), 1u64..=10 * S],
+            any::<bool>()
+        )
+            .prop_map(|(l, n, sub, cd)| {
+                LimitSpec {
+                    count_denied: cd,
+                    buckets: Some(n),
+                    ..LimitSpec::new(Algorithm::WindowRing, l, Duration::from_nanos(sub * n))
+                }
+                .build()
+                .unwrap()
             }),
         (
             prop_oneof![Just(1u64), Just(10), 1u64..=1000],
@@ -131,6 +163,8 @@ fn units(l: &Limit) -> u64 {
         Limit::SlidingWindow(p) => p.window,
         Limit::TokenBucket(p) => p.interval,
         Limit::LeakyBucket(p) => p.interval,
+        Limit::SlidingLog(p) => p.window,
+        Limit::WindowRing(p) => p.sub,
         _ => S,
     }
 }
@@ -186,8 +220,20 @@ async fn run_case(
     let mut conn = redis.connection();
     let key = format!("case{case}");
     let rkeys = redis.redis_keys(&key);
-    // A shadow record (every supported limit is one packed word) for the idle times.
+    // A shadow record for the idle times: each limit's words at its offset.
     let mut rec = vec![0u64; ls.words()];
+    let offsets: Vec<std::ops::Range<usize>> = limits
+        .iter()
+        .scan(0, |at, l| {
+            let r = *at..*at + l.words();
+            *at += l.words();
+            Some(r)
+        })
+        .collect();
+    // The Redis log drops admissions that have left the window at every write, so a check
+    // at an earlier time no longer sees them (the in-memory ring does): time going backwards
+    // is tested apart (`a_log_forgets_what_left_the_window`).
+    let backwards = !limits.iter().any(|l| matches!(l, Limit::SlidingLog(_)));
     let cap = limits.iter().map(Limit::capacity).min().unwrap();
     let us: Vec<u64> = limits.iter().map(units).collect();
     // The in-memory packed window indexes alias once a record is idle for 2^22 windows
@@ -198,10 +244,32 @@ async fn run_case(
         .map(|l| match l {
             Limit::SlidingWindow(p) => p.window.saturating_mul(1 << 21),
             Limit::FixedWindow(p) => p.window.saturating_mul(1 << 37),
+            // Indexes kept mod ~2^38 sub-windows, read as ahead within 2^26 of that.
+            Limit::WindowRing(p) => p.sub.saturating_mul(1 << 36),
             _ => u64::MAX,
         })
         .min()
         .unwrap();
+    // A denial's retry is checked against every limit at now + retry (Limits::denial): a
+    // retry reaching past a sliding window's aliasing span (2^23 windows, less AHEAD) finds
+    // the in-memory record aliased, where Redis keeps whole times. Such limits together are
+    // left out.
+    let horizon = limits
+        .iter()
+        .map(|l| match l {
+            Limit::FixedWindow(p) => p.window,
+            Limit::SlidingWindow(p) => p.window.saturating_mul(2),
+            Limit::TokenBucket(p) => p.tau,
+            Limit::LeakyBucket(p) => p.tau,
+            Limit::SlidingLog(p) => p.window,
+            Limit::WindowRing(p) => p.window.saturating_add(p.sub.saturating_mul(2)),
+            Limit::Concurrency(p) => p.lease,
+        })
+        .max()
+        .unwrap();
+    if horizon.saturating_mul(4) > span {
+        return Ok(());
+    }
     let mut now = start;
     for (i, o) in ops.iter().enumerate() {
         now += step(o.step, o.raw, now, &us).min(span / 64);
@@ -211,7 +279,7 @@ async fn run_case(
         // Time going backwards: a check up to two units before the latest time.
         let mut at = now;
         match o.act % 10 {
-            9 => {
+            9 if backwards => {
                 at = now.saturating_sub((o.raw >> 11) % (2 * us[0] + 1));
                 what = format!("check({cost}) {} ns back", now - at);
                 let m = mem.check_at(key.as_str(), cost, at);
@@ -219,7 +287,7 @@ async fn run_case(
                 ls.decide(&mut rec[..], at, cost);
                 prop_assert_eq!(r, m, "step {} {} at {}", i, what, at);
             }
-            0..=6 => {
+            0..=6 | 9 => {
                 what = format!("check({cost})");
                 let m = mem.check_at(key.as_str(), cost, now);
                 let r = redis.check_at(&key, cost, now).await.unwrap();
@@ -247,9 +315,10 @@ async fn run_case(
         for (j, l) in limits.iter().enumerate() {
             // Idle at the latest time the trace reached (a key must outlive it), and at the
             // time of this step's write (which sets the TTL).
-            let idle = l.idle_in(&[rec[j]][..], now);
+            let r = &rec[offsets[j].clone()];
+            let idle = l.idle_in(r, now);
             let want = idle.div_ceil(MS) as i64 + EXPLICIT_NOW_TTL_SLACK_MS as i64;
-            let idle_at = l.idle_in(&[rec[j]][..], at);
+            let idle_at = l.idle_in(r, at);
             let set = idle_at.div_ceil(MS) as i64 + EXPLICIT_NOW_TTL_SLACK_MS as i64;
             let pttl: i64 = redis::cmd("PTTL")
                 .arg(&rkeys[j])
@@ -267,7 +336,7 @@ async fn run_case(
                     idle
                 );
             }
-            if rec[j] != before[j] {
+            if rec[offsets[j].clone()] != before[offsets[j].clone()] {
                 if idle_at == 0 {
                     prop_assert_eq!(pttl, -2, "step {} {}: idle record's key kept", i, what);
                 } else {
@@ -287,4 +356,272 @@ fn durations_beyond_2_pow_52_ns_are_refused() {
     let r = rt.block_on(RedisStore::builder(Limits::new(vec![l]).unwrap()).connect(&server.url()));
     let e = r.err().expect("refused").to_string();
     assert!(e.contains("2^52"), "{e}");
+}
+
+/// Concurrency: the same traces of acquires (permits held), releases, plain checks (a lease
+/// only its expiry frees) and peeks through Redis (explicit now) and the in-memory store:
+/// equal decisions, field for field (the stamps too: a permit's reset is its stamp − now).
+/// Time only moves forward here: the Redis set drops expired leases at each write, the
+/// in-memory cells keep them until reused (docs/redis.md).
+#[test]
+fn concurrency_matches_the_in_memory_store() {
+    let server = common::Server::start();
+    let rt = common::runtime();
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(48);
+    let mut runner = TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let strategy = (
+        prop_oneof![Just(1u64), 2u64..=8, 9u64..=100],
+        prop_oneof![Just(1u64), Just(3), Just(MS), Just(S), 1u64..=DAY],
+        prop_oneof![Just(0u64), Just(1_763_900_000 * S), 0u64..1 << 62],
+        prop::collection::vec(op(), 1..80),
+    );
+    let case = std::sync::atomic::AtomicU64::new(0);
+    let url = server.url();
+    runner
+        .run(&strategy, |(limit, lease, start, ops)| {
+            let c = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            rt.block_on(concurrency_case(&url, c, limit, lease, start, ops))
+        })
+        .unwrap();
+}
+
+async fn concurrency_case(
+    url: &str,
+    case: u64,
+    limit: u64,
+    lease: u64,
+    start: u64,
+    ops: Vec<Op>,
+) -> Result<(), TestCaseError> {
+    use std::sync::Arc;
+    use turnstile::ManualClock;
+    let ls = Limits::new(vec![LimitSpec::new(
+        Algorithm::Concurrency,
+        limit,
+        Duration::from_nanos(lease),
+    )
+    .build()
+    .unwrap()])
+    .unwrap();
+    let redis = Arc::new(
+        RedisStore::builder(ls.clone())
+            .timeout(Duration::from_secs(5))
+            .connect(url)
+            .await
+            .unwrap(),
+    );
+    let clock = Arc::new(ManualClock::new(start));
+    let mem = Arc::new(
+        Store::builder(ls)
+            .capacity(16)
+            .build_with_clock(clock.clone())
+            .unwrap(),
+    );
+    let key = format!("conc{case}");
+    let mut held = Vec::new();
+    let mut now = start;
+    for (i, o) in ops.iter().enumerate() {
+        now += step(o.step, o.raw, now, &[lease, 1, limit]);
+        clock.set(now);
+        let cost = cost_of(o.cost, o.raw >> 3, limit);
+        // Whether this step wrote the key (its TTL is then exactly the idle time).
+        let mut wrote = false;
+        match o.act % 8 {
+            0..=3 => {
+                let m = mem.acquire_owned_at(key.as_str(), cost, now);
+                let r = redis.acquire_owned_at(&key, cost, now).await.unwrap();
+                match (m, r) {
+                    (Ok(m), Ok(r)) => {
+                        prop_assert_eq!(r.decision(), m.decision(), "step {} acquire({})", i, cost);
+                        wrote = cost > 0;
+                        held.push((m, r));
+                    }
+                    (Err(m), Err(r)) => prop_assert_eq!(r, m, "step {} acquire({})", i, cost),
+                    (m, r) => {
+                        prop_assert!(false, "step {} acquire({}): {:?} / {:?}", i, cost, m, r)
+                    }
+                }
+            }
+            4 | 5 if !held.is_empty() => {
+                let (m, r) = held.remove((o.raw % held.len() as u64) as usize);
+                drop(m);
+                wrote = r.release_at(now).await.unwrap() > 0;
+            }
+            6 => {
+                let m = mem.check_at(key.as_str(), cost, now);
+                let r = redis.check_at(&key, cost, now).await.unwrap();
+                prop_assert_eq!(r, m, "step {} check({})", i, cost);
+                wrote = r.allowed() && cost > 0;
+            }
+            _ => {
+                let m = mem.peek_at(key.as_str(), now);
+                let r = redis.peek_at(&key, now).await.unwrap();
+                prop_assert_eq!(r, m, "step {} peek", i);
+            }
+        }
+        // The key lives as long as a lease does, no longer.
+        let idle = mem.peek_at(key.as_str(), now).reset_after_ns;
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(redis.redis_keys(&key)[0].as_str())
+            .query_async(&mut redis.connection())
+            .await
+            .unwrap();
+        if idle == 0 {
+            prop_assert!(
+                !wrote || pttl == -2,
+                "step {}: idle key kept, ttl {}",
+                i,
+                pttl
+            );
+        } else {
+            let want = idle.div_ceil(MS) as i64 + EXPLICIT_NOW_TTL_SLACK_MS as i64;
+            prop_assert!(
+                pttl >= want - 2000,
+                "step {}: ttl {} for idle {} ns",
+                i,
+                pttl,
+                idle
+            );
+            prop_assert!(
+                !wrote || pttl <= want,
+                "step {}: ttl {} for idle {} ns",
+                i,
+                pttl,
+                idle
+            );
+        }
+    }
+    for (m, r) in held {
+        drop(m);
+        r.release_at(now).await.unwrap();
+    }
+    Ok(())
+}
+
+/// Time going backwards on sliding_log, where Redis and memory differ by design: every Redis
+/// write drops the admissions that have left the window at its `now`, so a later check at an
+/// earlier time does not see them again (the in-memory ring keeps them until overwritten and
+/// judges them at the caller's time). The bound: admissions are recorded no earlier than the
+/// newest, and within any window of recorded times the log never holds more than its limit,
+/// in Redis as in memory.
+#[test]
+fn a_log_forgets_what_left_the_window() {
+    let server = common::Server::start();
+    let rt = common::runtime();
+    rt.block_on(async {
+        let l = Limit::sliding_log(3, Duration::from_secs(60)).unwrap();
+        let ls = Limits::new(vec![l]).unwrap();
+        let redis = RedisStore::builder(ls.clone())
+            .timeout(Duration::from_secs(5))
+            .connect(&server.url())
+            .await
+            .unwrap();
+        let mem = Store::builder(ls).capacity(16).build().unwrap();
+        // The difference: 3 at 100 s; a check at 161 s drops them in Redis; at 160 s memory
+        // still counts them (recorded at 100 s rounded up to the 56 ns tick), Redis does not.
+        for _ in 0..3 {
+            assert!(redis.check_at("k", 1, 100 * S).await.unwrap().allowed());
+            assert!(mem.check_at("k", 1, 100 * S).allowed());
+        }
+        assert!(redis.check_at("k", 1, 161 * S).await.unwrap().allowed());
+        assert!(mem.check_at("k", 1, 161 * S).allowed());
+        assert!(!mem.check_at("k", 1, 160 * S).allowed());
+        assert!(redis.check_at("k", 1, 160 * S).await.unwrap().allowed());
+
+        // The bound, over a trace with steps back of up to two windows (no refunds): the
+        // recorded times never hold more than 3 within 60 s.
+        let key = "trace";
+        let mut now = 1_000 * S;
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for i in 0..1500 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            now = match x % 4 {
+                0 => now.saturating_sub(x % (120 * S)),
+                _ => now + x % (30 * S),
+            };
+            redis.check_at(key, 1 + (x >> 40) % 2, now).await.unwrap();
+            let scores: Vec<(String, f64)> = redis::cmd("ZRANGE")
+                .arg(&redis.redis_keys(key)[0])
+                .arg(1)
+                .arg(-1)
+                .arg("WITHSCORES")
+                .query_async(&mut redis.connection())
+                .await
+                .unwrap();
+            let t: Vec<u64> = scores.iter().map(|(_, s)| *s as u64).collect();
+            for (j, &e) in t.iter().enumerate() {
+                let within = t[..=j].iter().filter(|&&a| a + 60 * S > e).count();
+                assert!(
+                    within <= 3,
+                    "step {i}: {within} admissions within 60 s: {t:?}"
+                );
+            }
+        }
+    });
+}
+
+/// Concurrency with the clock stepping back (up to two leases): nothing breaks (the set's
+/// base moves down), releases work, and the set never holds more than the limit's cells.
+/// (Which expired cells make room differs from memory, so the decisions may too.)
+#[test]
+fn leases_survive_a_clock_stepping_back() {
+    use std::sync::Arc;
+    let server = common::Server::start();
+    let rt = common::runtime();
+    rt.block_on(async {
+        let l = Limit::concurrency(4, Duration::from_secs(10)).unwrap();
+        let redis = Arc::new(
+            RedisStore::builder(Limits::new(vec![l]).unwrap())
+                .timeout(Duration::from_secs(5))
+                .connect(&server.url())
+                .await
+                .unwrap(),
+        );
+        let mut held = Vec::new();
+        let mut now = 1_000 * S;
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for i in 0..1500 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            now = match x % 4 {
+                0 => now.saturating_sub(x % (20 * S)),
+                _ => now + x % (3 * S),
+            };
+            if x % 3 == 0 && !held.is_empty() {
+                let p: turnstile_redis::RedisPermit =
+                    held.swap_remove((x >> 20) as usize % held.len());
+                p.release_at(now).await.unwrap();
+            } else if let Ok(p) = redis
+                .acquire_owned_at("k", 1 + (x >> 40) % 2, now)
+                .await
+                .unwrap()
+            {
+                held.push(p);
+            }
+            let d = redis.peek_at("k", now).await.unwrap();
+            assert!(d.remaining <= 4, "step {i}: {d:?}");
+            let cells: u64 = redis::cmd("ZCARD")
+                .arg(&redis.redis_keys("k")[0])
+                .query_async(&mut redis.connection())
+                .await
+                .unwrap();
+            assert!(
+                cells <= 5,
+                "step {i}: {cells} members (4 cells and the base)"
+            );
+        }
+        for p in held {
+            p.release_at(now).await.unwrap();
+        }
+    });
 }

@@ -20,7 +20,8 @@ fn bucket(cap: u64) -> Limits {
 }
 
 /// The notes' read-then-write race: 16 clients (own connections) on one key admit exactly the
-/// limit, on each algorithm that is exact at a test's time scale, and all-or-nothing over two
+/// limit, on each algorithm that is exact at a test's time scale (token and leaky bucket,
+/// sliding log, window ring within its window, concurrency), and all-or-nothing over two
 /// limits.
 #[test]
 fn concurrent_clients_never_exceed_the_limit() {
@@ -32,6 +33,15 @@ fn concurrent_clients_never_exceed_the_limit() {
         Limits::new(vec![
             Limit::token_bucket(100, 1, Duration::from_secs(3600)).unwrap(),
             Limit::token_bucket(150, 1, Duration::from_secs(3600)).unwrap(),
+        ])
+        .unwrap(),
+        limits(Limit::sliding_log(100, Duration::from_secs(3600)).unwrap()),
+        limits(Limit::window_ring(100, Duration::from_secs(3600), 60).unwrap()),
+        // A plain check takes a lease that only its expiry frees: 100 in flight.
+        limits(Limit::concurrency(100, Duration::from_secs(3600)).unwrap()),
+        Limits::new(vec![
+            Limit::sliding_log(150, Duration::from_secs(3600)).unwrap(),
+            Limit::window_ring(100, Duration::from_secs(3600), 60).unwrap(),
         ])
         .unwrap(),
     ];
@@ -104,10 +114,13 @@ fn keys_expire_when_idle_and_nothing_leaks() {
     let server = common::Server::start();
     let rt = common::runtime();
     rt.block_on(async {
+        let ms = Duration::from_millis;
         let ls = Limits::new(vec![
-            Limit::fixed_window(5, Duration::from_millis(50)).unwrap(),
-            Limit::sliding_window(5, Duration::from_millis(50)).unwrap(),
-            Limit::token_bucket(5, 5, Duration::from_millis(50)).unwrap(),
+            Limit::fixed_window(5, ms(50)).unwrap(),
+            Limit::sliding_window(5, ms(50)).unwrap(),
+            Limit::token_bucket(5, 5, ms(50)).unwrap(),
+            Limit::sliding_log(5, ms(50)).unwrap(),
+            Limit::window_ring(5, ms(50), 5).unwrap(),
         ])
         .unwrap();
         let store = RedisStore::builder(ls)
@@ -115,20 +128,45 @@ fn keys_expire_when_idle_and_nothing_leaks() {
             .connect(&server.url())
             .await
             .unwrap();
+        let leases = Arc::new(
+            RedisStore::builder(limits(Limit::concurrency(5, ms(50)).unwrap()))
+                .timeout(Duration::from_secs(5))
+                .connect(&server.url())
+                .await
+                .unwrap(),
+        );
         let keys: Vec<String> = (0..50).map(|i| format!("user{i}")).collect();
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         for _ in 0..3 {
             store.try_check_many(&refs, 1).await.unwrap();
         }
+        let mut permits = Vec::new();
+        for k in &refs[..10] {
+            // Held, never released: only the lease's expiry frees them.
+            permits.push(leases.try_acquire_owned(k, 1).await.unwrap().unwrap());
+        }
         // Fixed windows may already have ended; each key lives at most two windows.
         let n: u64 = server.cli(&["dbsize"]).parse().unwrap();
-        assert!((1..=150).contains(&n), "{n} keys");
-        for k in store.redis_keys("user49") {
+        assert!((1..=260).contains(&n), "{n} keys");
+        for k in store
+            .redis_keys("user49")
+            .into_iter()
+            .chain(leases.redis_keys("user9"))
+        {
             let ttl: i64 = server.cli(&["pttl", &k]).parse().unwrap();
-            assert!(ttl == -2 || (1..=100).contains(&ttl), "{k}: ttl {ttl} ms");
+            // 0: under a millisecond left (PTTL rounds down).
+            assert!(ttl == -2 || (0..=100).contains(&ttl), "{k}: ttl {ttl} ms");
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
-        assert_eq!(server.cli(&["dbsize"]), "0", "every key expired once idle");
+        // SCAN expires the keys it meets (DBSIZE counts expired keys that Redis's sampling
+        // has not reclaimed yet).
+        assert_eq!(server.cli(&["--scan"]), "", "every key expired once idle");
+        assert_eq!(server.cli(&["dbsize"]), "0");
+        // The leases expired: releasing them now frees nothing, and adds no key.
+        for p in permits {
+            assert_eq!(p.release().await.unwrap(), 0);
+        }
+        assert_eq!(server.cli(&["dbsize"]), "0");
     });
 }
 
@@ -254,5 +292,60 @@ fn known_over_limit_keys_are_denied_locally_until_their_retry() {
         assert_eq!((s.cached_denials, s.fallbacks), (1, 0), "{s:?}");
         // Another key is not covered: it goes to Redis (down: the policy answers, closed).
         assert_eq!(store.check("other", 1).await.outcome, Outcome::StoreFull);
+    });
+}
+
+/// Concurrency permits at the server's time: a release frees its own lease at once, a dropped
+/// permit is released in the background, and while Redis is away the insurance store's
+/// permits (limit ÷ nodes) are taken and given back with the permit.
+#[test]
+fn permits_are_released_by_release_drop_or_expiry() {
+    let mut server = common::Server::start();
+    let rt = common::runtime();
+    rt.block_on(async {
+        let store = Arc::new(
+            RedisStore::builder(limits(
+                Limit::concurrency(4, Duration::from_secs(3600)).unwrap(),
+            ))
+            .timeout(Duration::from_secs(5))
+            .policy(FailurePolicy::Insurance { expected_nodes: 2 })
+            .breaker(1, Duration::from_secs(3600))
+            .connect(&server.url())
+            .await
+            .unwrap(),
+        );
+        let a = store.acquire_owned("k", 1).await.unwrap();
+        let b = store.acquire_owned("k", 3).await.unwrap();
+        assert_eq!(b.decision().remaining, 0);
+        assert_ne!(a.stamp(), b.stamp(), "each permit its own stamp");
+        let d = store.acquire_owned("k", 1).await.unwrap_err();
+        assert_eq!(d.outcome, Outcome::Limited);
+        assert!(d.retry_after_ns.unwrap() > 3_000_000_000_000);
+        assert_eq!(b.release().await.unwrap(), 3, "three cells freed");
+        assert_eq!(store.peek("k").await.unwrap().remaining, 3);
+        drop(a);
+        let t0 = Instant::now();
+        while store.peek("k").await.unwrap().remaining != 4 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "drop never released"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(server.cli(&["dbsize"]), "0", "no lease left, no key left");
+        // Redis away: the insurance store, 4 / 2 nodes = 2 in flight.
+        server.kill();
+        let x = store.acquire_owned("k", 1).await.unwrap();
+        let y = store.acquire_owned("k", 1).await.unwrap();
+        assert_eq!(x.stamp(), None, "a local permit holds nothing in Redis");
+        assert!(store.acquire_owned("k", 1).await.is_err());
+        drop(y);
+        assert!(
+            store.acquire_owned("k", 1).await.is_ok(),
+            "given back on drop"
+        );
+        drop(x);
+        let s = store.stats();
+        assert_eq!(s.fallbacks, 4, "{s:?}");
     });
 }

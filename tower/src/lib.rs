@@ -39,6 +39,8 @@ pub mod ip;
 pub mod key;
 mod limit;
 pub mod observe;
+#[cfg(feature = "redis")]
+pub mod redis;
 mod service;
 
 pub use answer::{BodyStyle, Denial, HeaderStyle, Policy};

@@ -1,0 +1,222 @@
+//! The layer over a RedisStore (feature `redis`), over real loopback HTTP against a real
+//! redis-server (a child process on a free port): two servers ("nodes") share one limit;
+//! the answers are the usual layer's; Redis away is answered by the store's failure policy.
+
+use axum::{routing::get, Router};
+use std::net::{SocketAddr, TcpListener};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use turnstile::{Limit as Quota, Limits};
+use turnstile_redis::{FailurePolicy, RedisStore};
+use turnstile_tower::key::Header;
+use turnstile_tower::redis::{RedisLimit, RedisRateLimitLayer};
+use turnstile_tower::{NoKey, Policy};
+
+struct Redis {
+    port: u16,
+    child: Option<Child>,
+}
+
+impl Redis {
+    fn start() -> Self {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server on PATH (apt-get install redis-server redis-tools)");
+        let t0 = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "redis-server did not start"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Redis {
+            port,
+            child: Some(child),
+        }
+    }
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+async fn store(url: &str, policy: FailurePolicy) -> Arc<RedisStore> {
+    let q = Quota::token_bucket(5, 1, Duration::from_secs(3600)).unwrap();
+    Arc::new(
+        RedisStore::builder(Limits::new(vec![q]).unwrap())
+            .timeout(Duration::from_secs(2))
+            .policy(policy)
+            .breaker(1000, Duration::from_secs(1))
+            .connect(url)
+            .await
+            .unwrap(),
+    )
+}
+
+/// A node: an axum server on a free loopback port behind the Redis layer.
+async fn node(layer: RedisRateLimitLayer<Header>) -> SocketAddr {
+    let app = Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(layer);
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    addr
+}
+
+fn layer(store: Arc<RedisStore>) -> RedisRateLimitLayer<Header> {
+    RedisRateLimitLayer::configured(RedisLimit::new(store, Header::named("x-api-key")), |b| {
+        b.policy(Policy::new("per-key", None).unwrap())
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_share_one_limit_over_http() {
+    let redis = Redis::start();
+    let a = node(layer(store(&redis.url(), FailurePolicy::Closed).await)).await;
+    let b = node(layer(store(&redis.url(), FailurePolicy::Closed).await)).await;
+    let c = reqwest::Client::new();
+    let get = |addr: SocketAddr, key: &'static str| {
+        c.get(format!("http://{addr}/"))
+            .header("x-api-key", key)
+            .send()
+    };
+    // 5 an hour, spread over both nodes: 5 admitted, then 429 on either.
+    for i in 0..5 {
+        let r = get(if i % 2 == 0 { a } else { b }, "secret-key-1")
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "request {i}");
+        let rem = r.headers()["ratelimit"].to_str().unwrap().to_string();
+        assert!(rem.contains(&format!("r={}", 4 - i)), "{rem}");
+    }
+    for addr in [a, b] {
+        let r = get(addr, "secret-key-1").await.unwrap();
+        assert_eq!(r.status(), 429);
+        let retry: u64 = r.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        // One token an hour: the next within the hour, rounded up to whole seconds.
+        assert!((3590..=3600).contains(&retry), "{retry}");
+    }
+    // Another key has its own limit.
+    assert_eq!(get(b, "secret-key-2").await.unwrap().status(), 200);
+    // The keys in Redis are hashes: the API keys never appear there.
+    let keys = Command::new("redis-cli")
+        .args(["-p", &redis.port.to_string(), "--scan"])
+        .output()
+        .unwrap();
+    let keys = String::from_utf8_lossy(&keys.stdout);
+    assert_eq!(keys.lines().count(), 2, "{keys}");
+    assert!(!keys.contains("secret"), "{keys}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_away_is_answered_by_the_policy_and_no_key_by_the_setting() {
+    let mut redis = Redis::start();
+    let closed = node(layer(store(&redis.url(), FailurePolicy::Closed).await)).await;
+    let open = node(layer(store(&redis.url(), FailurePolicy::Open).await)).await;
+    let pass = node(RedisRateLimitLayer::new(
+        RedisLimit::new(
+            store(&redis.url(), FailurePolicy::Closed).await,
+            Header::named("x-api-key"),
+        )
+        .no_key(NoKey::PassThrough),
+    ))
+    .await;
+    let c = reqwest::Client::new();
+    let get = |addr: SocketAddr| {
+        c.get(format!("http://{addr}/"))
+            .header("x-api-key", "k")
+            .send()
+    };
+    assert_eq!(get(closed).await.unwrap().status(), 200);
+    // Without the header: 500 by default, passed through when told so.
+    let bare = |addr: SocketAddr| c.get(format!("http://{addr}/")).send();
+    assert_eq!(bare(closed).await.unwrap().status(), 500);
+    assert_eq!(bare(pass).await.unwrap().status(), 200);
+    redis.kill();
+    let r = get(closed).await.unwrap();
+    assert_eq!(r.status(), 503, "fail closed: shed, not a limit");
+    assert_eq!(get(open).await.unwrap().status(), 200, "fail open");
+}
+
+/// A shaper's delay is waited by the usual layer; a request cancelled while it waits gives its
+/// cost back to Redis, so the next one is delayed as much as the cancelled one was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_shaped_request_is_refunded_in_redis() {
+    use std::sync::Mutex;
+    let redis = Redis::start();
+    // 1 a second, burst 5, no request undelayed beyond the first: the i-th waits i seconds.
+    let q = Quota::leaky_bucket(1, Duration::from_secs(1), 5, Some(0)).unwrap();
+    let s = Arc::new(
+        RedisStore::builder(Limits::new(vec![q]).unwrap())
+            .timeout(Duration::from_secs(2))
+            .connect(&redis.url())
+            .await
+            .unwrap(),
+    );
+    let delays = Arc::new(Mutex::new(Vec::new()));
+    let d2 = delays.clone();
+    let addr = node(RedisRateLimitLayer::configured(
+        RedisLimit::new(s, Header::named("x-api-key")),
+        move |b| {
+            b.on_decision(move |e| {
+                if let Some(d) = e.decision {
+                    d2.lock().unwrap().push(d.delay_ns);
+                }
+            })
+        },
+    ))
+    .await;
+    let c = reqwest::Client::new();
+    let send = |timeout: u64| {
+        c.get(format!("http://{addr}/"))
+            .header("x-api-key", "k")
+            .timeout(Duration::from_millis(timeout))
+            .send()
+    };
+    assert_eq!(send(5000).await.unwrap().status(), 200);
+    // Delayed about 1 s: the client gives up after 100 ms, the layer drops the wait.
+    assert!(send(100).await.is_err());
+    let t0 = Instant::now();
+    loop {
+        // The refund runs in the background: the third request is delayed about 1 s again
+        // once it has landed (2 s if it never does).
+        let r = send(100).await;
+        assert!(r.is_err());
+        let last = *delays.lock().unwrap().last().unwrap();
+        if last <= 1_000_000_000 {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "never refunded: {delays:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
