@@ -5,7 +5,8 @@ use crate::limit::{ceil_secs, retry_after_secs};
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};
-use std::sync::Arc;
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex, OnceLock};
 use turnstile::{Decision, Outcome};
 
 /// Which rate-limit headers responses carry.
@@ -29,10 +30,16 @@ pub enum HeaderStyle {
 pub struct Policy {
     pub(crate) name: Arc<str>,
     pub(crate) window: Option<u64>,
-    /// The `RateLimit-Policy` value of the first limit seen: a store's limit never changes,
-    /// so the value is formatted once and then cloned (a reference count, no allocation).
-    cached: Arc<std::sync::OnceLock<(u64, HeaderValue)>>,
+    /// `"name";r=`: the start of every `RateLimit` value.
+    prefix: Arc<[u8]>,
+    /// The `RateLimit-Policy` values of the first limits seen (a store has one limit, an
+    /// engine one per rule), formatted once and then cloned.
+    cached: Arc<[OnceLock<(u64, HeaderValue)>; POLICY_CACHE]>,
 }
+
+/// How many limits a [`Policy`] keeps a formatted `RateLimit-Policy` value for; beyond, the
+/// value is formatted per response.
+const POLICY_CACHE: usize = 8;
 
 impl PartialEq for Policy {
     fn eq(&self, o: &Self) -> bool {
@@ -54,12 +61,21 @@ impl Policy {
                 name.escape_debug()
             ));
         }
-        Ok(Self {
-            name: name.into(),
-            window: window.map(|w| w.as_secs_f64().ceil() as u64),
-            cached: Arc::default(),
-        })
+        Ok(Self::unchecked(
+            name,
+            window.map(|w| w.as_secs_f64().ceil() as u64),
+        ))
     }
+
+    fn unchecked(name: &str, window: Option<u64>) -> Self {
+        Self {
+            name: name.into(),
+            window,
+            prefix: format!("\"{name}\";r=").into_bytes().into(),
+            cached: Arc::default(),
+        }
+    }
+
     /// The name.
     pub fn name(&self) -> &str {
         &self.name
@@ -67,45 +83,122 @@ impl Policy {
 
     /// The `RateLimit-Policy` value for a quota of `limit`.
     fn header(&self, limit: u64) -> Option<HeaderValue> {
-        let format = || {
-            let q = match self.window {
-                Some(w) => format!("\"{}\";q={limit};w={w}", self.name),
-                None => format!("\"{}\";q={limit}", self.name),
-            };
-            // The name was checked to be visible ASCII: this never fails.
-            HeaderValue::try_from(q).ok()
-        };
-        match self.cached.get() {
-            Some((l, v)) if *l == limit => Some(v.clone()),
-            Some(_) => format(),
-            None => {
-                let v = format()?;
-                // Another thread may have cached another limit first: then `v` is the answer.
-                let (l, c) = self.cached.get_or_init(|| (limit, v.clone()));
-                Some(if *l == limit { c.clone() } else { v })
+        for slot in self.cached.iter() {
+            match slot.get() {
+                Some((l, v)) if *l == limit => return Some(v.clone()),
+                Some(_) => continue,
+                None => {
+                    let v = static_value(intern(self.format_policy(limit)))?;
+                    // Another thread may have filled the slot first, with another limit.
+                    let (l, c) = slot.get_or_init(|| (limit, v.clone()));
+                    return Some(if *l == limit { c.clone() } else { v });
+                }
             }
+        }
+        HeaderValue::try_from(self.format_policy(limit)).ok()
+    }
+
+    fn format_policy(&self, limit: u64) -> String {
+        match self.window {
+            Some(w) => format!("\"{}\";q={limit};w={w}", self.name),
+            None => format!("\"{}\";q={limit}", self.name),
+        }
+    }
+
+    /// The `RateLimit` value: `"name";r=REMAINING;t=RESET`, in one allocation of its exact
+    /// size (`format!` was a fifth of the layer's instructions under callgrind; a stack
+    /// buffer and a digit loop cost more than this).
+    fn rate(&self, remaining: u64, reset: u64) -> HeaderValue {
+        let (mut r, mut t) = (itoa::Buffer::new(), itoa::Buffer::new());
+        let (r, t) = (r.format(remaining).as_bytes(), t.format(reset).as_bytes());
+        let mut v = Vec::with_capacity(self.prefix.len() + r.len() + 3 + t.len());
+        v.extend_from_slice(&self.prefix);
+        v.extend_from_slice(r);
+        v.extend_from_slice(b";t=");
+        v.extend_from_slice(t);
+        debug_assert!(v.iter().all(|b| (b' '..=b'~').contains(b)));
+        // `Bytes` from a `Vec` whose length is its capacity takes the buffer as it is.
+        let v = Bytes::from(v);
+        // SAFETY: a valid header value is visible ASCII and spaces; `v` is the policy name,
+        // which `Policy::new` checked to be printable ASCII (`Policy::default`'s is), in
+        // quotes, `;r=`, `;t=` and decimal digits. (`from_maybe_shared` would check it again
+        // byte by byte: a sixth of what building the value costs, under callgrind.)
+        #[allow(unsafe_code)]
+        unsafe {
+            HeaderValue::from_maybe_shared_unchecked(v)
         }
     }
 }
 
 impl Default for Policy {
     fn default() -> Self {
-        Self {
-            name: "default".into(),
-            window: None,
-            cached: Arc::default(),
-        }
+        Self::unchecked("default", None)
     }
 }
 
-static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
-static RL_LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
-static RL_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
-static RL_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
-static X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
-static X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
-static X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+/// `s` for the rest of the process: each distinct value is leaked once (a process holds a few
+/// policies, each with a few limits, and a value is interned only when a [`Policy`] slot is
+/// first filled), so that a cached header value is backed by static bytes and cloning it per
+/// response writes no shared reference count (a count every core's responses would bump).
+fn intern(s: String) -> &'static str {
+    static SET: Mutex<BTreeSet<&'static str>> = Mutex::new(BTreeSet::new());
+    let mut set = SET.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(v) = set.get(s.as_str()) {
+        return v;
+    }
+    let v: &'static str = Box::leak(s.into_boxed_str());
+    set.insert(v);
+    v
+}
+
+/// A header value over static bytes: cloning and dropping it touch no reference count.
+fn static_value(s: &'static str) -> Option<HeaderValue> {
+    HeaderValue::from_maybe_shared(Bytes::from_static(s.as_bytes())).ok()
+}
+
+/// The decimal header value of `v`: from a table built once for `v` < 1024 (limits, remaining
+/// counts, seconds to reset are mostly small), else formatted.
+pub(crate) fn number(v: u64) -> HeaderValue {
+    const N: usize = 1024;
+    static TEXT: OnceLock<String> = OnceLock::new();
+    static TABLE: OnceLock<Vec<HeaderValue>> = OnceLock::new();
+    let table = TABLE.get_or_init(|| {
+        let text = TEXT.get_or_init(|| (0..N).map(|i| i.to_string()).collect());
+        let mut at = 0;
+        (0..N)
+            .map(|i| {
+                let len = itoa::Buffer::new().format(i).len();
+                at += len;
+                let s: &'static str = &text[at - len..at];
+                static_value(s).unwrap_or_else(|| HeaderValue::from(i))
+            })
+            .collect()
+    });
+    match table.get(v as usize) {
+        Some(h) => h.clone(),
+        None => HeaderValue::from(v),
+    }
+}
+
+// `const`s, not `static`s: each use is a value made at compile time, where a static's would be
+// cloned through `Bytes`' vtable per response (callgrind). Static bytes are never written
+// through the `AtomicPtr` inside `Bytes` that the lint is about.
+#[allow(clippy::declare_interior_mutable_const)]
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+#[allow(clippy::declare_interior_mutable_const)]
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+#[allow(clippy::declare_interior_mutable_const)]
+const RL_NAMES: [HeaderName; 3] = [
+    HeaderName::from_static("ratelimit-limit"),
+    HeaderName::from_static("ratelimit-remaining"),
+    HeaderName::from_static("ratelimit-reset"),
+];
+#[allow(clippy::declare_interior_mutable_const)]
+const X_NAMES: [HeaderName; 3] = [
+    HeaderName::from_static("x-ratelimit-limit"),
+    HeaderName::from_static("x-ratelimit-remaining"),
+    HeaderName::from_static("x-ratelimit-reset"),
+];
 
 /// Seconds until the client may expect more quota: when admitted, until the limit is idle
 /// again; when refused, until this request would be admitted (rounded up, ≥ 1).
@@ -116,85 +209,82 @@ pub fn reset_secs(d: &Decision) -> u64 {
     }
 }
 
+/// The rate-limit headers of one decision, made when the request is checked and written
+/// into its response when that comes: the response future holds these values, not the
+/// layer's configuration.
+#[derive(Debug)]
+pub(crate) enum RateHeaders {
+    /// No headers.
+    None,
+    /// `RateLimit-Policy`, `RateLimit`.
+    Ietf(HeaderValue, HeaderValue),
+    /// Limit, remaining and reset, as `RateLimit-*` or (`x`) `X-RateLimit-*`.
+    Three {
+        x: bool,
+        limit: u64,
+        remaining: u64,
+        reset: u64,
+    },
+}
+
+impl RateHeaders {
+    /// `style`'s headers for decision `d`. None for a decision no limit made (no rule
+    /// applied: `limit` is `u64::MAX`) or a store-full / shed decision (`limit` 0).
+    pub(crate) fn new(style: &HeaderStyle, policy: &Policy, d: &Decision) -> Self {
+        if d.limit == u64::MAX || d.limit == 0 {
+            return Self::None;
+        }
+        let remaining = if d.allowed() { d.remaining } else { 0 };
+        let x = match style {
+            HeaderStyle::None => return Self::None,
+            HeaderStyle::Ietf => {
+                return match policy.header(d.limit) {
+                    Some(q) => Self::Ietf(q, policy.rate(remaining, reset_secs(d))),
+                    None => Self::None,
+                };
+            }
+            HeaderStyle::RateLimit => false,
+            HeaderStyle::XRateLimit => true,
+        };
+        Self::Three {
+            x,
+            limit: d.limit,
+            remaining,
+            reset: reset_secs(d),
+        }
+    }
+
+    /// Writes the headers into `h` (replacing any of the same names).
+    pub(crate) fn write(self, h: &mut HeaderMap) {
+        match self {
+            Self::None => {}
+            Self::Ietf(q, r) => {
+                h.insert(RATELIMIT_POLICY, q);
+                h.insert(RATELIMIT, r);
+            }
+            Self::Three {
+                x,
+                limit,
+                remaining,
+                reset,
+            } => {
+                let [l, r, t] = if x { X_NAMES } else { RL_NAMES };
+                h.insert(l, number(limit));
+                h.insert(r, number(remaining));
+                h.insert(t, number(reset));
+            }
+        }
+    }
+}
+
 /// Writes `style`'s headers for decision `d` into `h`. Nothing for a decision no limit made
 /// (no rule applied: `limit` is `u64::MAX`) or a store-full / shed decision (`limit` 0).
 pub fn write_headers(style: &HeaderStyle, policy: &Policy, d: &Decision, h: &mut HeaderMap) {
-    if d.limit == u64::MAX || d.limit == 0 || matches!(style, HeaderStyle::None) {
-        return;
-    }
-    let remaining = if d.allowed() { d.remaining } else { 0 };
-    let reset = reset_secs(d);
-    let (l, r, t) = match style {
-        HeaderStyle::None => return,
-        HeaderStyle::Ietf => {
-            // Written into a stack buffer: `format!` was a fifth of the layer's instructions
-            // (callgrind, `benches/layer.rs`). The name was checked to be visible ASCII, so
-            // the value is valid; a name too long for the buffer takes the `format!` path.
-            let mut buf = [0u8; 128];
-            let mut w = Buf { b: &mut buf, n: 0 };
-            w.put(b"\"");
-            w.put(policy.name.as_bytes());
-            w.put(b"\";r=");
-            w.num(remaining);
-            w.put(b";t=");
-            w.num(reset);
-            let rl = match w.done() {
-                Some(b) => HeaderValue::from_bytes(b).ok(),
-                None => {
-                    HeaderValue::try_from(format!("\"{}\";r={remaining};t={reset}", policy.name))
-                        .ok()
-                }
-            };
-            if let (Some(q), Some(rl)) = (policy.header(d.limit), rl) {
-                h.insert(RATELIMIT_POLICY.clone(), q);
-                h.insert(RATELIMIT.clone(), rl);
-            }
-            return;
-        }
-        HeaderStyle::RateLimit => (&RL_LIMIT, &RL_REMAINING, &RL_RESET),
-        HeaderStyle::XRateLimit => (&X_LIMIT, &X_REMAINING, &X_RESET),
-    };
-    h.insert(l.clone(), HeaderValue::from(d.limit));
-    h.insert(r.clone(), HeaderValue::from(remaining));
-    h.insert(t.clone(), HeaderValue::from(reset));
+    RateHeaders::new(style, policy, d).write(h);
 }
 
 /// The application's own refusal ([`BodyStyle::Custom`]).
 pub type DenialHandler = Arc<dyn Fn(&Denial<'_>) -> Response<Bytes> + Send + Sync>;
-
-/// A bounded writer over a stack buffer; `done` is `None` if anything did not fit.
-struct Buf<'a> {
-    b: &'a mut [u8],
-    n: usize,
-}
-
-impl Buf<'_> {
-    fn put(&mut self, s: &[u8]) {
-        let end = self.n.saturating_add(s.len());
-        if let Some(dst) = self.b.get_mut(self.n..end) {
-            dst.copy_from_slice(s);
-            self.n = end;
-        } else {
-            self.n = usize::MAX;
-        }
-    }
-    fn num(&mut self, mut v: u64) {
-        let mut d = [0u8; 20];
-        let mut i = d.len();
-        loop {
-            i -= 1;
-            d[i] = b'0' + (v % 10) as u8;
-            v /= 10;
-            if v == 0 {
-                break;
-            }
-        }
-        self.put(&d[i..]);
-    }
-    fn done(&self) -> Option<&[u8]> {
-        self.b.get(..self.n)
-    }
-}
 
 /// The body of a refused request.
 #[derive(Clone, Default)]
@@ -314,7 +404,7 @@ pub(crate) fn denial_response(
     }
     let h = res.headers_mut();
     if let Some(s) = denial.retry_after {
-        h.entry(RETRY_AFTER).or_insert(HeaderValue::from(s));
+        h.entry(RETRY_AFTER).or_insert(number(s));
     }
     write_headers(style, policy, denial.decision, h);
     res
@@ -354,7 +444,7 @@ pub(crate) fn grpc_denial(
         h.insert("grpc-message", v);
     }
     if let Some(s) = denial.retry_after {
-        h.insert(RETRY_AFTER, HeaderValue::from(s));
+        h.insert(RETRY_AFTER, number(s));
         let ms = denial
             .decision
             .retry_after_ns
@@ -439,6 +529,30 @@ mod tests {
         }
         assert!(Policy::new("a\"b", None).is_err());
         assert!(Policy::new("é", None).is_err());
+    }
+
+    #[test]
+    fn numbers_and_cached_policies() {
+        for v in [0, 1, 9, 10, 99, 100, 1023, 1024, 123_456_789, u64::MAX] {
+            assert_eq!(number(v), HeaderValue::from(v), "{v}");
+        }
+        // More limits than the cache holds: each value still names its own limit.
+        let p = Policy::new("p", Some(std::time::Duration::from_millis(1500))).unwrap();
+        for round in 0..2 {
+            for limit in 1..=(POLICY_CACHE as u64 + 3) {
+                let d = d(true, limit, 0, 0, None);
+                let mut h = HeaderMap::new();
+                write_headers(&HeaderStyle::Ietf, &p, &d, &mut h);
+                let want = format!("\"p\";q={limit};w=2");
+                assert_eq!(h["ratelimit-policy"], want.as_str(), "round {round}");
+                assert_eq!(h["ratelimit"], "\"p\";r=0;t=0");
+            }
+        }
+        // A clone shares the cache; another policy of the same name interns the same text.
+        let q = Policy::new("p", Some(std::time::Duration::from_secs(2))).unwrap();
+        let mut h = HeaderMap::new();
+        write_headers(&HeaderStyle::Ietf, &q, &d(true, 1, 0, 0, None), &mut h);
+        assert_eq!(h["ratelimit-policy"], "\"p\";q=1;w=2");
     }
 
     #[test]

@@ -213,7 +213,7 @@ impl Describe for Describer {
             .method(parts.method.as_str());
         r.ip = self.client_ip(parts);
         if let Some(h) = &self.api_key {
-            r.api_key = parts.headers.get(h).and_then(|v| v.to_str().ok());
+            r.api_key = crate::key::first_value(&parts.headers, h).and_then(|v| v.to_str().ok());
         }
         if let Some(f) = self.customer {
             r.customer = f(parts);
