@@ -19,7 +19,6 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 use tower_layer::Layer;
 use tower_service::Service;
-use turnstile::rules::OwnedInFlight;
 use turnstile::Decision;
 
 /// The layer's settings, shared by every clone of the layer and its services.
@@ -192,7 +191,7 @@ where
     L: Limit,
     ResB: Body<Data = Bytes>,
 {
-    type Response = Response<RateLimitBody<ResB>>;
+    type Response = Response<RateLimitBody<ResB, L::Permit>>;
     type Error = S::Error;
     type Future = ResponseFuture<S, ReqB, L>;
 
@@ -287,7 +286,7 @@ pin_project! {
         sleep: tokio::time::Sleep,
         svc: Option<S>,
         req: Option<Request<ReqB>>,
-        permit: Option<OwnedInFlight>,
+        permit: Option<L::Permit>,
         refund: Option<Refund<L>>,
     }
 }
@@ -297,7 +296,7 @@ pin_project! {
     enum State<F, S, ReqB, L: Limit> {
         Ready { res: Option<Response<Bytes>> },
         Delayed { wait: Pin<Box<Wait<S, ReqB, L>>> },
-        Inner { #[pin] fut: F, permit: Option<OwnedInFlight> },
+        Inner { #[pin] fut: F, permit: Option<L::Permit> },
     }
 }
 
@@ -317,7 +316,7 @@ where
     L: Limit,
     ResB: Body<Data = Bytes>,
 {
-    type Output = Result<Response<RateLimitBody<ResB>>, S::Error>;
+    type Output = Result<Response<RateLimitBody<ResB, L::Permit>>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
