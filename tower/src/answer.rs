@@ -218,13 +218,10 @@ pub(crate) enum RateHeaders {
     None,
     /// `RateLimit-Policy`, `RateLimit`.
     Ietf(HeaderValue, HeaderValue),
-    /// Limit, remaining and reset, as `RateLimit-*` or (`x`) `X-RateLimit-*`.
-    Three {
-        x: bool,
-        limit: u64,
-        remaining: u64,
-        reset: u64,
-    },
+    /// Limit, remaining and reset, as `RateLimit-*`.
+    RateLimit(u64, u64, u64),
+    /// Limit, remaining and reset, as `X-RateLimit-*`.
+    XRateLimit(u64, u64, u64),
 }
 
 impl RateHeaders {
@@ -235,7 +232,7 @@ impl RateHeaders {
             return Self::None;
         }
         let remaining = if d.allowed() { d.remaining } else { 0 };
-        let x = match style {
+        let three = match style {
             HeaderStyle::None => return Self::None,
             HeaderStyle::Ietf => {
                 return match policy.header(d.limit) {
@@ -243,15 +240,10 @@ impl RateHeaders {
                     None => Self::None,
                 };
             }
-            HeaderStyle::RateLimit => false,
-            HeaderStyle::XRateLimit => true,
+            HeaderStyle::RateLimit => Self::RateLimit,
+            HeaderStyle::XRateLimit => Self::XRateLimit,
         };
-        Self::Three {
-            x,
-            limit: d.limit,
-            remaining,
-            reset: reset_secs(d),
-        }
+        three(d.limit, remaining, reset_secs(d))
     }
 
     /// Writes the headers into `h` (replacing any of the same names).
@@ -262,13 +254,14 @@ impl RateHeaders {
                 h.insert(RATELIMIT_POLICY, q);
                 h.insert(RATELIMIT, r);
             }
-            Self::Three {
-                x,
-                limit,
-                remaining,
-                reset,
-            } => {
-                let [l, r, t] = if x { X_NAMES } else { RL_NAMES };
+            Self::RateLimit(limit, remaining, reset) => {
+                let [l, r, t] = RL_NAMES;
+                h.insert(l, number(limit));
+                h.insert(r, number(remaining));
+                h.insert(t, number(reset));
+            }
+            Self::XRateLimit(limit, remaining, reset) => {
+                let [l, r, t] = X_NAMES;
                 h.insert(l, number(limit));
                 h.insert(r, number(remaining));
                 h.insert(t, number(reset));
