@@ -228,7 +228,12 @@ impl RateHeaders {
     /// `style`'s headers for decision `d`. None for a decision no limit made (no rule
     /// applied: `limit` is `u64::MAX`) or a store-full / shed decision (`limit` 0).
     pub(crate) fn new(style: &HeaderStyle, policy: &Policy, d: &Decision) -> Self {
-        if d.limit == u64::MAX || d.limit == 0 {
+        if d.limit == u64::MAX
+            || d.limit == 0
+            || matches!(d.outcome, Outcome::StoreFull | Outcome::Untracked)
+        {
+            // A full store says nothing of this client's quota (its `remaining` 0 would read
+            // as "used up").
             return Self::None;
         }
         let remaining = if d.allowed() { d.remaining } else { 0 };
@@ -246,13 +251,15 @@ impl RateHeaders {
         three(d.limit, remaining, reset_secs(d))
     }
 
-    /// Writes the headers into `h` (replacing any of the same names).
+    /// Writes the headers into `h`. The IETF fields are lists (one member per policy): they
+    /// are appended to what an inner layer (a per-route limit under a global one) wrote, so
+    /// the client sees every policy. The older single-valued forms replace what is there.
     pub(crate) fn write(self, h: &mut HeaderMap) {
         match self {
             Self::None => {}
             Self::Ietf(q, r) => {
-                h.insert(RATELIMIT_POLICY, q);
-                h.insert(RATELIMIT, r);
+                h.append(RATELIMIT_POLICY, q);
+                h.append(RATELIMIT, r);
             }
             Self::RateLimit(limit, remaining, reset) => {
                 let [l, r, t] = RL_NAMES;
@@ -270,8 +277,9 @@ impl RateHeaders {
     }
 }
 
-/// Writes `style`'s headers for decision `d` into `h`. Nothing for a decision no limit made
-/// (no rule applied: `limit` is `u64::MAX`) or a store-full / shed decision (`limit` 0).
+/// Writes `style`'s headers for decision `d` into `h`: the IETF fields appended to any there,
+/// the older forms replacing theirs. Nothing for a decision no limit made (no rule applied:
+/// `limit` is `u64::MAX`), a shed decision (`limit` 0) or a full store.
 pub fn write_headers(style: &HeaderStyle, policy: &Policy, d: &Decision, h: &mut HeaderMap) {
     RateHeaders::new(style, policy, d).write(h);
 }
@@ -399,7 +407,18 @@ pub(crate) fn denial_response(
     if let Some(s) = denial.retry_after {
         h.entry(RETRY_AFTER).or_insert(number(s));
     }
-    write_headers(style, policy, denial.decision, h);
+    if let BodyStyle::Custom(_) = body {
+        // The application's own refusal keeps any rate-limit header it set.
+        let mut ours = HeaderMap::new();
+        write_headers(style, policy, denial.decision, &mut ours);
+        for (name, v) in ours {
+            if let Some(name) = name {
+                h.entry(name).or_insert(v);
+            }
+        }
+    } else {
+        write_headers(style, policy, denial.decision, h);
+    }
     res
 }
 
@@ -546,6 +565,68 @@ mod tests {
         let mut h = HeaderMap::new();
         write_headers(&HeaderStyle::Ietf, &q, &d(true, 1, 0, 0, None), &mut h);
         assert_eq!(h["ratelimit-policy"], "\"p\";q=1;w=2");
+    }
+
+    #[test]
+    fn what_gets_headers() {
+        let p = Policy::default();
+        let mut full = d(false, 1000, 0, 0, Some(5_000_000_000));
+        full.outcome = Outcome::StoreFull;
+        let mut untracked = d(true, 1000, 0, 0, None);
+        untracked.outcome = Outcome::Untracked;
+        for d in [
+            full,
+            untracked,
+            d(false, 0, 0, 0, Some(1)),
+            d(true, u64::MAX, 0, 0, None),
+        ] {
+            let mut h = HeaderMap::new();
+            write_headers(&HeaderStyle::Ietf, &p, &d, &mut h);
+            assert!(h.is_empty(), "{d:?}");
+        }
+        // The IETF fields add to an inner layer's; the older forms replace.
+        let mut h = HeaderMap::new();
+        h.insert("ratelimit", HeaderValue::from_static("\"inner\";r=1;t=1"));
+        h.insert("x-ratelimit-limit", HeaderValue::from_static("7"));
+        let a = d(true, 10, 3, 2_000_000_000, None);
+        write_headers(&HeaderStyle::Ietf, &p, &a, &mut h);
+        write_headers(&HeaderStyle::XRateLimit, &p, &a, &mut h);
+        let all: Vec<_> = h.get_all("ratelimit").iter().collect();
+        assert_eq!(all, ["\"inner\";r=1;t=1", "\"default\";r=3;t=2"]);
+        assert_eq!(
+            h.get_all("x-ratelimit-limit").iter().collect::<Vec<_>>(),
+            ["10"]
+        );
+    }
+
+    #[test]
+    fn a_custom_refusal_keeps_its_headers() {
+        let p = Policy::default();
+        let refused = d(false, 10, 0, 0, Some(2_500_000_000));
+        let denial = Denial {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            decision: &refused,
+            retry_after: retry_after_secs(&refused),
+            shed: false,
+            policy: "default",
+        };
+        let body = BodyStyle::Custom(Arc::new(|_: &Denial<'_>| {
+            let mut r = Response::new(Bytes::from_static(b"slow down"));
+            r.headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from_static("60"));
+            r.headers_mut()
+                .insert("ratelimit", HeaderValue::from_static("mine"));
+            r
+        }));
+        let r = denial_response(&denial, &body, &HeaderStyle::Ietf, &p);
+        assert_eq!(r.status(), 429, "200 becomes the refusal's status");
+        assert_eq!(r.headers()["retry-after"], "60");
+        assert_eq!(r.headers().get_all("ratelimit").iter().count(), 1);
+        assert_eq!(r.headers()["ratelimit"], "mine");
+        assert_eq!(r.headers()["ratelimit-policy"], "\"default\";q=10");
+        let r = denial_response(&denial, &BodyStyle::Text, &HeaderStyle::Ietf, &p);
+        assert_eq!(r.headers()["retry-after"], "3");
+        assert_eq!(r.headers()["ratelimit"], "\"default\";r=0;t=3");
     }
 
     #[test]
