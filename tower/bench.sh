@@ -8,6 +8,9 @@
 #   tower/bench.sh callgrind   instructions per request (valgrind --tool=callgrind) of no layer,
 #                              turnstile and tower_governor, with and without their rate-limit
 #                              headers (benches/layer.rs); exact and repeatable on a loaded machine
+#   tower/bench.sh server      user-space instructions per request of the hello server with and
+#                              without the layer, under callgrind, driven by wrk (counters zeroed
+#                              after a warm-up); kernel time is not in it
 #   tower/bench.sh time        time per request of the same variants, ROUNDS_IN rounds
 #                              interleaved (median round of each), server-free, pinned to core 1
 #   tower/bench.sh criterion   cargo bench -p turnstile-tower --bench layer (time per request)
@@ -114,6 +117,35 @@ callgrind_mode() {
     load after
 }
 
+server_mode() {
+    cargo build --release -q -p turnstile-tower --example hello
+    load before
+    echo "hello server under callgrind, wrk -t1 -c10: user-space instructions per request"
+    local l
+    for l in "" --layer; do
+        valgrind --tool=callgrind --callgrind-out-file="$TMP/srv.out" \
+            target/release/examples/hello --addr "127.0.0.1:$PORT" $l 2>"$TMP/srv.err" &
+        PID=$!
+        for _ in $(seq 1 600); do
+            (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break
+            sleep 0.1
+        done
+        wrk -t1 -c10 -d3s "http://127.0.0.1:$PORT/" >/dev/null
+        callgrind_control -z "$PID" >/dev/null 2>&1
+        wrk -t1 -c10 -d"${WRK_SECS}s" "http://127.0.0.1:$PORT/" >"$TMP/wrk.out"
+        callgrind_control -d "$PID" >/dev/null 2>&1
+        kill "$PID"
+        wait "$PID" 2>/dev/null || true
+        PID=""
+        local n ir
+        n=$(awk '/requests in/ {print $1}' "$TMP/wrk.out")
+        ir=$(sed -n 's/^summary: //p' "$TMP/srv.out.1")
+        printf "%-14s %8d requests %8.0f Ir/request\n" "${l:-no layer}" "$n" "$(awk -v a="$ir" -v b="$n" 'BEGIN {print a / b}')"
+        rm -f "$TMP"/srv.out*
+    done
+    load after
+}
+
 bench_bin() {
     cargo bench -p turnstile-tower --bench layer --no-run --message-format=json 2>/dev/null |
         sed -n 's/.*"executable":"\([^"]*layer-[^"]*\)".*/\1/p' | tail -1
@@ -121,6 +153,7 @@ bench_bin() {
 
 case "$MODE" in
 wrk) wrk_mode ;;
+server) server_mode ;;
 time)
     bin=$(bench_bin)
     load before
@@ -134,7 +167,7 @@ criterion)
     load after
     ;;
 *)
-    echo "usage: tower/bench.sh [wrk|callgrind|time|criterion]" >&2
+    echo "usage: tower/bench.sh [wrk|callgrind|server|time|criterion]" >&2
     exit 2
     ;;
 esac
