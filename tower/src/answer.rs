@@ -457,12 +457,14 @@ pub(crate) fn grpc_denial(
     }
     if let Some(s) = denial.retry_after {
         h.insert(RETRY_AFTER, number(s));
+        // Rounded up and at least 1, as `Retry-After`: never 0 while refused.
         let ms = denial
             .decision
             .retry_after_ns
             .unwrap_or(0)
-            .div_ceil(1_000_000);
-        h.insert("grpc-retry-pushback-ms", HeaderValue::from(ms));
+            .div_ceil(1_000_000)
+            .max(1);
+        h.insert("grpc-retry-pushback-ms", number(ms));
     }
     write_headers(style, policy, denial.decision, h);
     res
@@ -627,6 +629,27 @@ mod tests {
         let r = denial_response(&denial, &BodyStyle::Text, &HeaderStyle::Ietf, &p);
         assert_eq!(r.headers()["retry-after"], "3");
         assert_eq!(r.headers()["ratelimit"], "\"default\";r=0;t=3");
+    }
+
+    #[test]
+    fn grpc_pushback_is_never_zero() {
+        for (ns, ms, s) in [(0, 1, 1), (1, 1, 1), (1_000_000, 1, 1), (1_000_001, 2, 1)] {
+            let refused = d(false, 10, 0, 0, Some(ns));
+            let denial = Denial {
+                status: StatusCode::TOO_MANY_REQUESTS,
+                decision: &refused,
+                retry_after: retry_after_secs(&refused),
+                shed: false,
+                policy: "default",
+            };
+            let r = grpc_denial(&denial, &HeaderStyle::None, &Policy::default());
+            assert_eq!(
+                r.headers()["grpc-retry-pushback-ms"],
+                ms.to_string().as_str()
+            );
+            assert_eq!(r.headers()["retry-after"], s.to_string().as_str());
+            assert_eq!(r.headers()["grpc-status"], "8");
+        }
     }
 
     #[test]
