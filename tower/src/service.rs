@@ -3,9 +3,10 @@
 //! shaped wait, or the inner call) and the body that holds the permit
 //! ([`RateLimitBody`]).
 
-use crate::answer::{denial_response, grpc_denial, is_grpc, no_key_response, RateHeaders};
+use crate::answer::{denial_response, grpc_denial, is_grpc, no_key_response};
 use crate::answer::{BodyStyle, Denial, HeaderStyle, Policy};
 use crate::body::RateLimitBody;
+use crate::headers::RateHeaders;
 use crate::limit::{bounded_delay, retry_after_secs, Check, Limit, NoKey};
 use crate::observe::{Answer, Event, Observer};
 use bytes::Bytes;
