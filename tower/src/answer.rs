@@ -1,200 +1,17 @@
-//! What the layer answers: rate-limit headers on every response, and the 429 / 503 of a
-//! refused request (problem+json, text, the user's own, or a gRPC status).
+//! What the layer answers: rate-limit headers on every response (their forms are in
+//! `headers.rs`, re-exported here), and the 429 / 503 of a refused request (problem+json,
+//! text, the user's own, or a gRPC status).
 
-use crate::limit::{ceil_secs, retry_after_secs};
+use crate::headers::number;
+pub use crate::headers::{reset_secs, write_headers, HeaderStyle, Policy};
 use bytes::Bytes;
-use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};
 use std::sync::Arc;
 use turnstile::{Decision, Outcome};
 
-/// Which rate-limit headers responses carry.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub enum HeaderStyle {
-    /// None (a refused request still gets `Retry-After`).
-    None,
-    /// The IETF draft (draft-ietf-httpapi-ratelimit-headers):
-    /// `RateLimit-Policy: "name";q=100;w=60` and `RateLimit: "name";r=50;t=30`.
-    #[default]
-    Ietf,
-    /// `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset` (earlier drafts).
-    RateLimit,
-    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`.
-    XRateLimit,
-}
-
-/// The policy the IETF headers name: a name (an sf-string: printable ASCII without `"` or
-/// `\`) and the window in seconds, if one is known.
-#[derive(Clone, Debug)]
-pub struct Policy {
-    pub(crate) name: Arc<str>,
-    pub(crate) window: Option<u64>,
-    /// The `RateLimit-Policy` value of the first limit seen: a store's limit never changes,
-    /// so the value is formatted once and then cloned (a reference count, no allocation).
-    cached: Arc<std::sync::OnceLock<(u64, HeaderValue)>>,
-}
-
-impl PartialEq for Policy {
-    fn eq(&self, o: &Self) -> bool {
-        (&self.name, self.window) == (&o.name, o.window)
-    }
-}
-
-impl Eq for Policy {}
-
-impl Policy {
-    /// A policy named `name`, or an error saying which character is not allowed.
-    pub fn new(name: &str, window: Option<std::time::Duration>) -> Result<Self, String> {
-        if let Some(c) = name
-            .chars()
-            .find(|c| !(' '..='~').contains(c) || *c == '"' || *c == '\\')
-        {
-            return Err(format!(
-                "policy name `{}` holds {c:?}: use printable ASCII without `\"` and `\\`",
-                name.escape_debug()
-            ));
-        }
-        Ok(Self {
-            name: name.into(),
-            window: window.map(|w| w.as_secs_f64().ceil() as u64),
-            cached: Arc::default(),
-        })
-    }
-    /// The name.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// The `RateLimit-Policy` value for a quota of `limit`.
-    fn header(&self, limit: u64) -> Option<HeaderValue> {
-        let format = || {
-            let q = match self.window {
-                Some(w) => format!("\"{}\";q={limit};w={w}", self.name),
-                None => format!("\"{}\";q={limit}", self.name),
-            };
-            // The name was checked to be visible ASCII: this never fails.
-            HeaderValue::try_from(q).ok()
-        };
-        match self.cached.get() {
-            Some((l, v)) if *l == limit => Some(v.clone()),
-            Some(_) => format(),
-            None => {
-                let v = format()?;
-                // Another thread may have cached another limit first: then `v` is the answer.
-                let (l, c) = self.cached.get_or_init(|| (limit, v.clone()));
-                Some(if *l == limit { c.clone() } else { v })
-            }
-        }
-    }
-}
-
-impl Default for Policy {
-    fn default() -> Self {
-        Self {
-            name: "default".into(),
-            window: None,
-            cached: Arc::default(),
-        }
-    }
-}
-
-static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
-static RL_LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
-static RL_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
-static RL_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
-static X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
-static X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
-static X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
-
-/// Seconds until the client may expect more quota: when admitted, until the limit is idle
-/// again; when refused, until this request would be admitted (rounded up, ≥ 1).
-pub fn reset_secs(d: &Decision) -> u64 {
-    match retry_after_secs(d) {
-        Some(s) if !d.allowed() => s,
-        _ => ceil_secs(d.reset_after_ns),
-    }
-}
-
-/// Writes `style`'s headers for decision `d` into `h`. Nothing for a decision no limit made
-/// (no rule applied: `limit` is `u64::MAX`) or a store-full / shed decision (`limit` 0).
-pub fn write_headers(style: &HeaderStyle, policy: &Policy, d: &Decision, h: &mut HeaderMap) {
-    if d.limit == u64::MAX || d.limit == 0 || matches!(style, HeaderStyle::None) {
-        return;
-    }
-    let remaining = if d.allowed() { d.remaining } else { 0 };
-    let reset = reset_secs(d);
-    let (l, r, t) = match style {
-        HeaderStyle::None => return,
-        HeaderStyle::Ietf => {
-            // Written into a stack buffer: `format!` was a fifth of the layer's instructions
-            // (callgrind, `benches/layer.rs`). The name was checked to be visible ASCII, so
-            // the value is valid; a name too long for the buffer takes the `format!` path.
-            let mut buf = [0u8; 128];
-            let mut w = Buf { b: &mut buf, n: 0 };
-            w.put(b"\"");
-            w.put(policy.name.as_bytes());
-            w.put(b"\";r=");
-            w.num(remaining);
-            w.put(b";t=");
-            w.num(reset);
-            let rl = match w.done() {
-                Some(b) => HeaderValue::from_bytes(b).ok(),
-                None => {
-                    HeaderValue::try_from(format!("\"{}\";r={remaining};t={reset}", policy.name))
-                        .ok()
-                }
-            };
-            if let (Some(q), Some(rl)) = (policy.header(d.limit), rl) {
-                h.insert(RATELIMIT_POLICY.clone(), q);
-                h.insert(RATELIMIT.clone(), rl);
-            }
-            return;
-        }
-        HeaderStyle::RateLimit => (&RL_LIMIT, &RL_REMAINING, &RL_RESET),
-        HeaderStyle::XRateLimit => (&X_LIMIT, &X_REMAINING, &X_RESET),
-    };
-    h.insert(l.clone(), HeaderValue::from(d.limit));
-    h.insert(r.clone(), HeaderValue::from(remaining));
-    h.insert(t.clone(), HeaderValue::from(reset));
-}
-
 /// The application's own refusal ([`BodyStyle::Custom`]).
 pub type DenialHandler = Arc<dyn Fn(&Denial<'_>) -> Response<Bytes> + Send + Sync>;
-
-/// A bounded writer over a stack buffer; `done` is `None` if anything did not fit.
-struct Buf<'a> {
-    b: &'a mut [u8],
-    n: usize,
-}
-
-impl Buf<'_> {
-    fn put(&mut self, s: &[u8]) {
-        let end = self.n.saturating_add(s.len());
-        if let Some(dst) = self.b.get_mut(self.n..end) {
-            dst.copy_from_slice(s);
-            self.n = end;
-        } else {
-            self.n = usize::MAX;
-        }
-    }
-    fn num(&mut self, mut v: u64) {
-        let mut d = [0u8; 20];
-        let mut i = d.len();
-        loop {
-            i -= 1;
-            d[i] = b'0' + (v % 10) as u8;
-            v /= 10;
-            if v == 0 {
-                break;
-            }
-        }
-        self.put(&d[i..]);
-    }
-    fn done(&self) -> Option<&[u8]> {
-        self.b.get(..self.n)
-    }
-}
 
 /// The body of a refused request.
 #[derive(Clone, Default)]
@@ -314,9 +131,20 @@ pub(crate) fn denial_response(
     }
     let h = res.headers_mut();
     if let Some(s) = denial.retry_after {
-        h.entry(RETRY_AFTER).or_insert(HeaderValue::from(s));
+        h.entry(RETRY_AFTER).or_insert(number(s));
     }
-    write_headers(style, policy, denial.decision, h);
+    if let BodyStyle::Custom(_) = body {
+        // The application's own refusal keeps any rate-limit header it set.
+        let mut ours = HeaderMap::new();
+        write_headers(style, policy, denial.decision, &mut ours);
+        for (name, v) in ours {
+            if let Some(name) = name {
+                h.entry(name).or_insert(v);
+            }
+        }
+    } else {
+        write_headers(style, policy, denial.decision, h);
+    }
     res
 }
 
@@ -354,13 +182,15 @@ pub(crate) fn grpc_denial(
         h.insert("grpc-message", v);
     }
     if let Some(s) = denial.retry_after {
-        h.insert(RETRY_AFTER, HeaderValue::from(s));
+        h.insert(RETRY_AFTER, number(s));
+        // Rounded up and at least 1, as `Retry-After`: never 0 while refused.
         let ms = denial
             .decision
             .retry_after_ns
             .unwrap_or(0)
-            .div_ceil(1_000_000);
-        h.insert("grpc-retry-pushback-ms", HeaderValue::from(ms));
+            .div_ceil(1_000_000)
+            .max(1);
+        h.insert("grpc-retry-pushback-ms", number(ms));
     }
     write_headers(style, policy, denial.decision, h);
     res
@@ -382,6 +212,7 @@ pub(crate) fn no_key_response() -> Response<Bytes> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limit::retry_after_secs;
 
     fn d(allowed: bool, limit: u64, remaining: u64, reset: u64, retry: Option<u64>) -> Decision {
         Decision {
@@ -399,46 +230,54 @@ mod tests {
     }
 
     #[test]
-    fn header_styles() {
-        let p = Policy::new("per-ip", Some(std::time::Duration::from_secs(60))).unwrap();
-        let a = d(true, 10, 7, 18_000_000_001, None);
-        let mut h = HeaderMap::new();
-        write_headers(&HeaderStyle::Ietf, &p, &a, &mut h);
-        assert_eq!(h["ratelimit-policy"], "\"per-ip\";q=10;w=60");
-        assert_eq!(h["ratelimit"], "\"per-ip\";r=7;t=19");
-        let mut h = HeaderMap::new();
-        write_headers(&HeaderStyle::XRateLimit, &p, &a, &mut h);
-        assert_eq!(
-            (
-                &h["x-ratelimit-limit"],
-                &h["x-ratelimit-remaining"],
-                &h["x-ratelimit-reset"]
-            ),
-            (
-                &"10".parse::<HeaderValue>().unwrap(),
-                &"7".parse().unwrap(),
-                &"19".parse().unwrap()
-            )
-        );
-        let denied = d(false, 10, 0, 60_000_000_000, Some(1));
-        let mut h = HeaderMap::new();
-        write_headers(&HeaderStyle::RateLimit, &p, &denied, &mut h);
-        assert_eq!(h["ratelimit-reset"], "1", "1 ns rounds up to 1 s");
-        assert_eq!(h["ratelimit-remaining"], "0");
-        // The stack-buffer writer against `format!`: extreme numbers, a name too long for it.
-        let long = "n".repeat(200);
-        for name in ["p", long.as_str()] {
-            let p = Policy::new(name, None).unwrap();
-            for (rem, reset) in [(0, 0), (9, 10), (u64::MAX - 1, u64::MAX)] {
-                let d = d(true, u64::MAX - 1, rem, reset, None);
-                let mut h = HeaderMap::new();
-                write_headers(&HeaderStyle::Ietf, &p, &d, &mut h);
-                let want = format!("\"{name}\";r={rem};t={}", reset.div_ceil(1_000_000_000));
-                assert_eq!(h["ratelimit"], want.as_str());
-            }
+    fn a_custom_refusal_keeps_its_headers() {
+        let p = Policy::default();
+        let refused = d(false, 10, 0, 0, Some(2_500_000_000));
+        let denial = Denial {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            decision: &refused,
+            retry_after: retry_after_secs(&refused),
+            shed: false,
+            policy: "default",
+        };
+        let body = BodyStyle::Custom(Arc::new(|_: &Denial<'_>| {
+            let mut r = Response::new(Bytes::from_static(b"slow down"));
+            r.headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from_static("60"));
+            r.headers_mut()
+                .insert("ratelimit", HeaderValue::from_static("mine"));
+            r
+        }));
+        let r = denial_response(&denial, &body, &HeaderStyle::Ietf, &p);
+        assert_eq!(r.status(), 429, "200 becomes the refusal's status");
+        assert_eq!(r.headers()["retry-after"], "60");
+        assert_eq!(r.headers().get_all("ratelimit").iter().count(), 1);
+        assert_eq!(r.headers()["ratelimit"], "mine");
+        assert_eq!(r.headers()["ratelimit-policy"], "\"default\";q=10");
+        let r = denial_response(&denial, &BodyStyle::Text, &HeaderStyle::Ietf, &p);
+        assert_eq!(r.headers()["retry-after"], "3");
+        assert_eq!(r.headers()["ratelimit"], "\"default\";r=0;t=3");
+    }
+
+    #[test]
+    fn grpc_pushback_is_never_zero() {
+        for (ns, ms, s) in [(0, 1, 1), (1, 1, 1), (1_000_000, 1, 1), (1_000_001, 2, 1)] {
+            let refused = d(false, 10, 0, 0, Some(ns));
+            let denial = Denial {
+                status: StatusCode::TOO_MANY_REQUESTS,
+                decision: &refused,
+                retry_after: retry_after_secs(&refused),
+                shed: false,
+                policy: "default",
+            };
+            let r = grpc_denial(&denial, &HeaderStyle::None, &Policy::default());
+            assert_eq!(
+                r.headers()["grpc-retry-pushback-ms"],
+                ms.to_string().as_str()
+            );
+            assert_eq!(r.headers()["retry-after"], s.to_string().as_str());
+            assert_eq!(r.headers()["grpc-status"], "8");
         }
-        assert!(Policy::new("a\"b", None).is_err());
-        assert!(Policy::new("é", None).is_err());
     }
 
     #[test]

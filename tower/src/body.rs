@@ -10,11 +10,12 @@ use std::task::{Context, Poll};
 use turnstile::rules::OwnedInFlight;
 
 pin_project! {
-    /// The body of every response that passed the layer.
-    pub struct RateLimitBody<B> {
+    /// The body of every response that passed the layer; `P` is the permit it holds (the
+    /// limit's [`Permit`](crate::Limit::Permit): `()` over a store).
+    pub struct RateLimitBody<B, P = OwnedInFlight> {
         #[pin]
         inner: Inner<B>,
-        permit: Option<OwnedInFlight>,
+        permit: Option<P>,
     }
 }
 
@@ -26,8 +27,8 @@ pin_project! {
     }
 }
 
-impl<B> RateLimitBody<B> {
-    pub(crate) fn new(body: B, permit: Option<OwnedInFlight>) -> Self {
+impl<B, P> RateLimitBody<B, P> {
+    pub(crate) fn new(body: B, permit: Option<P>) -> Self {
         Self {
             inner: Inner::Body { body },
             permit,
@@ -47,7 +48,7 @@ impl<B> RateLimitBody<B> {
     }
 }
 
-impl<B> Body for RateLimitBody<B>
+impl<B, P> Body for RateLimitBody<B, P>
 where
     B: Body<Data = Bytes>,
 {

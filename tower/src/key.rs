@@ -6,6 +6,7 @@
 
 use crate::ip::{client_ip, peer_addr, ProxyHeader, TrustedProxies};
 use http::request::Parts;
+use http::{HeaderMap, HeaderName, HeaderValue};
 use std::borrow::Cow;
 use std::net::IpAddr;
 use turnstile::keyed::KeyHasher;
@@ -215,9 +216,24 @@ impl Header {
     }
 }
 
+/// The first value of header `name`, as `HeaderMap::get` gives it. Most requests carry a
+/// few headers: comparing their names is cheaper than hashing `name` byte by byte (the
+/// map's hash of a custom name, a third of the extractor's instructions under callgrind).
+pub(crate) fn first_value<'r>(h: &'r HeaderMap, name: &HeaderName) -> Option<&'r HeaderValue> {
+    if h.keys_len() <= SCAN_HEADERS {
+        // `iter` visits each name's first value before its others: the first match is `get`'s.
+        h.iter().find(|(k, _)| *k == name).map(|(_, v)| v)
+    } else {
+        h.get(name)
+    }
+}
+
+/// Up to this many header names, [`first_value`] scans rather than hashes.
+const SCAN_HEADERS: usize = 8;
+
 impl KeyExtractor for Header {
     fn extract<'r>(&self, parts: &'r Parts) -> Option<Key<'r>> {
-        let v = parts.headers.get(&self.0)?.as_bytes();
+        let v = first_value(&parts.headers, &self.0)?.as_bytes();
         (!v.is_empty()).then_some(Key::Bytes(v))
     }
     fn class(&self) -> &'static str {
@@ -315,6 +331,37 @@ mod tests {
         assert_eq!(bearer_token(b"Bearer "), None);
         assert_eq!(bearer_token(b"Basic abc"), None);
         assert_eq!(bearer_token(b"Bear"), None);
+    }
+
+    #[test]
+    fn first_value_is_gets() {
+        // Below and above the scan threshold, names repeated, the name first, last, absent.
+        for n in [
+            0,
+            1,
+            3,
+            SCAN_HEADERS - 1,
+            SCAN_HEADERS,
+            SCAN_HEADERS + 1,
+            40,
+        ] {
+            for at in [0, n / 2, n] {
+                let mut h = HeaderMap::new();
+                for i in 0..n {
+                    let name = HeaderName::try_from(format!("h-{i}")).unwrap();
+                    h.append(&name, HeaderValue::from(i));
+                    h.append(name, HeaderValue::from(i + 1000));
+                    if i == at {
+                        h.append("x-key", HeaderValue::from(7 + i));
+                        h.append("x-key", HeaderValue::from(8 + i));
+                    }
+                }
+                for name in ["x-key", "h-0", "absent"] {
+                    let name = HeaderName::from_static(name);
+                    assert_eq!(first_value(&h, &name), h.get(&name), "{n} {at} {name}");
+                }
+            }
+        }
     }
 
     #[test]

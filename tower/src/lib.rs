@@ -35,6 +35,7 @@
 
 pub mod answer;
 mod body;
+mod headers;
 pub mod ip;
 pub mod key;
 mod limit;

@@ -23,9 +23,10 @@ pub enum NoKey {
     Anonymous,
 }
 
-/// The result of one check.
+/// The result of one check; `P` is the permit an admitted request holds (see
+/// [`Limit::Permit`]).
 #[derive(Debug)]
-pub enum Check {
+pub enum Check<P = OwnedInFlight> {
     /// Admitted: go on (after `decision.delay` for a shaper). `permit` is held until the
     /// response body ends; `refund` gives the cost back if the request is cancelled while it
     /// waits out its delay.
@@ -33,7 +34,7 @@ pub enum Check {
         /// The decision.
         decision: Decision,
         /// An in-flight permit to hold until the response body ends.
-        permit: Option<OwnedInFlight>,
+        permit: Option<P>,
         /// The key id and cost to refund on cancellation, where the limit can refund.
         refund: Option<(u64, u64)>,
     },
@@ -53,8 +54,12 @@ pub enum Check {
 /// What the layer checks requests against. Implemented for [`StoreLimit`] and
 /// [`EngineLimit`]; implement it to put any other decision behind the layer.
 pub trait Limit: Send + Sync + 'static {
+    /// What an admitted request holds until its response body ends or is dropped: the
+    /// engine's [`OwnedInFlight`]; `()` for a store, which counts nothing in flight (then the
+    /// response future and body carry no room for one).
+    type Permit: Send + 'static;
     /// Checks the request whose head is `parts`.
-    fn check(&self, parts: &Parts, no_key: NoKey) -> Check;
+    fn check(&self, parts: &Parts, no_key: NoKey) -> Check<Self::Permit>;
     /// Gives back `cost` taken from key id `id` (a shaped request cancelled while it waited).
     fn refund(&self, _id: u64, _cost: u64) {}
     /// The key class, for observers.
@@ -90,7 +95,7 @@ impl<K: KeyExtractor, C: Clock + 'static> StoreLimit<K, C> {
 }
 
 /// A store's verdict: a full store (fail closed) answers 503, like a shed request.
-fn store_check(d: Decision, id: u64, cost: u64) -> Check {
+fn store_check(d: Decision, id: u64, cost: u64) -> Check<()> {
     if d.allowed() {
         Check::Admitted {
             decision: d,
@@ -106,8 +111,9 @@ fn store_check(d: Decision, id: u64, cost: u64) -> Check {
 }
 
 impl<K: KeyExtractor, C: Clock + 'static> Limit for StoreLimit<K, C> {
+    type Permit = ();
     #[inline]
-    fn check(&self, parts: &Parts, no_key: NoKey) -> Check {
+    fn check(&self, parts: &Parts, no_key: NoKey) -> Check<()> {
         let id = match self.key.extract(parts) {
             Some(k) => k.key_id(self.store.hasher()),
             None => match no_key {
@@ -213,7 +219,7 @@ impl Describe for Describer {
             .method(parts.method.as_str());
         r.ip = self.client_ip(parts);
         if let Some(h) = &self.api_key {
-            r.api_key = parts.headers.get(h).and_then(|v| v.to_str().ok());
+            r.api_key = crate::key::first_value(&parts.headers, h).and_then(|v| v.to_str().ok());
         }
         if let Some(f) = self.customer {
             r.customer = f(parts);
@@ -254,6 +260,7 @@ pub fn is_shed(d: &Decision) -> bool {
 }
 
 impl<D: Describe, C: Clock + 'static> Limit for EngineLimit<D, C> {
+    type Permit = OwnedInFlight;
     #[inline]
     fn check(&self, parts: &Parts, no_key: NoKey) -> Check {
         let req = match self.describe.describe(parts) {

@@ -3,9 +3,10 @@
 //! shaped wait, or the inner call) and the body that holds the permit
 //! ([`RateLimitBody`]).
 
-use crate::answer::{denial_response, grpc_denial, is_grpc, no_key_response, write_headers};
+use crate::answer::{denial_response, grpc_denial, is_grpc, no_key_response};
 use crate::answer::{BodyStyle, Denial, HeaderStyle, Policy};
 use crate::body::RateLimitBody;
+use crate::headers::RateHeaders;
 use crate::limit::{bounded_delay, retry_after_secs, Check, Limit, NoKey};
 use crate::observe::{Answer, Event, Observer};
 use bytes::Bytes;
@@ -19,7 +20,6 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 use tower_layer::Layer;
 use tower_service::Service;
-use turnstile::rules::OwnedInFlight;
 use turnstile::Decision;
 
 /// The layer's settings, shared by every clone of the layer and its services.
@@ -192,7 +192,7 @@ where
     L: Limit,
     ResB: Body<Data = Bytes>,
 {
-    type Response = Response<RateLimitBody<ResB>>;
+    type Response = Response<RateLimitBody<ResB, L::Permit>>;
     type Error = S::Error;
     type Future = ResponseFuture<S, ReqB, L>;
 
@@ -202,30 +202,34 @@ where
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let (parts, body) = req.into_parts();
-        let grpc = is_grpc(&parts.headers);
         let check = self.cfg.limit.check(&parts, self.cfg.no_key);
+        // Only a refusal and an observer need to know: no header lookup on the admitted path.
+        let grpc = (self.cfg.observer.is_some()
+            || matches!(check, Check::Denied { .. } | Check::NoKey))
+            && is_grpc(&parts.headers);
         let req = Request::from_parts(parts, body);
-        let state = match check {
+        let (state, headers) = match check {
             Check::Admitted {
                 decision,
                 permit,
                 refund,
             } => {
+                let headers = RateHeaders::new(&self.cfg.headers, &self.cfg.policy, &decision);
                 let delay = bounded_delay(&decision, self.cfg.max_delay);
                 if delay.is_zero() {
                     self.observe(Answer::Admitted, Some(&decision), grpc);
-                    State::Inner {
-                        fut: self.inner.call(req),
-                        permit,
-                    }
+                    let fut = self.inner.call(req);
+                    (State::Inner { fut, permit }, headers)
                 } else {
                     self.observe(Answer::Delayed, Some(&decision), grpc);
                     // The inner service was made ready by `poll_ready`; that instance waits
                     // with the request, a clone takes its place here.
                     let clone = self.inner.clone();
                     let svc = std::mem::replace(&mut self.inner, clone);
-                    State::Delayed {
-                        sleep: Box::pin(tokio::time::sleep(delay)),
+                    // One allocation for the wait (the timer, the request, the service): a
+                    // shaped request is rare, and the future of every other stays small.
+                    let wait = Box::pin(Wait {
+                        sleep: tokio::time::sleep(delay),
                         svc: Some(svc),
                         req: Some(req),
                         permit,
@@ -234,9 +238,9 @@ where
                             id,
                             cost,
                         }),
-                    }
+                    });
+                    (State::Delayed { wait }, headers)
                 }
-                .with(Some(decision))
             }
             Check::Denied { decision, shed } => {
                 self.observe(
@@ -244,38 +248,20 @@ where
                     Some(&decision),
                     grpc,
                 );
-                self.refuse(&decision, shed, grpc).with(None)
+                (self.refuse(&decision, shed, grpc), RateHeaders::None)
             }
             Check::Unchecked => {
                 self.observe(Answer::Unchecked, None, grpc);
-                State::Inner {
-                    fut: self.inner.call(req),
-                    permit: None,
-                }
-                .with(None)
+                let fut = self.inner.call(req);
+                (State::Inner { fut, permit: None }, RateHeaders::None)
             }
             Check::NoKey => {
                 self.observe(Answer::NoKey, None, grpc);
-                State::Ready {
-                    res: Some(no_key_response()),
-                }
-                .with(None)
+                let res = Some(no_key_response());
+                (State::Ready { res }, RateHeaders::None)
             }
         };
-        ResponseFuture {
-            state: state.0,
-            decision: state.1,
-            cfg: Arc::clone(&self.cfg),
-        }
-    }
-}
-
-/// A state and the decision whose headers the response gets.
-struct WithDecision<F, S, ReqB, L: Limit>(State<F, S, ReqB, L>, Option<Decision>);
-
-impl<F, S, ReqB, L: Limit> State<F, S, ReqB, L> {
-    fn with(self, d: Option<Decision>) -> WithDecision<F, S, ReqB, L> {
-        WithDecision(self, d)
+        ResponseFuture { state, headers }
     }
 }
 
@@ -295,17 +281,23 @@ impl<L: Limit> Drop for Refund<L> {
 }
 
 pin_project! {
+    /// A shaped request waiting out its delay.
+    struct Wait<S, ReqB, L: Limit> {
+        #[pin]
+        sleep: tokio::time::Sleep,
+        svc: Option<S>,
+        req: Option<Request<ReqB>>,
+        permit: Option<L::Permit>,
+        refund: Option<Refund<L>>,
+    }
+}
+
+pin_project! {
     #[project = StateProj]
     enum State<F, S, ReqB, L: Limit> {
         Ready { res: Option<Response<Bytes>> },
-        Delayed {
-            sleep: Pin<Box<tokio::time::Sleep>>,
-            svc: Option<S>,
-            req: Option<Request<ReqB>>,
-            permit: Option<OwnedInFlight>,
-            refund: Option<Refund<L>>,
-        },
-        Inner { #[pin] fut: F, permit: Option<OwnedInFlight> },
+        Delayed { wait: Pin<Box<Wait<S, ReqB, L>>> },
+        Inner { #[pin] fut: F, permit: Option<L::Permit> },
     }
 }
 
@@ -314,8 +306,8 @@ pin_project! {
     pub struct ResponseFuture<S: Service<Request<ReqB>>, ReqB, L: Limit> {
         #[pin]
         state: State<S::Future, S, ReqB, L>,
-        decision: Option<Decision>,
-        cfg: Arc<Config<L>>,
+        // The decision's rate-limit headers, for the inner service's response.
+        headers: RateHeaders,
     }
 }
 
@@ -325,7 +317,7 @@ where
     L: Limit,
     ResB: Body<Data = Bytes>,
 {
-    type Output = Result<Response<RateLimitBody<ResB>>, S::Error>;
+    type Output = Result<Response<RateLimitBody<ResB, L::Permit>>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -335,31 +327,24 @@ where
                     let res = res.take().expect("polled after completion");
                     return Poll::Ready(Ok(res.map(RateLimitBody::full)));
                 }
-                StateProj::Delayed {
-                    sleep,
-                    svc,
-                    req,
-                    permit,
-                    refund,
-                } => {
-                    ready!(sleep.as_mut().poll(cx));
-                    let s = svc.as_mut().expect("polled after completion");
+                StateProj::Delayed { wait } => {
+                    let w = wait.as_mut().project();
+                    ready!(w.sleep.poll(cx));
+                    let s = w.svc.as_mut().expect("polled after completion");
                     ready!(s.poll_ready(cx))?;
-                    if let Some(mut r) = refund.take() {
+                    if let Some(mut r) = w.refund.take() {
                         // Waited out: the request goes on and keeps its cost.
                         r.cost = 0;
                     }
-                    let req = req.take().expect("polled after completion");
+                    let req = w.req.take().expect("polled after completion");
                     let fut = s.call(req);
-                    let permit = permit.take();
+                    let permit = w.permit.take();
                     this.state.set(State::Inner { fut, permit });
                 }
                 StateProj::Inner { fut, permit } => {
                     let res = ready!(fut.poll(cx))?;
                     let mut res = res.map(|b| RateLimitBody::new(b, permit.take()));
-                    if let Some(d) = this.decision {
-                        write_headers(&this.cfg.headers, &this.cfg.policy, d, res.headers_mut());
-                    }
+                    std::mem::replace(this.headers, RateHeaders::None).write(res.headers_mut());
                     return Poll::Ready(Ok(res));
                 }
             }

@@ -338,6 +338,108 @@ limits = [{ algorithm = "fixed_window", limit = 1000, window = "1m" }]
 
 use futures_util::StreamExt as _;
 
+/// A client that gives up before the handler answers: hyper drops the response future, and
+/// with it the permit the future held (no body was ever made).
+#[tokio::test]
+async fn a_cancelled_handler_releases_its_permit() {
+    let clock = Clock::new(ManualClock::new(0));
+    let e = engine(
+        r#"
+[[rule]]
+name = "all"
+key = "global"
+limits = [{ algorithm = "fixed_window", limit = 1000, window = "1m" }]
+"#,
+        &clock,
+    );
+    let app = Router::new()
+        .route("/never", get(std::future::pending::<&'static str>))
+        .layer(RateLimitLayer::new(EngineLimit::new(
+            e.clone(),
+            Describer::new(),
+        )));
+    let addr = serve(app).await;
+    let c = reqwest::Client::builder()
+        .timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let wait = c.get(format!("http://{addr}/never")).send();
+    let watch = async {
+        // In flight while the handler runs (bounded wait for the request to arrive).
+        for _ in 0..2000 {
+            if e.in_flight() == 1 {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        false
+    };
+    let (r, held) = tokio::join!(wait, watch);
+    assert!(held, "the permit is held while the handler runs");
+    assert!(r.unwrap_err().is_timeout());
+    for _ in 0..2000 {
+        if e.in_flight() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(e.in_flight(), 0, "released when the handler was dropped");
+}
+
+/// A per-route limit under a global one: the IETF fields list both policies (the inner
+/// layer's first), each with the values of its own decision.
+#[tokio::test]
+async fn nested_layers_list_every_policy() {
+    let clock = Clock::new(ManualClock::new(0));
+    let route = store(
+        Quota::fixed_window(2, Duration::from_secs(60)).unwrap(),
+        &clock,
+    );
+    let global = store(
+        Quota::fixed_window(100, Duration::from_secs(3600)).unwrap(),
+        &clock,
+    );
+    let app = Router::new()
+        .route("/", get(|| async { "hello" }))
+        .route_layer(
+            RateLimitLayer::builder(StoreLimit::new(route, Global))
+                .policy(Policy::new("route", Some(Duration::from_secs(60))).unwrap())
+                .build(),
+        )
+        .layer(
+            RateLimitLayer::builder(StoreLimit::new(global, Global))
+                .policy(Policy::new("global", Some(Duration::from_secs(3600))).unwrap())
+                .build(),
+        );
+    let addr = serve(app).await;
+    let url = format!("http://{addr}/");
+    let all = |r: &reqwest::Response, name: &str| -> Vec<String> {
+        r.headers()
+            .get_all(name)
+            .iter()
+            .map(|v| v.to_str().unwrap().to_string())
+            .collect()
+    };
+    let r = reqwest::get(&url).await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        all(&r, "ratelimit-policy"),
+        ["\"route\";q=2;w=60", "\"global\";q=100;w=3600"]
+    );
+    assert_eq!(
+        all(&r, "ratelimit"),
+        ["\"route\";r=1;t=60", "\"global\";r=99;t=3600"]
+    );
+    reqwest::get(&url).await.unwrap();
+    // The route's limit refuses the third; the refusal still passes the global layer.
+    let r = reqwest::get(&url).await.unwrap();
+    assert_eq!(r.status(), 429);
+    assert_eq!(
+        all(&r, "ratelimit"),
+        ["\"route\";r=0;t=60", "\"global\";r=97;t=3600"]
+    );
+}
+
 /// A shaped request (leaky bucket shaper) waits out its delay; if the client gives up while
 /// it waits, its cost is given back: the next request is delayed as long as it was, not
 /// twice as long.
