@@ -3,8 +3,10 @@
 //! `turnstile serve`: the engine as a standalone service. Any Redis client can ask it
 //! redis-cell's `CL.THROTTLE` and the rules engine's `TURNSTILE.CHECK` over RESP (RESP2, and
 //! RESP3 after `HELLO 3`, pipelined); HTTP clients `POST /v1/check`; Prometheus scrapes
-//! `/metrics`. Rules reload on `SIGHUP`, `POST /v1/reload` or a change of the file; the
-//! `CL.THROTTLE` stores are snapshotted to a file and restored on start. docs/service.md.
+//! `/metrics`. With `--envoy-config`, Envoy's rate limit service answers over gRPC (`--grpc`)
+//! and `POST /json` (docs/envoy.md). The rules file and the Envoy configuration reload on
+//! `SIGHUP`, `POST /v1/reload` or a change of their files; the stores are snapshotted to a
+//! file and restored on start. docs/service.md.
 //!
 //! * [`resp`]: the protocol, a pure parser and an encoder.
 //! * [`throttle`]: `CL.THROTTLE` on turnstile's keyed stores.
@@ -71,8 +73,9 @@ pub struct ServeArgs {
     /// Envoy rate limit service (gRPC) address; off unless given (needs --envoy-config).
     #[arg(long)]
     pub grpc: Option<SocketAddr>,
-    /// envoyproxy/ratelimit YAML configuration, a file or a directory (docs/envoy.md);
-    /// SHADOW_MODE and the LIMIT_* variables of the environment apply.
+    /// envoyproxy/ratelimit YAML configuration, a file or a directory (docs/envoy.md): served
+    /// over gRPC on --grpc and as POST /json on the HTTP address; reloaded like the rules
+    /// file. SHADOW_MODE and the LIMIT_* variables of the environment apply.
     #[arg(long)]
     pub envoy_config: Option<PathBuf>,
     /// Snapshot file of the CL.THROTTLE stores: restored on start, written periodically and on
@@ -176,6 +179,8 @@ impl std::error::Error for ServeError {}
 pub(crate) struct Shared {
     pub(crate) args: ServeArgs,
     pub(crate) engine: Option<Engine>,
+    /// Envoy's rate limit service (`--envoy-config`), for gRPC and `POST /json`.
+    pub(crate) envoy: Option<Arc<envoy::Envoy>>,
     pub(crate) throttles: throttle::Throttles,
     pub(crate) metrics: metrics::Metrics,
     pub(crate) bounds: resp::Bounds,
@@ -184,6 +189,8 @@ pub(crate) struct Shared {
     /// Serializes reloads (the engine's own lock keeps them atomic; this keeps the log and
     /// the file's mtime in order).
     pub(crate) reload_lock: Mutex<Option<std::time::SystemTime>>,
+    /// The same for the Envoy configuration: what its files looked like at the last reload.
+    pub(crate) envoy_lock: Mutex<control::Stamp>,
     /// Serializes snapshot writes (timer and shutdown).
     pub(crate) snapshot_lock: Mutex<()>,
     /// Set once every worker has stopped (the control thread then exits).
@@ -205,6 +212,8 @@ pub struct Running {
     pub resp: SocketAddr,
     /// The HTTP address.
     pub http: SocketAddr,
+    /// The gRPC address of Envoy's rate limit service, if `--grpc` was given.
+    pub grpc: Option<SocketAddr>,
     shared: Arc<Shared>,
     workers: Vec<std::thread::JoinHandle<()>>,
     control: std::thread::JoinHandle<()>,
@@ -245,6 +254,12 @@ pub fn start(args: ServeArgs) -> Result<Running, ServeError> {
         .rules
         .as_ref()
         .and_then(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok());
+    let envoy_stamp = args
+        .envoy_config
+        .as_deref()
+        .map(control::stamp)
+        .unwrap_or_default();
+    let envoy = extra::envoy(&args)?;
     let restored = match &args.snapshot {
         Some(p) => match snapshot::read(p) {
             Ok(s) => s,
@@ -284,18 +299,22 @@ pub fn start(args: ServeArgs) -> Result<Running, ServeError> {
             max_inline: args.max_inline.max(16),
         },
         engine,
+        envoy,
         throttles,
         metrics: metrics::Metrics::new(workers),
         connections: AtomicUsize::new(0),
         shutdown: tx,
         reload_lock: Mutex::new(mtime),
+        envoy_lock: Mutex::new(envoy_stamp),
         snapshot_lock: Mutex::new(()),
         workers_done: AtomicBool::new(false),
         args,
     });
     let (resp, http, mut threads) = workers::spawn(&shared, workers)?;
-    let started = extra::spawn(&shared).and_then(|x| {
-        threads.extend(x);
+    let mut grpc = None;
+    let started = extra::spawn(&shared).and_then(|(t, g)| {
+        threads.extend(t);
+        grpc = g;
         control::spawn(&shared)
     });
     let control = match started {
@@ -312,6 +331,7 @@ pub fn start(args: ServeArgs) -> Result<Running, ServeError> {
     Ok(Running {
         resp,
         http,
+        grpc,
         shared,
         workers: threads,
         control,
