@@ -212,17 +212,21 @@ fn command(
             Err(e) => o.error(&e.to_string()),
         }
         shared.metrics.latency(clock.now().saturating_sub(t0));
-    } else if up("TURNSTILE.CHECK") || up("TURNSTILE.PEEK") {
-        let peek = up("TURNSTILE.PEEK");
-        if n < 3 || n > if peek { 4 } else { 5 } {
+    } else if up("TURNSTILE.CHECK") || up("TURNSTILE.PEEK") || up("TURNSTILE.REFUND") {
+        let what = if up("TURNSTILE.PEEK") {
+            Rules::Peek
+        } else if up("TURNSTILE.REFUND") {
+            Rules::Refund
+        } else {
+            Rules::Check
+        };
+        if n < 3 || n > if what == Rules::Peek { 4 } else { 5 } {
             wrong_args(o, name);
             return Flow::Go;
         }
         let t0 = clock.now();
-        turnstile_check(shared, a, o, peek);
+        turnstile_rules(shared, a, o, what);
         shared.metrics.latency(clock.now().saturating_sub(t0));
-    } else if up("TURNSTILE.REFUND") {
-        o.error("ERR TURNSTILE.REFUND: the rules engine has no refund by request yet; send TURNSTILE.CHECK with cost 0 to look without consuming");
     } else if up("PING") {
         match n {
             1 => o.simple("PONG"),
@@ -318,7 +322,7 @@ const COMMANDS: &[(&str, i64, &[&str])] = &[
     ("cl.throttle", -5, &["write", "fast"]),
     ("turnstile.check", -3, &["write", "fast"]),
     ("turnstile.peek", -3, &["readonly", "fast"]),
-    ("turnstile.refund", -4, &["write", "fast"]),
+    ("turnstile.refund", -3, &["write", "fast"]),
     ("ping", -1, &["fast", "stale"]),
     ("echo", 2, &["fast"]),
     ("hello", -1, &["noauth", "fast"]),
@@ -516,7 +520,17 @@ pub(crate) fn count(v: u64) -> i64 {
     }
 }
 
-fn turnstile_check(shared: &Shared, a: &Args<'_>, o: &mut Out<'_>, peek: bool) {
+/// Which rules command.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Rules {
+    Check,
+    Peek,
+    Refund,
+}
+
+/// `TURNSTILE.CHECK|REFUND key_class key [cost] [priority]`, `TURNSTILE.PEEK key_class key
+/// [priority]`.
+fn turnstile_rules(shared: &Shared, a: &Args<'_>, o: &mut Out<'_>, what: Rules) {
     let Some(engine) = &shared.engine else {
         o.error("ERR no rules loaded: start the server with --rules FILE");
         return;
@@ -533,6 +547,7 @@ fn turnstile_check(shared: &Shared, a: &Args<'_>, o: &mut Out<'_>, peek: bool) {
             return;
         }
     };
+    let peek = what == Rules::Peek;
     let mut next = 3;
     if !peek && a.len() > 3 {
         match crate::throttle::parse_i64(a.get(3)) {
@@ -553,6 +568,12 @@ fn turnstile_check(shared: &Shared, a: &Args<'_>, o: &mut Out<'_>, peek: bool) {
             Some(p) => req.priority = Some(p),
             None => return o.error("ERR unknown priority; expected critical, post, get or test"),
         }
+    }
+    if what == Rules::Refund {
+        let n = engine.refund(&req);
+        shared.metrics.add(C::Refunds, 1);
+        o.int(i64::from(n));
+        return;
     }
     let v = engine.explain(&req);
     let d: &Decision = &v.decision;

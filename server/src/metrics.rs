@@ -22,12 +22,13 @@ pub(crate) enum C {
     ThrottleLimited,
     CheckAllowed,
     CheckDenied,
+    Refunds,
     HttpRequests,
     HttpChecks,
     HttpErrors,
 }
 
-const COUNTERS: usize = 11;
+const COUNTERS: usize = 12;
 
 /// Latency histogram bucket bounds (ns), per command.
 pub(crate) const BOUNDS_NS: [u64; 12] = [
@@ -196,6 +197,12 @@ pub(crate) fn render(s: &Shared) -> String {
         o,
         "turnstile_checks_total{{result=\"denied\"}} {}",
         m.get(C::CheckDenied)
+    );
+    counter(
+        &mut o,
+        "turnstile_refunds_total",
+        "TURNSTILE.REFUND requests.",
+        m.get(C::Refunds),
     );
     counter(
         &mut o,

@@ -229,7 +229,26 @@ fn turnstile_check_over_rules() {
         text.starts_with("*6\r\n:0\r\n:2\r\n:0\r\n:1") && text.ends_with("$12\r\nper-customer\r\n"),
         "{text}"
     );
+    // A refund gives the request back to the rule (the reply: rules refunded); the next
+    // check is admitted again; a refund of 2 fills the bucket; no rule, nothing refunded.
+    let mut req = Vec::new();
+    req.extend(cmd(&["TURNSTILE.REFUND", "customer", "5"]));
+    req.extend(cmd(&["TURNSTILE.CHECK", "customer", "5"]));
+    req.extend(cmd(&["TURNSTILE.REFUND", "customer", "user:5", "2", "get"]));
+    req.extend(cmd(&["TURNSTILE.PEEK", "customer", "5"]));
+    req.extend(cmd(&["TURNSTILE.REFUND", "api_key", "k"]));
+    let want = ":1\r\n*6\r\n:1\r\n:2\r\n:0\r\n:-1\r\n:3600000\r\n$-1\r\n:1\r\n*6\r\n:1\r\n:2\r\n:2\r\n:-1\r\n:0\r\n$-1\r\n:0\r\n";
+    let got = roundtrip(&mut s, &req, want.len());
+    assert_eq!(String::from_utf8_lossy(&got), want);
     let bad = [
+        (
+            vec!["TURNSTILE.REFUND", "customer"],
+            "-ERR wrong number of arguments for 'turnstile.refund' command",
+        ),
+        (
+            vec!["TURNSTILE.REFUND", "customer", "5", "x"],
+            "-ERR value is not an integer or out of range",
+        ),
         (
             vec!["TURNSTILE.CHECK", "planet", "x"],
             "-ERR unknown key class `planet`",
