@@ -141,8 +141,13 @@ pub(crate) fn snapshot(s: &Shared) -> Result<(), String> {
     };
     let _g = s.snapshot_lock.lock().unwrap_or_else(|e| e.into_inner());
     let t0 = std::time::Instant::now();
-    let snap = crate::snapshot::collect(&s.throttles);
-    let n: usize = snap.stores.iter().map(|(_, r)| r.len()).sum();
+    let snap = crate::snapshot::collect(&s.throttles, s.engine.as_ref());
+    let n: usize = snap.stores.iter().map(|(_, r)| r.len()).sum::<usize>()
+        + snap
+            .rules
+            .iter()
+            .map(|r| r.records().count())
+            .sum::<usize>();
     match crate::snapshot::write(path, &snap) {
         Ok(()) => {
             s.metrics.snapshots_ok.fetch_add(1, Ordering::Relaxed);

@@ -32,7 +32,7 @@ pub mod throttle;
 mod workers;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -78,8 +78,8 @@ pub struct ServeArgs {
     /// file. SHADOW_MODE and the LIMIT_* variables of the environment apply.
     #[arg(long)]
     pub envoy_config: Option<PathBuf>,
-    /// Snapshot file of the CL.THROTTLE stores: restored on start, written periodically and on
-    /// graceful shutdown.
+    /// Snapshot file of every store (CL.THROTTLE's and the rules'): restored on start,
+    /// written periodically and on graceful shutdown.
     #[arg(long)]
     pub snapshot: Option<PathBuf>,
     /// How often to write the snapshot ("0": only on shutdown).
@@ -178,7 +178,7 @@ impl std::error::Error for ServeError {}
 /// What every worker shares.
 pub(crate) struct Shared {
     pub(crate) args: ServeArgs,
-    pub(crate) engine: Option<Engine>,
+    pub(crate) engine: Option<snapshot::RulesEngine>,
     /// Envoy's rate limit service (`--envoy-config`), for gRPC and `POST /json`.
     pub(crate) envoy: Option<Arc<envoy::Envoy>>,
     pub(crate) throttles: throttle::Throttles,
@@ -241,14 +241,11 @@ impl Running {
 
 /// Starts the server (listeners bound when this returns) and answers until stopped.
 pub fn start(args: ServeArgs) -> Result<Running, ServeError> {
-    let engine = match &args.rules {
+    // The rules are read first: a refused file is the likelier mistake, and says so before
+    // anything else happens.
+    let rules = match &args.rules {
         None => None,
-        Some(p) => {
-            let rules = Rules::from_file(p).map_err(ServeError::Rules)?;
-            let e = Engine::new(rules).map_err(ServeError::Rules)?;
-            tracing::info!(rules = %p.display(), summary = %e.summary(), "rules loaded");
-            Some(e)
-        }
+        Some(p) => Some(Rules::from_file(p).map_err(ServeError::Rules)?),
     };
     let mtime = args
         .rules
@@ -282,14 +279,33 @@ pub fn start(args: ServeArgs) -> Result<Running, ServeError> {
             u64::from_le_bytes(b)
         }
     };
+    // The engine's key ids are hashes under the snapshot's seed, and its clock continues the
+    // snapshot's timeline, so that restored records mean what they meant (snapshot.rs).
+    let engine = match rules {
+        None => None,
+        Some(rules) => {
+            let e = Engine::builder(rules)
+                .seed(seed)
+                .build_with_clock(snapshot::Timeline::continuing(restored.as_ref()))
+                .map_err(ServeError::Rules)?;
+            tracing::info!(rules = %args.rules.as_deref().unwrap_or(Path::new("")).display(), summary = %e.summary(), "rules loaded");
+            Some(e)
+        }
+    };
     let workers = args
         .workers
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
         .max(1);
     let throttles = throttle::Throttles::new(args.throttle_memory, args.throttle_keys, seed);
     if let Some(s) = restored {
-        let n = snapshot::restore(&throttles, s);
-        tracing::info!(records = n, "snapshot restored");
+        let r = snapshot::restore(&throttles, engine.as_ref(), s);
+        tracing::info!(
+            throttle = r.throttle,
+            rules = r.rules,
+            idle = r.idle,
+            not_restored = r.unmatched,
+            "snapshot restored"
+        );
     }
     let (tx, _) = tokio::sync::watch::channel(false);
     let shared = Arc::new(Shared {

@@ -496,6 +496,25 @@ impl<C: Clock> Engine<C> {
             .map(|r| r.main.main.store.len())
     }
 
+    /// Visits every store of the loaded rules (each rule's, each override's, each elastic
+    /// pool's) with a description of what its records mean: the rule's name, the override's
+    /// key id, whether it is a pool, the key class, the compiled limits and the capacity. Two
+    /// stores described alike hold records that read alike, in this process or another one
+    /// built with the same [`EngineBuilder::seed`] (key ids are hashes under it) — snapshot
+    /// support, with [`Store::export_records`](crate::keyed::Store::export_records) and
+    /// [`Store::import_record`](crate::keyed::Store::import_record). A rule changed in any of
+    /// these is described differently: its old records are not its new store's.
+    pub fn for_each_store(&self, mut f: impl FnMut(&str, &crate::keyed::Store<Arc<C>>)) {
+        let c = self.current.load();
+        for r in c.rules.iter() {
+            for s in std::iter::once(&r.main).chain(r.overrides.iter()) {
+                for p in std::iter::once(&s.main).chain(s.pool.iter()) {
+                    f(&p.ident.describe(), &p.store);
+                }
+            }
+        }
+    }
+
     /// Replaces the rules atomically. Stores of rules whose name, key class, limits and
     /// capacity are unchanged are kept (with their state); on error nothing changes.
     pub fn reload(&self, rules: Rules) -> Result<ReloadReport, RulesError> {
