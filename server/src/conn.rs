@@ -80,6 +80,10 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut sock: TcpStream, id: u64) {
     };
     let clock = DefaultClock::new();
     let idle = shared.args.idle_timeout;
+    // The client stopped reading its replies.
+    let mut gone = false;
+    // Reads made since the shutdown signal.
+    let mut draining = 0u32;
     loop {
         // Run every whole command buffered.
         let mut start = 0;
@@ -121,16 +125,32 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut sock: TcpStream, id: u64) {
         }
         inb.drain(..start);
         if !out.is_empty() {
-            if sock.write_all(&out).await.is_err() {
-                return;
+            // A client that stopped reading (closed or reset) does not stop its commands: every
+            // command received in full is run and counted, as if its reply had been read.
+            if !gone && sock.write_all(&out).await.is_err() {
+                gone = true;
+                tracing::debug!(
+                    conn = id,
+                    "client gone; running what it sent, replies dropped"
+                );
             }
             out.clear();
         }
-        if flow == Flow::Close || *shutdown.borrow() {
+        if flow == Flow::Close {
             return;
         }
         if inb.capacity() - inb.len() < 4096 {
             inb.reserve(16 * 1024);
+        }
+        if draining > 0 || *shutdown.borrow() {
+            // Shutdown: what the client sent before it is answered too — what the socket
+            // already holds is read without waiting (bounded: a client that keeps sending
+            // is cut after DRAIN_ROUNDS reads).
+            draining += 1;
+            match sock.try_read_buf(&mut inb) {
+                Ok(n) if n > 0 && draining <= DRAIN_ROUNDS => continue,
+                _ => return,
+            }
         }
         let read = async {
             if idle.is_zero() {
@@ -148,11 +168,14 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut sock: TcpStream, id: u64) {
                     return;
                 }
             },
-            // Shutdown: stop reading; what was read is answered above before the loop ends.
+            // Shutdown: stop waiting; what was read is answered above, then what is buffered.
             _ = shutdown.changed() => {}
         }
     }
 }
+
+/// Reads of already-buffered input at shutdown, at most.
+const DRAIN_ROUNDS: u32 = 64;
 
 fn wrong_args(o: &mut Out<'_>, name: &[u8]) {
     o.error(&format!(

@@ -43,13 +43,14 @@ pub(crate) fn spawn(shared: &Arc<Shared>) -> Result<Grpc, ServeError> {
     let (Some(addr), Some(service)) = (shared.args.grpc, shared.envoy.clone()) else {
         return Ok((Vec::new(), None));
     };
-    let listener = std::net::TcpListener::bind(addr).map_err(|e| ServeError::Bind(addr, e))?;
+    let listener =
+        std::net::TcpListener::bind(addr).map_err(|e| ServeError::Bind("--grpc", addr, e))?;
     listener
         .set_nonblocking(true)
-        .map_err(|e| ServeError::Bind(addr, e))?;
+        .map_err(|e| ServeError::Bind("--grpc", addr, e))?;
     let bound = listener
         .local_addr()
-        .map_err(|e| ServeError::Bind(addr, e))?;
+        .map_err(|e| ServeError::Bind("--grpc", addr, e))?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -170,8 +170,18 @@ async fn reload(State(s): State<Arc<Shared>>) -> Response {
     }
 }
 
-async fn not_found(State(s): State<Arc<Shared>>) -> Response {
+async fn not_found(State(s): State<Arc<Shared>>, uri: axum::http::Uri) -> Response {
     s.metrics.add(C::HttpRequests, 1);
+    if s.envoy.is_none() && matches!(uri.path(), "/json" | "/healthcheck") {
+        return error(
+            &s,
+            StatusCode::NOT_FOUND,
+            format!(
+                "{}: Envoy's rate limit service is off; start the server with --envoy-config FILE_OR_DIR",
+                uri.path()
+            ),
+        );
+    }
     let envoy = if s.envoy.is_some() {
         ", POST /json, GET /healthcheck"
     } else {

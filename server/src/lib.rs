@@ -57,6 +57,13 @@ fn duration(s: &str) -> Result<Duration, String> {
     turnstile::rules::parse_duration(s)
 }
 
+fn workers(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if (1..=4096).contains(&n) => Ok(n),
+        _ => Err(format!("`{s}` is not a number of workers from 1 to 4096")),
+    }
+}
+
 /// The flags of `turnstile serve`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct ServeArgs {
@@ -89,7 +96,7 @@ pub struct ServeArgs {
     #[arg(long)]
     pub snapshot_required: bool,
     /// Worker threads (default: one per core).
-    #[arg(long)]
+    #[arg(long, value_parser = workers)]
     pub workers: Option<usize>,
     /// per-core (pinned current-thread runtimes) or multi-thread (one tokio runtime).
     #[arg(long, value_enum, default_value = "per-core")]
@@ -121,8 +128,8 @@ pub struct ServeArgs {
     /// Largest HTTP request body, in bytes (larger: 413).
     #[arg(long, default_value_t = 64 * 1024)]
     pub max_body: usize,
-    /// How often to look at the rules file's modification time ("0": never; SIGHUP and
-    /// POST /v1/reload still reload).
+    /// How often to look whether the rules file or the Envoy configuration changed ("0":
+    /// never; SIGHUP and POST /v1/reload still reload).
     #[arg(long, default_value = "1s", value_parser = duration)]
     pub watch_every: Duration,
 }
@@ -148,8 +155,9 @@ impl Default for ServeArgs {
 pub enum ServeError {
     /// The rules file was refused (`file:line:column: message`).
     Rules(turnstile::rules::RulesError),
-    /// An address could not be bound or a socket option set.
-    Bind(SocketAddr, std::io::Error),
+    /// The address of a flag (`--resp`, `--http`, `--grpc`) could not be bound or a socket
+    /// option set.
+    Bind(&'static str, SocketAddr, std::io::Error),
     /// The snapshot could not be restored and `--snapshot-required` was given.
     Snapshot(SnapshotError),
     /// A runtime or thread could not be started.
@@ -162,7 +170,24 @@ impl std::fmt::Display for ServeError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ServeError::Rules(e) => write!(f, "{e}"),
-            ServeError::Bind(a, e) => write!(f, "cannot listen on {a}: {e}"),
+            ServeError::Bind(flag, a, e) => {
+                write!(f, "cannot listen on {a} ({flag}): {e}")?;
+                match e.kind() {
+                    std::io::ErrorKind::AddrInUse => write!(
+                        f,
+                        "; another process listens there: stop it or give another address with {flag}"
+                    ),
+                    std::io::ErrorKind::AddrNotAvailable => write!(
+                        f,
+                        "; no interface of this machine has that address: use 127.0.0.1, 0.0.0.0 or one of its own"
+                    ),
+                    std::io::ErrorKind::PermissionDenied => write!(
+                        f,
+                        "; ports under 1024 need privileges: use a higher port"
+                    ),
+                    _ => Ok(()),
+                }
+            }
             ServeError::Snapshot(e) => write!(
                 f,
                 "{e} (--snapshot-required: not starting; remove the flag to start empty)"

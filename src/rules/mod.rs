@@ -105,6 +105,10 @@ pub struct RulesError {
 
 impl fmt::Display for RulesError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // An error about the whole file (it cannot be read) has no position to give.
+        if self.line == 0 {
+            return write!(f, "{}: {}", self.origin, self.message);
+        }
         write!(
             f,
             "{}:{}:{}: {}",
