@@ -13,7 +13,8 @@ use std::time::Duration;
 /// configuration (`--envoy-config`), each independently; `why` says who asked (for the log).
 /// A refused file keeps its old configuration and is counted. The JSON report has the rules'
 /// `kept`, `carried`, `fresh` and `removed` rule names at the top and the Envoy reload under
-/// `envoy`; any refusal makes the whole answer an error (422) naming each refused file.
+/// `envoy`; any refusal makes the whole answer an error (422): each refused file's
+/// `file:line:column: message`, joined by `; ` (the other file is reloaded all the same).
 pub(crate) fn reload(s: &Shared, why: &str) -> Result<serde_json::Value, (StatusCode, String)> {
     let rules = reload_rules(s, why);
     let envoy = reload_envoy(s, why);
@@ -32,7 +33,7 @@ pub(crate) fn reload(s: &Shared, why: &str) -> Result<serde_json::Value, (Status
             report["fresh"] = json!(r.fresh);
             report["removed"] = json!(r.removed);
         }
-        Some(Err(e)) => errors.push(format!("rules refused, the old rules stay: {e}")),
+        Some(Err(e)) => errors.push(e),
         None => {}
     }
     match envoy {
