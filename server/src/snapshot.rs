@@ -528,6 +528,37 @@ mod tests {
         assert!(decode(&c).unwrap_err().contains("magic"));
     }
 
+    /// A payload whose checksum is right but whose counts are not (a writer's bug, not
+    /// corruption) is refused too, whole.
+    #[test]
+    fn lying_counts_are_refused() {
+        let seal = |p: Vec<u8>| {
+            let mut out = Vec::from(&MAGIC[..]);
+            out.extend_from_slice(&VERSION.to_le_bytes());
+            out.extend_from_slice(&(p.len() as u64).to_le_bytes());
+            out.extend_from_slice(&crc32fast::hash(&p).to_le_bytes());
+            out.extend_from_slice(&p);
+            out
+        };
+        let good = encode(&sample());
+        let p = good[HEADER..].to_vec();
+        // The first rule store's record count (after seed, time, 2 throttle stores of 2 and 0
+        // records, the rules clock, the store count, its description and its words).
+        let at = 8 + 8 + 4 + (24 + 8 + 32) + (24 + 8) + 8 + 4 + 4 + 8 + 4;
+        assert_eq!(p[at..at + 8], 2u64.to_le_bytes());
+        for n in [u64::MAX, 3, 1, 0] {
+            let mut q = p.clone();
+            q[at..at + 8].copy_from_slice(&n.to_le_bytes());
+            let e = decode(&seal(q)).unwrap_err();
+            if n > 2 {
+                assert!(e.contains("more than the file holds"), "{n}: {e}");
+            }
+        }
+        let mut q = p.clone();
+        q[at - 4..at].copy_from_slice(&0u32.to_le_bytes());
+        assert!(decode(&seal(q)).unwrap_err().contains("words per record"));
+    }
+
     #[test]
     fn restore_keeps_counts_and_drops_idle() {
         let a = Throttles::new(usize::MAX, 1000, 42);
