@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The service benchmark (docs/service.md): redis-benchmark against `turnstile serve` doing
 # CL.THROTTLE and against redis-server doing INCR on the same keys, in the same run with the
-# same client, the server pinned to core 0 and the client to core 1; then wrk against
+# same client, the server pinned to core 0 and the client to core 1, each server first warmed
+# with every key once; then wrk against
 # POST /v1/check and against an axum hello world (server/examples/http_baseline.rs) the same way.
 #
 #   server/bench.sh                 # N1=200000 requests at -P 1, N16=1000000 at -P 16
@@ -44,7 +45,14 @@ rb() {
     local label=$1 port=$2 n=$3 p=$4
     shift 4
     taskset -c 1 redis-benchmark -p "$port" -n "$n" -r "$KEYS" -P "$p" -c 50 --csv "$@" |
-        awk -F'","' -v l="$label" -v p="$p" 'NR==2 {gsub(/"/,"",$2); gsub(/"/,"",$7); printf "%-40s -P %-2s %12.0f req/s   p99 %s ms\n", l, p, $2, $7}'
+        awk -F'","' -v l="$label" -v p="$p" 'NR==2 {gsub(/"/,"",$2); gsub(/"/,"",$7); printf "%-40s -P %-2s %12.0f req/s   p99 %s ms\n", l, p, $2, $7}' |
+        tee -a "$TMP/results"
+}
+
+# Every key once before measuring, for either server: the rows compare steady states, not
+# the first touch of a table (page faults) or of Redis's dictionary.
+warm() {
+    taskset -c 1 redis-benchmark -p "$1" -n "$KEYS" -r "$KEYS" -P 16 -c 50 -q "${@:2}" >/dev/null 2>&1
 }
 
 start_turnstile() {
@@ -53,6 +61,7 @@ start_turnstile() {
     PIDS+=($!)
     wait_port $TPORT
     wait_port $HPORT
+    warm $TPORT CL.THROTTLE key:__rand_int__ 15 30 60
 }
 stop_last() {
     local p=${PIDS[-1]}
@@ -65,6 +74,7 @@ echo "== machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 taskset -c 0 redis-server --port $RPORT --bind 127.0.0.1 --save '' --appendonly no \
     --daemonize yes --pidfile "$TMP/redis.pid" >/dev/null
 wait_port $RPORT
+warm $RPORT incr key:__rand_int__
 start_turnstile --runtime per-core
 for P in 1 16; do
     N=$([ "$P" = 1 ] && echo "$N1" || echo "$N16")
@@ -88,7 +98,8 @@ wrk_run() {
     local label=$1 url=$2
     shift 2
     taskset -c 1 wrk -t1 -c50 -d"${WRK_SECS}s" --latency "$@" "$url" >"$TMP/wrk.out"
-    awk -v l="$label" '/Requests\/sec/ {rps=$2} /^ +99%/ {p99=$2} END {printf "%-40s %12.0f req/s   p99 %s\n", l, rps, p99}' "$TMP/wrk.out"
+    awk -v l="$label" '/Requests\/sec/ {rps=$2} /^ +99%/ {p99=$2} END {printf "%-40s %12.0f req/s   p99 %s\n", l, rps, p99}' "$TMP/wrk.out" |
+        tee -a "$TMP/results"
 }
 start_turnstile --runtime per-core
 wrk_run "turnstile POST /v1/check (per-core)" "http://127.0.0.1:$HPORT/v1/check" -s "$TMP/check.lua"
@@ -103,3 +114,11 @@ wrk.headers["content-type"] = "application/json"
 LUA
 wrk_run "axum hello world (POST /)" "http://127.0.0.1:$WPORT/" -s "$TMP/hello.lua"
 stop_last
+
+# The two ratios, from the rows above.
+rate() { grep -F "$1" "$TMP/results" | grep -F -- "$2" | head -1 | sed -E 's/.* ([0-9]+) req\/s.*/\1/'; }
+awk -v t="$(rate 'turnstile CL.THROTTLE (per-core)' '-P 16')" -v r="$(rate 'redis-server INCR' '-P 16')" \
+    'BEGIN {printf "CL.THROTTLE -P 16 (per-core) / redis-server INCR -P 16: %.2fx (target >= 2x)\n", t / r}'
+awk -v t="$(rate 'turnstile POST /v1/check' 'req/s')" -v h="$(rate 'axum hello world' 'req/s')" \
+    'BEGIN {printf "POST /v1/check / axum hello world: %.0f %% (target >= 80 %%)\n", 100 * t / h}'
+echo "== load at the end: $(cut -d' ' -f1-3 /proc/loadavg)"

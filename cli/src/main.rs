@@ -39,6 +39,9 @@ enum Command {
     Accuracy(accuracy::AccuracyArgs),
     /// Run the engine as a service: Redis protocol (CL.THROTTLE, TURNSTILE.CHECK), HTTP
     /// (/v1/check, /metrics), and Envoy's rate limit service over gRPC (docs/service.md).
+    #[command(
+        after_help = "Try it:\n  turnstile serve --rules examples/rules.toml\n  redis-cli -p 6380 CL.THROTTLE user:1 15 30 60\n  redis-cli -p 6380 TURNSTILE.CHECK customer 42\n  curl -s -XPOST localhost:8080/v1/check -d '{\"key_class\":\"customer\",\"key\":\"42\"}'\n  curl -s localhost:8080/metrics\n\nLogs go to standard error (RUST_LOG=debug for more). SIGHUP reloads; SIGTERM or SIGINT\nstops after answering what clients sent and writing the snapshot."
+    )]
     Serve(turnstile_server::ServeArgs),
     /// Rules files: validate them, or import envoyproxy/ratelimit's YAML.
     Rules {

@@ -2,7 +2,7 @@
 //! ports, spoken to with redis-cli and curl (.ci/run installs both), stopped with SIGTERM.
 //! Also what a user sees for a wrong flag, a broken rules file, and `rules import-envoy`.
 
-use std::io::Read;
+use std::io::{BufRead, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
@@ -96,8 +96,8 @@ impl Server {
         (code.parse().unwrap(), body.to_string())
     }
 
-    /// SIGTERM, then waits (at most 30 s) for a clean exit.
-    fn stop(mut self) {
+    /// SIGTERM, then waits (at most 30 s) for a clean exit; returns what it logged.
+    fn stop(mut self) -> String {
         // SAFETY: kill(2) on our own child's pid; no memory is involved.
         let r = unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
         assert_eq!(r, 0);
@@ -112,7 +112,7 @@ impl Server {
                     .read_to_string(&mut err)
                     .unwrap();
                 assert!(st.success(), "exit {st} after SIGTERM: {err}");
-                return;
+                return err;
             }
             if Instant::now() > deadline {
                 let _ = self.child.kill();
@@ -120,6 +120,70 @@ impl Server {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// A RESP connection.
+    fn connect(&self) -> Resp {
+        let s = TcpStream::connect(("127.0.0.1", self.resp)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        Resp {
+            r: std::io::BufReader::new(s.try_clone().unwrap()),
+            w: s,
+        }
+    }
+
+    /// A counter of /metrics (the first sample whose line starts with `name`).
+    fn metric(&self, name: &str) -> f64 {
+        let (code, body) = self.curl("/metrics");
+        assert_eq!(code, 200);
+        body.lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in /metrics"))
+    }
+}
+
+/// A raw RESP client: commands out, replies read line by line (integers, arrays of integers
+/// and bulk strings, errors).
+struct Resp {
+    r: std::io::BufReader<TcpStream>,
+    w: TcpStream,
+}
+
+impl Resp {
+    fn send(&mut self, parts: &[&str]) {
+        let mut v = format!("*{}\r\n", parts.len()).into_bytes();
+        for p in parts {
+            v.extend_from_slice(format!("${}\r\n{p}\r\n", p.len()).as_bytes());
+        }
+        self.w.write_all(&v).unwrap();
+    }
+
+    fn line(&mut self) -> String {
+        let mut l = String::new();
+        assert!(self.r.read_line(&mut l).unwrap() > 0, "connection closed");
+        l.trim_end().to_string()
+    }
+
+    /// One reply: integers as themselves, a null as -1, a bulk string as 0; an error panics.
+    fn reply(&mut self) -> Vec<i64> {
+        let l = self.line();
+        match l.as_bytes()[0] {
+            b':' => vec![l[1..].parse().unwrap()],
+            b'*' => (0..l[1..].parse::<usize>().unwrap())
+                .flat_map(|_| self.reply())
+                .collect(),
+            b'$' if l == "$-1" => vec![-1],
+            b'$' => {
+                self.line();
+                vec![0]
+            }
+            _ => panic!("reply {l}"),
+        }
+    }
+
+    fn call(&mut self, parts: &[&str]) -> Vec<i64> {
+        self.send(parts);
+        self.reply()
     }
 }
 
@@ -237,4 +301,148 @@ fn rules_import_envoy_prints_a_valid_rules_file() {
     assert_eq!(o.status.code(), Some(1));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("edge.yaml:4:"), "file:line:column: {err}");
+}
+
+const SNAP_RULES: &str = r#"
+[[rule]]
+name = "per-customer"
+key = "customer"
+limits = [{ algorithm = "fixed_window", limit = 1000000, window = "1h" }]
+
+[[rule]]
+name = "per-ip"
+key = "ip"
+limits = [{ algorithm = "sliding_log", limit = 50, window = "1h" }]
+"#;
+
+/// Load is running when the server is killed with SIGKILL: the restart restores the last
+/// snapshot, so each count is at least what it was before that snapshot was taken and at
+/// most that plus the requests sent after it (a rule store on fixed windows, one on a sliding
+/// log, and a CL.THROTTLE store). Then a truncated snapshot is refused with a message and the
+/// server starts empty, or exits 2 with --snapshot-required.
+#[test]
+fn kill_9_during_load_restarts_from_the_last_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules.toml");
+    std::fs::write(&rules, SNAP_RULES).unwrap();
+    let snap = dir.path().join("state.snap");
+    let flags = [
+        "--rules",
+        rules.to_str().unwrap(),
+        "--snapshot",
+        snap.to_str().unwrap(),
+        "--snapshot-every",
+        "100ms",
+    ];
+    let s = Server::start(&flags);
+    let mut c = s.connect();
+    // Before: 300 checks of customer 1 (pipelined by 50), 10 of an IP, 7 CL.THROTTLE units.
+    let before = 300;
+    for _ in 0..before / 50 {
+        for _ in 0..50 {
+            c.send(&["TURNSTILE.CHECK", "customer", "1"]);
+        }
+        for _ in 0..50 {
+            assert_eq!(c.reply()[0], 1);
+        }
+    }
+    for _ in 0..10 {
+        assert_eq!(c.call(&["TURNSTILE.CHECK", "ip", "10.0.0.1"])[0], 1);
+    }
+    assert_eq!(
+        c.call(&["CL.THROTTLE", "user:1", "99", "1", "3600", "7"])[0],
+        0
+    );
+    // A snapshot that started after all of that: the second one completed from now.
+    let name = "turnstile_snapshots_total{result=\"ok\"}";
+    let written = s.metric(name);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while s.metric(name) < written + 2.0 {
+        assert!(Instant::now() < deadline, "no snapshot written in 30 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // After: a client keeps checking customer 1 until the server dies under it.
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut load = s.connect();
+    let n = sent.clone();
+    let t = std::thread::spawn(move || {
+        // Bounded: at most 200 000 requests, or until the connection breaks.
+        for _ in 0..4000 {
+            let mut v = Vec::new();
+            for _ in 0..50 {
+                v.extend_from_slice(
+                    b"*3\r\n$15\r\nTURNSTILE.CHECK\r\n$8\r\ncustomer\r\n$1\r\n1\r\n",
+                );
+            }
+            if load.w.write_all(&v).is_err() {
+                return;
+            }
+            n.fetch_add(50, std::sync::atomic::Ordering::Relaxed);
+            for _ in 0..50 {
+                let mut l = String::new();
+                for _ in 0..7 {
+                    l.clear();
+                    if load.r.read_line(&mut l).map_or(true, |k| k == 0) {
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let mut s = s;
+    s.child.kill().unwrap();
+    s.child.wait().unwrap();
+    t.join().unwrap();
+    let after = sent.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(after > 0, "no load was running at the kill");
+    drop(s);
+
+    let s = Server::start(&flags);
+    let mut c = s.connect();
+    let p = c.call(&["TURNSTILE.PEEK", "customer", "1"]);
+    let restored = 1_000_000 - p[2] as u64;
+    eprintln!("customer 1: {before} checks before the last snapshot began, {after} sent after; {restored} restored");
+    assert!(
+        (before..=before + after).contains(&restored),
+        "restored {restored}: {before} before the snapshot, {after} sent after"
+    );
+    assert_eq!(
+        c.call(&["TURNSTILE.PEEK", "ip", "10.0.0.1"])[2],
+        40,
+        "sliding log"
+    );
+    assert_eq!(
+        c.call(&["CL.THROTTLE", "user:1", "99", "1", "3600", "0"])[2],
+        93,
+        "CL.THROTTLE"
+    );
+    s.stop();
+
+    // A truncated snapshot: refused with a message, the server starts empty...
+    let bytes = std::fs::read(&snap).unwrap();
+    std::fs::write(&snap, &bytes[..bytes.len() / 2]).unwrap();
+    let s = Server::start(&flags);
+    let mut c = s.connect();
+    assert_eq!(c.call(&["TURNSTILE.PEEK", "customer", "1"])[2], 1_000_000);
+    // (stopping writes a fresh snapshot over the truncated file: truncate it again after)
+    let err = s.stop();
+    assert!(
+        err.contains("snapshot refused") && err.contains("truncated"),
+        "{err}"
+    );
+    std::fs::write(&snap, &bytes[..bytes.len() / 2]).unwrap();
+    // ...or, with --snapshot-required, does not start: exit 2, saying why.
+    let o = Command::new(BIN)
+        .args(["serve", "--resp", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+        .args(flags)
+        .arg("--snapshot-required")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("truncated") && err.contains("--snapshot-required"),
+        "{err}"
+    );
 }

@@ -1,20 +1,28 @@
-//! ShouldRateLimit calls per second, 1 and 64 concurrent streams, server and load generator
-//! each pinned to a core: `cargo run --release -p turnstile-server --example envoy_bench -- [SECS]`.
+//! ShouldRateLimit calls per second over gRPC, 1 and 64 concurrent streams, server and load
+//! generator each pinned to a core, and in the same run the same checks over the other
+//! listeners of `turnstile serve` (HTTP `POST /json`, RESP `TURNSTILE.CHECK`, HTTP
+//! `POST /v1/check`): `cargo run --release -p turnstile-server --example envoy_bench -- [SECS]`.
 
 use std::time::Duration;
-use turnstile_server::envoy::bench::{decision_ns, run};
+use turnstile_server::envoy::bench::{decision_ns, run, Report};
+use turnstile_server::envoy::wire_bench::{self, Wire};
 
 fn main() {
     let secs: u64 = std::env::args()
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(5);
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!(
+        "load average: {}",
+        load.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
     match decision_ns(1_000_000, 10_000) {
         Ok(ns) => println!("decision alone (no transport): {ns:.0} ns of CPU per call\n"),
-        Err(e) => {
-            eprintln!("bench failed: {e}");
-            std::process::exit(1);
-        }
+        Err(e) => fail(e),
     }
     let cores = core_affinity::get_core_ids().map_or(0, |v| v.len());
     let (server, client) = if cores >= 2 {
@@ -22,33 +30,40 @@ fn main() {
     } else {
         (None, None)
     };
-    println!("| streams | calls/s | p50 µs | p99 µs | server CPU µs/call | calls/s per server core | calls | errors |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| transport | streams | calls/s | p50 µs | p99 µs | server CPU µs/call | calls/s per server core | calls | errors |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let d = Duration::from_secs(secs);
+    // Bounded in time and in count.
+    let max = 50_000_000;
     for streams in [1, 64] {
-        // Bounded in time and in count.
-        match run(
-            streams,
-            10_000,
-            Duration::from_secs(secs),
-            50_000_000,
-            server,
-            client,
-        ) {
-            Ok(r) => println!(
-                "| {} | {:.0} | {:.1} | {:.1} | {:.2} | {:.0} | {} | {} |",
-                r.streams,
-                r.rate(),
-                r.p50_us,
-                r.p99_us,
-                r.server_us_per_call(),
-                r.calls_per_server_core(),
-                r.calls,
-                r.errors
-            ),
-            Err(e) => {
-                eprintln!("bench failed: {e}");
-                std::process::exit(1);
+        match run(streams, 10_000, d, max, server, client) {
+            Ok(r) => row("gRPC ShouldRateLimit", &r),
+            Err(e) => fail(e),
+        }
+        for w in [Wire::Json, Wire::Resp, Wire::Check] {
+            match wire_bench::run(w, streams, 10_000, d, max, client) {
+                Ok(r) => row(w.label(), &r),
+                Err(e) => fail(e),
             }
         }
     }
+}
+
+fn row(label: &str, r: &Report) {
+    println!(
+        "| {label} | {} | {:.0} | {:.1} | {:.1} | {:.2} | {:.0} | {} | {} |",
+        r.streams,
+        r.rate(),
+        r.p50_us,
+        r.p99_us,
+        r.server_us_per_call(),
+        r.calls_per_server_core(),
+        r.calls,
+        r.errors
+    );
+}
+
+fn fail(e: String) -> ! {
+    eprintln!("bench failed: {e}");
+    std::process::exit(1);
 }

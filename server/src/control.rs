@@ -9,29 +9,130 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Reloads the rules file; `why` says who asked (for the log). A refused file keeps the old
-/// rules and is counted.
+/// Reloads what the server was configured from: the rules file (`--rules`) and the Envoy
+/// configuration (`--envoy-config`), each independently; `why` says who asked (for the log).
+/// A refused file keeps its old configuration and is counted. The JSON report has the rules'
+/// `kept`, `carried`, `fresh` and `removed` rule names at the top and the Envoy reload under
+/// `envoy`; any refusal makes the whole answer an error (422): each refused file's
+/// `file:line:column: message`, joined by `; ` (the other file is reloaded all the same).
 pub(crate) fn reload(s: &Shared, why: &str) -> Result<serde_json::Value, (StatusCode, String)> {
-    let (Some(engine), Some(path)) = (&s.engine, &s.args.rules) else {
+    let rules = reload_rules(s, why);
+    let envoy = reload_envoy(s, why);
+    if rules.is_none() && envoy.is_none() {
         return Err((
             StatusCode::CONFLICT,
-            "no rules file: the server was started without --rules".into(),
+            "nothing to reload: the server was started without --rules or --envoy-config".into(),
         ));
+    }
+    let mut errors = Vec::new();
+    let mut report = json!({ "reloaded": true });
+    match rules {
+        Some(Ok(r)) => {
+            report["kept"] = json!(r.kept);
+            report["carried"] = json!(r.carried);
+            report["fresh"] = json!(r.fresh);
+            report["removed"] = json!(r.removed);
+        }
+        Some(Err(e)) => errors.push(e),
+        None => {}
+    }
+    match envoy {
+        Some(Ok(domains)) => report["envoy"] = json!({ "reloaded": true, "domains": domains }),
+        Some(Err(e)) => errors.push(format!(
+            "envoy configuration refused, the old one stays: {e}"
+        )),
+        None => {}
+    }
+    if errors.is_empty() {
+        Ok(report)
+    } else {
+        Err((StatusCode::UNPROCESSABLE_ENTITY, errors.join("; ")))
+    }
+}
+
+/// Reloads the rules file, if there is one.
+fn reload_rules(s: &Shared, why: &str) -> Option<Result<turnstile::rules::ReloadReport, String>> {
+    let (Some(engine), Some(path)) = (&s.engine, &s.args.rules) else {
+        return None;
     };
     let mut mtime = s.reload_lock.lock().unwrap_or_else(|e| e.into_inner());
     *mtime = std::fs::metadata(path).and_then(|m| m.modified()).ok();
-    match engine.reload_file(path) {
+    Some(match engine.reload_file(path) {
         Ok(r) => {
             s.metrics.reloads_ok.fetch_add(1, Ordering::Relaxed);
-            tracing::info!(trigger = why, kept = ?r.kept, fresh = ?r.fresh, removed = ?r.removed, "rules reloaded");
-            Ok(json!({ "reloaded": true, "kept": r.kept, "fresh": r.fresh, "removed": r.removed }))
+            tracing::info!(trigger = why, kept = ?r.kept, carried = ?r.carried, fresh = ?r.fresh, removed = ?r.removed, "rules reloaded");
+            Ok(r)
         }
         Err(e) => {
             s.metrics.reloads_failed.fetch_add(1, Ordering::Relaxed);
             tracing::error!(trigger = why, error = %e, "rules refused; the old rules stay");
-            Err((StatusCode::UNPROCESSABLE_ENTITY, e.to_string()))
+            Err(e.to_string())
         }
+    })
+}
+
+/// Reloads the Envoy configuration, if there is one: its domains, or why it was refused
+/// (`file:line:column: message`).
+fn reload_envoy(s: &Shared, why: &str) -> Option<Result<usize, String>> {
+    let (Some(envoy), Some(path)) = (&s.envoy, &s.args.envoy_config) else {
+        return None;
+    };
+    let mut st = s.envoy_lock.lock().unwrap_or_else(|e| e.into_inner());
+    // The stamp is taken before reading, so that a change made during the read is seen by the
+    // next look at the files.
+    *st = stamp(path);
+    let r = crate::envoy::load(path)
+        .map_err(|e| e.to_string())
+        .and_then(|cfg| {
+            envoy
+                .reload(&cfg)
+                .map(|()| cfg.domains.len())
+                .map_err(|e| format!("{}: {e}", path.display()))
+        });
+    Some(match r {
+        Ok(n) => {
+            s.metrics.envoy_reloads_ok.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(trigger = why, config = %path.display(), domains = n, "envoy configuration reloaded");
+            Ok(n)
+        }
+        Err(e) => {
+            s.metrics
+                .envoy_reloads_failed
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::error!(trigger = why, error = %e, "envoy configuration refused; the old one stays");
+            Err(e)
+        }
+    })
+}
+
+/// What the Envoy configuration's files look like: name, modification time and length of the
+/// file, or of each `*.yaml`/`*.yml` file of the directory (what `envoy::load` reads).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Stamp(Vec<(std::path::PathBuf, Option<std::time::SystemTime>, u64)>);
+
+/// The [`Stamp`] of `path` now.
+pub(crate) fn stamp(path: &std::path::Path) -> Stamp {
+    let one = |p: &std::path::Path| {
+        let m = std::fs::metadata(p).ok();
+        (
+            p.to_path_buf(),
+            m.as_ref().and_then(|m| m.modified().ok()),
+            m.map_or(0, |m| m.len()),
+        )
+    };
+    if !path.is_dir() {
+        return Stamp(vec![one(path)]);
     }
+    let mut v: Vec<_> = std::fs::read_dir(path)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+        .map(|p| one(&p))
+        .collect();
+    v.sort();
+    Stamp(v)
 }
 
 /// Writes the snapshot if one is configured.
@@ -41,8 +142,13 @@ pub(crate) fn snapshot(s: &Shared) -> Result<(), String> {
     };
     let _g = s.snapshot_lock.lock().unwrap_or_else(|e| e.into_inner());
     let t0 = std::time::Instant::now();
-    let snap = crate::snapshot::collect(&s.throttles);
-    let n: usize = snap.stores.iter().map(|(_, r)| r.len()).sum();
+    let snap = crate::snapshot::collect(&s.throttles, s.engine.as_ref());
+    let n: usize = snap.stores.iter().map(|(_, r)| r.len()).sum::<usize>()
+        + snap
+            .rules
+            .iter()
+            .map(|r| r.records().count())
+            .sum::<usize>();
     match crate::snapshot::write(path, &snap) {
         Ok(()) => {
             s.metrics.snapshots_ok.fetch_add(1, Ordering::Relaxed);
@@ -102,7 +208,8 @@ pub(crate) fn spawn(shared: &Arc<Shared>) -> Result<std::thread::JoinHandle<()>,
                     i
                 };
                 let mut snap = every(s.args.snapshot_every);
-                let watching = s.args.rules.is_some() && !s.args.watch_every.is_zero();
+                let watching = (s.args.rules.is_some() || s.args.envoy_config.is_some())
+                    && !s.args.watch_every.is_zero();
                 let mut watch = every(s.args.watch_every);
                 let mut stop = s.shutdown.subscribe();
                 loop {
@@ -149,12 +256,21 @@ fn signal_stop(s: &Shared, stopping: bool, name: &str) {
     s.shutdown.send_replace(true);
 }
 
-/// Reloads if the rules file's modification time changed.
+/// Reloads the rules file if its modification time changed, and the Envoy configuration if
+/// one of its files changed.
 fn watch_file(s: &Shared) {
-    let Some(path) = &s.args.rules else { return };
-    let now = std::fs::metadata(path).and_then(|m| m.modified()).ok();
-    let last = *s.reload_lock.lock().unwrap_or_else(|e| e.into_inner());
-    if now.is_some() && now != last {
-        let _ = reload(s, "file changed");
+    if let Some(path) = &s.args.rules {
+        let now = std::fs::metadata(path).and_then(|m| m.modified()).ok();
+        let last = *s.reload_lock.lock().unwrap_or_else(|e| e.into_inner());
+        if now.is_some() && now != last {
+            let _ = reload_rules(s, "file changed");
+        }
+    }
+    if let Some(path) = &s.args.envoy_config {
+        let now = stamp(path);
+        let changed = *s.envoy_lock.lock().unwrap_or_else(|e| e.into_inner()) != now;
+        if changed {
+            let _ = reload_envoy(s, "file changed");
+        }
     }
 }

@@ -1,5 +1,6 @@
-//! Extra listeners started beside RESP and HTTP: the Envoy rate limit service (gRPC,
-//! `--grpc` with `--envoy-config`). Each listener binds before [`spawn`] returns (so that a bad
+//! Envoy's rate limit service beside RESP and HTTP: [`envoy`] builds it from `--envoy-config`
+//! (the HTTP listener then serves `POST /json` and `GET /healthcheck` too), and [`spawn`]
+//! starts its gRPC listener (`--grpc`). Each listener binds before [`spawn`] returns (so that a bad
 //! address fails the start), runs on its own thread(s), answers from the shared state, and
 //! stops accepting when `Shared::shutdown` turns `true`; [`start`] joins the threads returned
 //! before it writes the final snapshot.
@@ -13,41 +14,50 @@ use std::thread::JoinHandle;
 /// How long calls in flight may take to finish after the shutdown signal.
 const GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Starts the extra listeners the flags ask for. Called once by `start`, after the RESP and
-/// HTTP listeners are bound.
-pub(crate) fn spawn(shared: &Arc<Shared>) -> Result<Vec<JoinHandle<()>>, ServeError> {
-    let (addr, path) = match (shared.args.grpc, &shared.args.envoy_config) {
-        (None, None) => return Ok(Vec::new()),
+/// The Envoy service `--envoy-config` asks for (`None` without it). A `--grpc` without
+/// `--envoy-config` is refused, as is a configuration that does not load.
+pub(crate) fn envoy(args: &crate::ServeArgs) -> Result<Option<Arc<envoy::Envoy>>, ServeError> {
+    let path = match (args.grpc, &args.envoy_config) {
+        (None, None) => return Ok(None),
         (Some(a), None) => {
             return Err(ServeError::Other(format!(
                 "--grpc {a}: give the rate limit configuration with --envoy-config FILE_OR_DIR"
             )))
         }
-        (None, Some(p)) => {
-            return Err(ServeError::Other(format!(
-                "--envoy-config {}: give the gRPC address with --grpc ADDR",
-                p.display()
-            )))
-        }
-        (Some(a), Some(p)) => (a, p.clone()),
+        (_, Some(p)) => p,
     };
-    let cfg = envoy::load(&path).map_err(|e| ServeError::Other(e.to_string()))?;
+    let cfg = envoy::load(path).map_err(|e| ServeError::Other(e.to_string()))?;
     let settings = envoy::Settings::from_env().map_err(ServeError::Other)?;
-    let service = Arc::new(envoy::Envoy::new(&cfg, settings).map_err(ServeError::Other)?);
-    let listener = std::net::TcpListener::bind(addr).map_err(|e| ServeError::Bind(addr, e))?;
+    let service = envoy::Envoy::new(&cfg, settings)
+        .map_err(|e| ServeError::Other(format!("{}: {e}", path.display())))?;
+    tracing::info!(config = %path.display(), domains = cfg.domains.len(), "envoy rate limit configuration loaded");
+    Ok(Some(Arc::new(service)))
+}
+
+/// The gRPC listener's thread and bound address.
+pub(crate) type Grpc = (Vec<JoinHandle<()>>, Option<std::net::SocketAddr>);
+
+/// Starts the gRPC listener if `--grpc` was given. Called once by `start`, after the RESP and
+/// HTTP listeners are bound.
+pub(crate) fn spawn(shared: &Arc<Shared>) -> Result<Grpc, ServeError> {
+    let (Some(addr), Some(service)) = (shared.args.grpc, shared.envoy.clone()) else {
+        return Ok((Vec::new(), None));
+    };
+    let listener =
+        std::net::TcpListener::bind(addr).map_err(|e| ServeError::Bind("--grpc", addr, e))?;
     listener
         .set_nonblocking(true)
-        .map_err(|e| ServeError::Bind(addr, e))?;
+        .map_err(|e| ServeError::Bind("--grpc", addr, e))?;
     let bound = listener
         .local_addr()
-        .map_err(|e| ServeError::Bind(addr, e))?;
+        .map_err(|e| ServeError::Bind("--grpc", addr, e))?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(ServeError::Runtime)?;
     let mut rx = shared.shutdown.subscribe();
     let mut rx_grace = shared.shutdown.subscribe();
-    tracing::info!(grpc = %bound, config = %path.display(), domains = cfg.domains.len(), "envoy rate limit service");
+    tracing::info!(grpc = %bound, "envoy rate limit service (gRPC)");
     let t = std::thread::Builder::new()
         .name("envoy-grpc".into())
         .spawn(move || {
@@ -76,5 +86,5 @@ pub(crate) fn spawn(shared: &Arc<Shared>) -> Result<Vec<JoinHandle<()>>, ServeEr
             })
         })
         .map_err(ServeError::Runtime)?;
-    Ok(vec![t])
+    Ok((vec![t], Some(bound)))
 }

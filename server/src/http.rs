@@ -1,5 +1,7 @@
-//! The HTTP API (axum): `POST /v1/check`, `GET /metrics`, `GET /healthz`, `POST /v1/reload`.
-//! Errors are JSON `{"error": "..."}`; a body over `--max-body` gets 413.
+//! The HTTP API (axum): `POST /v1/check`, `GET /metrics`, `GET /healthz`, `POST /v1/reload`,
+//! and with `--envoy-config` Envoy's `POST /json` and `GET /healthcheck`
+//! ([`crate::envoy::json_router`], whose own body limit applies). Errors are JSON
+//! `{"error": "..."}`; a body over `--max-body` gets 413.
 
 use crate::conn::{count, ms_up, request};
 use crate::metrics::C;
@@ -168,18 +170,35 @@ async fn reload(State(s): State<Arc<Shared>>) -> Response {
     }
 }
 
-async fn not_found(State(s): State<Arc<Shared>>) -> Response {
+async fn not_found(State(s): State<Arc<Shared>>, uri: axum::http::Uri) -> Response {
     s.metrics.add(C::HttpRequests, 1);
+    if s.envoy.is_none() && matches!(uri.path(), "/json" | "/healthcheck") {
+        return error(
+            &s,
+            StatusCode::NOT_FOUND,
+            format!(
+                "{}: Envoy's rate limit service is off; start the server with --envoy-config FILE_OR_DIR",
+                uri.path()
+            ),
+        );
+    }
+    let envoy = if s.envoy.is_some() {
+        ", POST /json, GET /healthcheck"
+    } else {
+        ""
+    };
     error(
         &s,
         StatusCode::NOT_FOUND,
-        "no such endpoint: POST /v1/check, GET /metrics, GET /healthz, POST /v1/reload",
+        format!(
+            "no such endpoint: POST /v1/check, GET /metrics, GET /healthz, POST /v1/reload{envoy}"
+        ),
     )
 }
 
 /// Serves HTTP on `l` until shutdown.
 pub(crate) async fn serve(shared: Arc<Shared>, l: tokio::net::TcpListener) {
-    let app = Router::new()
+    let mut app = Router::new()
         .route("/v1/check", post(check))
         .route("/v1/reload", post(reload))
         .route("/metrics", get(metrics))
@@ -187,6 +206,9 @@ pub(crate) async fn serve(shared: Arc<Shared>, l: tokio::net::TcpListener) {
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(shared.args.max_body))
         .with_state(shared.clone());
+    if let Some(e) = &shared.envoy {
+        app = app.merge(crate::envoy::json_router(e.clone()));
+    }
     let mut stop = shared.shutdown.subscribe();
     let r = axum::serve(l, app)
         .with_graceful_shutdown(async move {

@@ -3,8 +3,10 @@
 //! `turnstile serve`: the engine as a standalone service. Any Redis client can ask it
 //! redis-cell's `CL.THROTTLE` and the rules engine's `TURNSTILE.CHECK` over RESP (RESP2, and
 //! RESP3 after `HELLO 3`, pipelined); HTTP clients `POST /v1/check`; Prometheus scrapes
-//! `/metrics`. Rules reload on `SIGHUP`, `POST /v1/reload` or a change of the file; the
-//! `CL.THROTTLE` stores are snapshotted to a file and restored on start. docs/service.md.
+//! `/metrics`. With `--envoy-config`, Envoy's rate limit service answers over gRPC (`--grpc`)
+//! and `POST /json` (docs/envoy.md). The rules file and the Envoy configuration reload on
+//! `SIGHUP`, `POST /v1/reload` or a change of their files; the stores are snapshotted to a
+//! file and restored on start. docs/service.md.
 //!
 //! * [`resp`]: the protocol, a pure parser and an encoder.
 //! * [`throttle`]: `CL.THROTTLE` on turnstile's keyed stores.
@@ -30,7 +32,7 @@ pub mod throttle;
 mod workers;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -55,6 +57,13 @@ fn duration(s: &str) -> Result<Duration, String> {
     turnstile::rules::parse_duration(s)
 }
 
+fn workers(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if (1..=4096).contains(&n) => Ok(n),
+        _ => Err(format!("`{s}` is not a number of workers from 1 to 4096")),
+    }
+}
+
 /// The flags of `turnstile serve`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct ServeArgs {
@@ -71,12 +80,13 @@ pub struct ServeArgs {
     /// Envoy rate limit service (gRPC) address; off unless given (needs --envoy-config).
     #[arg(long)]
     pub grpc: Option<SocketAddr>,
-    /// envoyproxy/ratelimit YAML configuration, a file or a directory (docs/envoy.md);
-    /// SHADOW_MODE and the LIMIT_* variables of the environment apply.
+    /// envoyproxy/ratelimit YAML configuration, a file or a directory (docs/envoy.md): served
+    /// over gRPC on --grpc and as POST /json on the HTTP address; reloaded like the rules
+    /// file. SHADOW_MODE and the LIMIT_* variables of the environment apply.
     #[arg(long)]
     pub envoy_config: Option<PathBuf>,
-    /// Snapshot file of the CL.THROTTLE stores: restored on start, written periodically and on
-    /// graceful shutdown.
+    /// Snapshot file of every store (CL.THROTTLE's and the rules'): restored on start,
+    /// written periodically and on graceful shutdown.
     #[arg(long)]
     pub snapshot: Option<PathBuf>,
     /// How often to write the snapshot ("0": only on shutdown).
@@ -86,7 +96,7 @@ pub struct ServeArgs {
     #[arg(long)]
     pub snapshot_required: bool,
     /// Worker threads (default: one per core).
-    #[arg(long)]
+    #[arg(long, value_parser = workers)]
     pub workers: Option<usize>,
     /// per-core (pinned current-thread runtimes) or multi-thread (one tokio runtime).
     #[arg(long, value_enum, default_value = "per-core")]
@@ -118,8 +128,8 @@ pub struct ServeArgs {
     /// Largest HTTP request body, in bytes (larger: 413).
     #[arg(long, default_value_t = 64 * 1024)]
     pub max_body: usize,
-    /// How often to look at the rules file's modification time ("0": never; SIGHUP and
-    /// POST /v1/reload still reload).
+    /// How often to look whether the rules file or the Envoy configuration changed ("0":
+    /// never; SIGHUP and POST /v1/reload still reload).
     #[arg(long, default_value = "1s", value_parser = duration)]
     pub watch_every: Duration,
 }
@@ -145,8 +155,9 @@ impl Default for ServeArgs {
 pub enum ServeError {
     /// The rules file was refused (`file:line:column: message`).
     Rules(turnstile::rules::RulesError),
-    /// An address could not be bound or a socket option set.
-    Bind(SocketAddr, std::io::Error),
+    /// The address of a flag (`--resp`, `--http`, `--grpc`) could not be bound or a socket
+    /// option set.
+    Bind(&'static str, SocketAddr, std::io::Error),
     /// The snapshot could not be restored and `--snapshot-required` was given.
     Snapshot(SnapshotError),
     /// A runtime or thread could not be started.
@@ -159,7 +170,24 @@ impl std::fmt::Display for ServeError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ServeError::Rules(e) => write!(f, "{e}"),
-            ServeError::Bind(a, e) => write!(f, "cannot listen on {a}: {e}"),
+            ServeError::Bind(flag, a, e) => {
+                write!(f, "cannot listen on {a} ({flag}): {e}")?;
+                match e.kind() {
+                    std::io::ErrorKind::AddrInUse => write!(
+                        f,
+                        "; another process listens there: stop it or give another address with {flag}"
+                    ),
+                    std::io::ErrorKind::AddrNotAvailable => write!(
+                        f,
+                        "; no interface of this machine has that address: use 127.0.0.1, 0.0.0.0 or one of its own"
+                    ),
+                    std::io::ErrorKind::PermissionDenied => write!(
+                        f,
+                        "; ports under 1024 need privileges: use a higher port"
+                    ),
+                    _ => Ok(()),
+                }
+            }
             ServeError::Snapshot(e) => write!(
                 f,
                 "{e} (--snapshot-required: not starting; remove the flag to start empty)"
@@ -175,7 +203,9 @@ impl std::error::Error for ServeError {}
 /// What every worker shares.
 pub(crate) struct Shared {
     pub(crate) args: ServeArgs,
-    pub(crate) engine: Option<Engine>,
+    pub(crate) engine: Option<snapshot::RulesEngine>,
+    /// Envoy's rate limit service (`--envoy-config`), for gRPC and `POST /json`.
+    pub(crate) envoy: Option<Arc<envoy::Envoy>>,
     pub(crate) throttles: throttle::Throttles,
     pub(crate) metrics: metrics::Metrics,
     pub(crate) bounds: resp::Bounds,
@@ -184,6 +214,8 @@ pub(crate) struct Shared {
     /// Serializes reloads (the engine's own lock keeps them atomic; this keeps the log and
     /// the file's mtime in order).
     pub(crate) reload_lock: Mutex<Option<std::time::SystemTime>>,
+    /// The same for the Envoy configuration: what its files looked like at the last reload.
+    pub(crate) envoy_lock: Mutex<control::Stamp>,
     /// Serializes snapshot writes (timer and shutdown).
     pub(crate) snapshot_lock: Mutex<()>,
     /// Set once every worker has stopped (the control thread then exits).
@@ -205,6 +237,8 @@ pub struct Running {
     pub resp: SocketAddr,
     /// The HTTP address.
     pub http: SocketAddr,
+    /// The gRPC address of Envoy's rate limit service, if `--grpc` was given.
+    pub grpc: Option<SocketAddr>,
     shared: Arc<Shared>,
     workers: Vec<std::thread::JoinHandle<()>>,
     control: std::thread::JoinHandle<()>,
@@ -232,19 +266,22 @@ impl Running {
 
 /// Starts the server (listeners bound when this returns) and answers until stopped.
 pub fn start(args: ServeArgs) -> Result<Running, ServeError> {
-    let engine = match &args.rules {
+    // The rules are read first: a refused file is the likelier mistake, and says so before
+    // anything else happens.
+    let rules = match &args.rules {
         None => None,
-        Some(p) => {
-            let rules = Rules::from_file(p).map_err(ServeError::Rules)?;
-            let e = Engine::new(rules).map_err(ServeError::Rules)?;
-            tracing::info!(rules = %p.display(), summary = %e.summary(), "rules loaded");
-            Some(e)
-        }
+        Some(p) => Some(Rules::from_file(p).map_err(ServeError::Rules)?),
     };
     let mtime = args
         .rules
         .as_ref()
         .and_then(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok());
+    let envoy_stamp = args
+        .envoy_config
+        .as_deref()
+        .map(control::stamp)
+        .unwrap_or_default();
+    let envoy = extra::envoy(&args)?;
     let restored = match &args.snapshot {
         Some(p) => match snapshot::read(p) {
             Ok(s) => s,
@@ -267,14 +304,33 @@ pub fn start(args: ServeArgs) -> Result<Running, ServeError> {
             u64::from_le_bytes(b)
         }
     };
+    // The engine's key ids are hashes under the snapshot's seed, and its clock continues the
+    // snapshot's timeline, so that restored records mean what they meant (snapshot.rs).
+    let engine = match rules {
+        None => None,
+        Some(rules) => {
+            let e = Engine::builder(rules)
+                .seed(seed)
+                .build_with_clock(snapshot::Timeline::continuing(restored.as_ref()))
+                .map_err(ServeError::Rules)?;
+            tracing::info!(rules = %args.rules.as_deref().unwrap_or(Path::new("")).display(), summary = %e.summary(), "rules loaded");
+            Some(e)
+        }
+    };
     let workers = args
         .workers
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
         .max(1);
     let throttles = throttle::Throttles::new(args.throttle_memory, args.throttle_keys, seed);
     if let Some(s) = restored {
-        let n = snapshot::restore(&throttles, s);
-        tracing::info!(records = n, "snapshot restored");
+        let r = snapshot::restore(&throttles, engine.as_ref(), s);
+        tracing::info!(
+            throttle = r.throttle,
+            rules = r.rules,
+            idle = r.idle,
+            not_restored = r.unmatched,
+            "snapshot restored"
+        );
     }
     let (tx, _) = tokio::sync::watch::channel(false);
     let shared = Arc::new(Shared {
@@ -284,18 +340,22 @@ pub fn start(args: ServeArgs) -> Result<Running, ServeError> {
             max_inline: args.max_inline.max(16),
         },
         engine,
+        envoy,
         throttles,
         metrics: metrics::Metrics::new(workers),
         connections: AtomicUsize::new(0),
         shutdown: tx,
         reload_lock: Mutex::new(mtime),
+        envoy_lock: Mutex::new(envoy_stamp),
         snapshot_lock: Mutex::new(()),
         workers_done: AtomicBool::new(false),
         args,
     });
     let (resp, http, mut threads) = workers::spawn(&shared, workers)?;
-    let started = extra::spawn(&shared).and_then(|x| {
-        threads.extend(x);
+    let mut grpc = None;
+    let started = extra::spawn(&shared).and_then(|(t, g)| {
+        threads.extend(t);
+        grpc = g;
         control::spawn(&shared)
     });
     let control = match started {
@@ -312,6 +372,7 @@ pub fn start(args: ServeArgs) -> Result<Running, ServeError> {
     Ok(Running {
         resp,
         http,
+        grpc,
         shared,
         workers: threads,
         control,

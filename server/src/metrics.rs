@@ -22,12 +22,13 @@ pub(crate) enum C {
     ThrottleLimited,
     CheckAllowed,
     CheckDenied,
+    Refunds,
     HttpRequests,
     HttpChecks,
     HttpErrors,
 }
 
-const COUNTERS: usize = 11;
+const COUNTERS: usize = 12;
 
 /// Latency histogram bucket bounds (ns), per command.
 pub(crate) const BOUNDS_NS: [u64; 12] = [
@@ -52,6 +53,8 @@ pub(crate) struct Metrics {
     workers: Box<[CachePadded<Worker>]>,
     pub(crate) reloads_ok: AtomicU64,
     pub(crate) reloads_failed: AtomicU64,
+    pub(crate) envoy_reloads_ok: AtomicU64,
+    pub(crate) envoy_reloads_failed: AtomicU64,
     pub(crate) snapshots_ok: AtomicU64,
     pub(crate) snapshots_failed: AtomicU64,
     pub(crate) snapshot_records: AtomicU64,
@@ -71,6 +74,8 @@ impl Metrics {
                 .collect(),
             reloads_ok: AtomicU64::new(0),
             reloads_failed: AtomicU64::new(0),
+            envoy_reloads_ok: AtomicU64::new(0),
+            envoy_reloads_failed: AtomicU64::new(0),
             snapshots_ok: AtomicU64::new(0),
             snapshots_failed: AtomicU64::new(0),
             snapshot_records: AtomicU64::new(0),
@@ -195,6 +200,12 @@ pub(crate) fn render(s: &Shared) -> String {
     );
     counter(
         &mut o,
+        "turnstile_refunds_total",
+        "TURNSTILE.REFUND requests.",
+        m.get(C::Refunds),
+    );
+    counter(
+        &mut o,
         "turnstile_http_requests_total",
         "HTTP requests.",
         m.get(C::HttpRequests),
@@ -222,6 +233,19 @@ pub(crate) fn render(s: &Shared) -> String {
         "turnstile_reloads_total{{result=\"failed\"}} {}",
         r(&m.reloads_failed)
     );
+    if s.envoy.is_some() {
+        let _ = writeln!(o, "# HELP turnstile_envoy_reloads_total Envoy configuration reloads by result.\n# TYPE turnstile_envoy_reloads_total counter");
+        for (k, v) in [
+            ("ok", &m.envoy_reloads_ok),
+            ("failed", &m.envoy_reloads_failed),
+        ] {
+            let _ = writeln!(
+                o,
+                "turnstile_envoy_reloads_total{{result=\"{k}\"}} {}",
+                r(v)
+            );
+        }
+    }
     let _ = writeln!(o, "# HELP turnstile_snapshots_total Snapshot writes by result.\n# TYPE turnstile_snapshots_total counter");
     let _ = writeln!(
         o,
@@ -330,6 +354,10 @@ pub(crate) fn render(s: &Shared) -> String {
                 shed[p.index()]
             );
         }
+    }
+    // Envoy's rate limit service, in upstream's names.
+    if let Some(e) = &s.envoy {
+        o.push_str(&e.render_metrics());
     }
     o
 }

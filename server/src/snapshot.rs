@@ -1,29 +1,54 @@
-//! Snapshots of the `CL.THROTTLE` stores: written to a temporary file, fsynced and renamed
+//! Snapshots of every store: the `CL.THROTTLE` stores and the rules engine's (each rule's,
+//! each override's, each elastic pool's). Written to a temporary file, fsynced and renamed
 //! over the old one (a crash leaves the old or the new file, never a mix); read whole and
 //! checked before anything is restored (a bad file restores nothing).
 //!
 //! Format (little-endian):
 //!
 //! ```text
-//! "TSNP" | version u32 (1) | payload length u64 | CRC-32 of the payload u32 | payload
+//! "TSNP" | version u32 (2) | payload length u64 | CRC-32 of the payload u32 | payload
 //! payload: hash seed u64 | wall-clock ns at write u64 | stores u32 |
 //!          per store: max_burst i64 | count i64 | period i64 | records u64 |
 //!                     per record: key id u64 | TAT, wall-clock ns since the Unix epoch u64
+//!          rules clock ns at write u64 | rule stores u32 |
+//!          per rule store: description length u32 | description (UTF-8) | words u32 |
+//!                          records u64 | per record: key id u64 | words × state u64
 //! ```
 //!
-//! A store's clock counts from its own process's origin (the TSC clock), so times are written
-//! as wall-clock nanoseconds (`wall now + (TAT − clock now)`) and converted back on restore;
-//! records already idle at restore (TAT in the past) are dropped. Key ids are hashes under
-//! the seed, which the restored stores reuse.
+//! Version 1 files (the same without the rules part) are still read.
+//!
+//! **Time.** Each process's default clock counts from its own origin (the TSC clock), so a
+//! time stored raw means nothing to the next process. A `CL.THROTTLE` record is one TAT,
+//! written as wall-clock nanoseconds (`wall now + (TAT − clock now)`) and converted back on
+//! restore. The rules engine's records hold times in every algorithm's own layout (window
+//! indexes, logs, rings), so instead of converting each one the engine runs on a [`Timeline`]
+//! clock: the default clock shifted so that it continues the timeline of the process that
+//! wrote the snapshot, by the pair (wall-clock ns, rules clock ns) written beside the records
+//! (`rules clock ns at write` and the payload's wall-clock time). A record's times then
+//! convert to wall-clock time as `wall at write + (t − rules clock at write)`, and read the same
+//! in the new process. Records already idle (nothing left that a fresh record would not
+//! have) are dropped when written and when restored. Key ids are hashes under the seed, which
+//! the restored stores and the engine reuse.
+//!
+//! **Rule identity.** A rule store's records are restored only into the store whose
+//! description is identical (`Engine::for_each_store`: rule name, override key, pool, key
+//! class, compiled limits, capacity). A rule changed between the snapshot and the restart in
+//! any of these starts empty (its records are counted as not restored and logged): a rule
+//! never gets the state of another rule or of other limits. (A reload in a running server
+//! carries state over limit changes whose records read alike; a restart does not.)
 
 use crate::throttle::{Params, Throttles};
+use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
-use turnstile::Clock;
+use turnstile::rules::Engine;
+use turnstile::{Clock, DefaultClock};
 
 const MAGIC: &[u8; 4] = b"TSNP";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
+/// The most state words of one rule store's record accepted from a file.
+const MAX_WORDS: u32 = 1 << 16;
 const HEADER: usize = 4 + 4 + 8 + 4;
 
 /// Why a snapshot file was refused.
@@ -52,7 +77,65 @@ pub struct Snapshot {
     pub written_ns: u64,
     /// Each store's parameters and `(key id, TAT wall-clock ns)` records.
     pub stores: Vec<(Params, Vec<(u64, u64)>)>,
+    /// The rules engine's clock when written (0 without rules).
+    pub rules_now: u64,
+    /// The rules engine's stores.
+    pub rules: Vec<RuleStore>,
 }
+
+/// One rules engine store in a snapshot.
+#[derive(Debug, PartialEq, Eq)]
+pub struct RuleStore {
+    /// What its records mean (`Engine::for_each_store`).
+    pub describe: String,
+    /// State words per record.
+    pub words: u32,
+    /// Per record: the key id, then `words` state words.
+    pub data: Vec<u64>,
+}
+
+impl RuleStore {
+    /// Its records: `(key id, state words)`.
+    pub fn records(&self) -> impl Iterator<Item = (u64, &[u64])> {
+        self.data
+            .chunks_exact(1 + self.words as usize)
+            .map(|r| (r[0], &r[1..]))
+    }
+}
+
+/// The rules engine's clock: the default clock shifted by a fixed offset so that it continues
+/// the timeline of the process that wrote the snapshot (module docs). One add per reading.
+#[derive(Clone, Copy, Debug)]
+pub struct Timeline {
+    base: DefaultClock,
+    offset: u64,
+}
+
+impl Timeline {
+    /// The timeline `s` was written on, continued (`now` = its rules clock at write plus the
+    /// wall-clock time since); a new one from 0 without a snapshot. If the wall clock went
+    /// back since the write, the timeline continues from the write.
+    pub fn continuing(s: Option<&Snapshot>) -> Self {
+        let base = DefaultClock::new();
+        let offset = s.map_or(0, |s| {
+            let elapsed = wall_ns().saturating_sub(s.written_ns);
+            s.rules_now
+                .saturating_add(elapsed)
+                .saturating_sub(base.now())
+        });
+        Self { base, offset }
+    }
+}
+
+impl Clock for Timeline {
+    #[inline]
+    fn now(&self) -> turnstile::clock::Nanos {
+        self.base.now().wrapping_add(self.offset)
+    }
+}
+
+/// The engine `turnstile serve` runs rules with.
+pub type RulesEngine = Engine<Timeline>;
 
 fn wall_ns() -> u64 {
     SystemTime::now()
@@ -60,8 +143,9 @@ fn wall_ns() -> u64 {
         .map_or(0, |d| d.as_nanos().min(u64::MAX as u128) as u64)
 }
 
-/// The stores' records, times in wall-clock ns.
-pub fn collect(t: &Throttles) -> Snapshot {
+/// The stores' records: `CL.THROTTLE` times in wall-clock ns, the rules engine's on its
+/// timeline.
+pub fn collect(t: &Throttles, engine: Option<&RulesEngine>) -> Snapshot {
     let wall = wall_ns();
     let mut stores = Vec::new();
     for e in t.entries() {
@@ -75,10 +159,35 @@ pub fn collect(t: &Throttles) -> Snapshot {
         });
         stores.push((e.params, recs));
     }
+    let mut rules = Vec::new();
+    let rules_now = engine.map_or(0, |e| e.clock().now());
+    if let Some(e) = engine {
+        e.for_each_store(|describe, store| {
+            let words = store.record_words();
+            let limits = store.limits();
+            let mut cells = vec![0u64; words];
+            let mut data = Vec::new();
+            store.export_records(|id, w| {
+                cells.copy_from_slice(w);
+                // Only records not yet idle carry information.
+                if limits.idle_in(&mut cells[..], rules_now) > 0 {
+                    data.push(id);
+                    data.extend_from_slice(w);
+                }
+            });
+            rules.push(RuleStore {
+                describe: describe.to_string(),
+                words: words as u32,
+                data,
+            });
+        });
+    }
     Snapshot {
         seed: t.seed(),
         written_ns: wall,
         stores,
+        rules_now,
+        rules,
     }
 }
 
@@ -96,6 +205,18 @@ pub fn encode(s: &Snapshot) -> Vec<u8> {
         for (id, t) in recs {
             p.extend_from_slice(&id.to_le_bytes());
             p.extend_from_slice(&t.to_le_bytes());
+        }
+    }
+    p.extend_from_slice(&s.rules_now.to_le_bytes());
+    p.extend_from_slice(&(s.rules.len() as u32).to_le_bytes());
+    for r in &s.rules {
+        p.extend_from_slice(&(r.describe.len() as u32).to_le_bytes());
+        p.extend_from_slice(r.describe.as_bytes());
+        p.extend_from_slice(&r.words.to_le_bytes());
+        let n = r.data.len() / (1 + r.words as usize);
+        p.extend_from_slice(&(n as u64).to_le_bytes());
+        for w in &r.data[..n * (1 + r.words as usize)] {
+            p.extend_from_slice(&w.to_le_bytes());
         }
     }
     let mut out = Vec::with_capacity(HEADER + p.len());
@@ -122,9 +243,9 @@ pub fn decode(b: &[u8]) -> Result<Snapshot, String> {
     let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
     let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
     let version = u32_at(4);
-    if version != VERSION {
+    if version != VERSION && version != 1 {
         return Err(format!(
-            "format version {version}; this server reads version {VERSION}"
+            "format version {version}; this server reads versions 1 and {VERSION}"
         ));
     }
     let len = u64_at(8);
@@ -157,6 +278,40 @@ pub fn decode(b: &[u8]) -> Result<Snapshot, String> {
         }
         stores.push((params, recs));
     }
+    let (mut rules_now, mut rules) = (0, Vec::new());
+    if version >= 2 {
+        rules_now = r.u64()?;
+        let n = r.u32()?;
+        for i in 0..n {
+            let len = r.u32()? as usize;
+            let describe = std::str::from_utf8(r.take(len)?)
+                .map_err(|_| format!("rule store {i}: its description is not UTF-8"))?
+                .to_string();
+            let words = r.u32()?;
+            if words == 0 || words > MAX_WORDS {
+                return Err(format!(
+                    "rule store {describe}: {words} words per record (1 to {MAX_WORDS})"
+                ));
+            }
+            let k = r.u64()?;
+            let per = 8 * (1 + u64::from(words));
+            if k > (r.b.len() - r.at) as u64 / per {
+                return Err(format!(
+                    "rule store {describe} announces {k} records, more than the file holds"
+                ));
+            }
+            let n = k as usize * (1 + words as usize);
+            let mut data = Vec::with_capacity(n);
+            for _ in 0..n {
+                data.push(r.u64()?);
+            }
+            rules.push(RuleStore {
+                describe,
+                words,
+                data,
+            });
+        }
+    }
     if r.at != p.len() {
         return Err(format!(
             "{} bytes left over after the last store",
@@ -167,6 +322,8 @@ pub fn decode(b: &[u8]) -> Result<Snapshot, String> {
         seed,
         written_ns,
         stores,
+        rules_now,
+        rules,
     })
 }
 
@@ -179,7 +336,7 @@ impl Reader<'_> {
     fn take(&mut self, n: usize) -> Result<&[u8], String> {
         let s = self
             .b
-            .get(self.at..self.at + n)
+            .get(self.at..self.at.saturating_add(n))
             .ok_or("ends inside a record")?;
         self.at += n;
         Ok(s)
@@ -234,11 +391,26 @@ pub fn read(path: &Path) -> Result<Option<Snapshot>, SnapshotError> {
     }
 }
 
-/// Restores a checked snapshot into `t` (built with the snapshot's seed). Returns the records
-/// restored; idle ones are dropped.
-pub fn restore(t: &Throttles, s: Snapshot) -> u64 {
+/// What a restore did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Restored {
+    /// `CL.THROTTLE` records restored.
+    pub throttle: u64,
+    /// Rules engine records restored.
+    pub rules: u64,
+    /// Records dropped because they were idle by now.
+    pub idle: u64,
+    /// Rules engine records of stores no loaded rule has (a rule changed or removed since).
+    pub unmatched: u64,
+}
+
+/// Restores a checked snapshot into `t` (built with the snapshot's seed) and `engine` (built
+/// with the seed, on [`Timeline::continuing`] the snapshot). Idle records are dropped.
+pub fn restore(t: &Throttles, engine: Option<&RulesEngine>, s: Snapshot) -> Restored {
+    let mut out = Restored::default();
+    restore_rules(engine, &s.rules, &mut out);
     let wall = wall_ns();
-    let mut n = 0;
+    let n = &mut out.throttle;
     for (params, recs) in s.stores {
         let store = match t.store(params) {
             Ok(s) => s,
@@ -250,15 +422,51 @@ pub fn restore(t: &Throttles, s: Snapshot) -> u64 {
         let now = store.clock().now();
         for (id, tat_wall) in recs {
             if tat_wall <= wall {
+                out.idle += 1;
                 continue;
             }
             let tat = now.saturating_add(tat_wall - wall);
             if tat >> 63 == 0 && store.import_packed(id, tat, now) {
-                n += 1;
+                *n += 1;
             }
         }
     }
-    n
+    out
+}
+
+fn restore_rules(engine: Option<&RulesEngine>, rules: &[RuleStore], out: &mut Restored) {
+    let mut by: HashMap<&str, &RuleStore> = rules.iter().map(|r| (&*r.describe, r)).collect();
+    if let Some(e) = engine {
+        let now = e.clock().now();
+        e.for_each_store(|describe, store| {
+            let Some(r) = by.remove(describe) else {
+                return;
+            };
+            // The same description means the same limits, so the same record size; checked
+            // all the same.
+            if r.words as usize != store.record_words() {
+                out.unmatched += (r.data.len() / (1 + r.words as usize)) as u64;
+                return;
+            }
+            let limits = store.limits();
+            let mut cells = vec![0u64; r.words as usize];
+            for (id, w) in r.records() {
+                cells.copy_from_slice(w);
+                if limits.idle_in(&mut cells[..], now) == 0 {
+                    out.idle += 1;
+                } else if store.import_record(id, w, now) {
+                    out.rules += 1;
+                }
+            }
+        });
+    }
+    for r in by.into_values() {
+        let n = (r.data.len() / (1 + r.words as usize)) as u64;
+        if n > 0 {
+            out.unmatched += n;
+            tracing::warn!(store = %r.describe, records = n, "snapshot records of a rule that changed or is gone since: not restored");
+        }
+    }
 }
 
 #[cfg(test)]
@@ -270,6 +478,19 @@ mod tests {
             seed: 7,
             written_ns: 123,
             stores: vec![((4, 1, 1), vec![(1, 2), (3, 4)]), ((0, 5, 60), vec![])],
+            rules_now: 99,
+            rules: vec![
+                RuleStore {
+                    describe: "rule=\"a\"".into(),
+                    words: 2,
+                    data: vec![5, 6, 7, 8, 9, 10],
+                },
+                RuleStore {
+                    describe: String::new(),
+                    words: 1,
+                    data: vec![],
+                },
+            ],
         }
     }
 
@@ -289,9 +510,53 @@ mod tests {
         let mut c = b.clone();
         c[4] = 9;
         assert!(decode(&c).unwrap_err().contains("version 9"));
+        // Version 1: the same without the rules part.
+        let mut v1 = sample();
+        v1.rules_now = 0;
+        v1.rules.clear();
+        let mut c = encode(&v1);
+        c[4] = 1;
+        let cut = c.len() - 12;
+        c.truncate(cut);
+        let len = (cut - HEADER) as u64;
+        c[8..16].copy_from_slice(&len.to_le_bytes());
+        let crc = crc32fast::hash(&c[HEADER..]);
+        c[16..20].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(decode(&c).unwrap(), v1);
         let mut c = b;
         c[0] = b'X';
         assert!(decode(&c).unwrap_err().contains("magic"));
+    }
+
+    /// A payload whose checksum is right but whose counts are not (a writer's bug, not
+    /// corruption) is refused too, whole.
+    #[test]
+    fn lying_counts_are_refused() {
+        let seal = |p: Vec<u8>| {
+            let mut out = Vec::from(&MAGIC[..]);
+            out.extend_from_slice(&VERSION.to_le_bytes());
+            out.extend_from_slice(&(p.len() as u64).to_le_bytes());
+            out.extend_from_slice(&crc32fast::hash(&p).to_le_bytes());
+            out.extend_from_slice(&p);
+            out
+        };
+        let good = encode(&sample());
+        let p = good[HEADER..].to_vec();
+        // The first rule store's record count (after seed, time, 2 throttle stores of 2 and 0
+        // records, the rules clock, the store count, its description and its words).
+        let at = 8 + 8 + 4 + (24 + 8 + 32) + (24 + 8) + 8 + 4 + 4 + 8 + 4;
+        assert_eq!(p[at..at + 8], 2u64.to_le_bytes());
+        for n in [u64::MAX, 3, 1, 0] {
+            let mut q = p.clone();
+            q[at..at + 8].copy_from_slice(&n.to_le_bytes());
+            let e = decode(&seal(q)).unwrap_err();
+            if n > 2 {
+                assert!(e.contains("more than the file holds"), "{n}: {e}");
+            }
+        }
+        let mut q = p.clone();
+        q[at - 4..at].copy_from_slice(&0u32.to_le_bytes());
+        assert!(decode(&seal(q)).unwrap_err().contains("words per record"));
     }
 
     #[test]
@@ -302,23 +567,27 @@ mod tests {
             st.check("busy", 1);
         }
         st.check("once", 1);
-        let snap = collect(&a);
+        let snap = collect(&a, None);
         assert_eq!(snap.stores[0].1.len(), 2);
         let b = Throttles::new(usize::MAX, 1000, snap.seed);
-        assert_eq!(restore(&b, decode(&encode(&snap)).unwrap()), 2);
+        assert_eq!(
+            restore(&b, None, decode(&encode(&snap)).unwrap()).throttle,
+            2
+        );
         let st2 = b.store((9, 1, 60)).unwrap();
         // 4 of 10 taken: 5 left after this one.
         assert_eq!(st2.check("busy", 1).remaining, 5);
         assert_eq!(st2.check("once", 1).remaining, 8);
         assert_eq!(st2.check("new", 1).remaining, 9);
         // A snapshot whose records are all in the past restores nothing.
-        let mut old = collect(&a);
+        let mut old = collect(&a, None);
         for (_, r) in &mut old.stores {
             for x in r.iter_mut() {
                 x.1 = 1;
             }
         }
         let c = Throttles::new(usize::MAX, 1000, old.seed);
-        assert_eq!(restore(&c, old), 0);
+        let r = restore(&c, None, old);
+        assert_eq!((r.throttle, r.idle), (0, 2));
     }
 }

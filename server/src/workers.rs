@@ -16,7 +16,11 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 /// A listening socket on `addr`, with `SO_REUSEPORT` if `reuse_port`.
-fn listener(addr: SocketAddr, reuse_port: bool) -> Result<std::net::TcpListener, ServeError> {
+fn listener(
+    flag: &'static str,
+    addr: SocketAddr,
+    reuse_port: bool,
+) -> Result<std::net::TcpListener, ServeError> {
     let bind = |addr| -> std::io::Result<std::net::TcpListener> {
         let s = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
         s.set_reuse_address(true)?;
@@ -29,7 +33,7 @@ fn listener(addr: SocketAddr, reuse_port: bool) -> Result<std::net::TcpListener,
         s.listen(1024)?;
         Ok(s.into())
     };
-    bind(addr).map_err(|e| ServeError::Bind(addr, e))
+    bind(addr).map_err(|e| ServeError::Bind(flag, addr, e))
 }
 
 static CONN_ID: AtomicU64 = AtomicU64::new(1);
@@ -61,15 +65,18 @@ pub(crate) fn spawn(
     workers: usize,
 ) -> Result<(SocketAddr, SocketAddr, Vec<JoinHandle<()>>), ServeError> {
     let per_core = shared.args.runtime == RuntimeKind::PerCore;
-    let first_resp = listener(shared.args.resp, per_core)?;
-    let first_http = listener(shared.args.http, per_core)?;
+    let first_resp = listener("--resp", shared.args.resp, per_core)?;
+    let first_http = listener("--http", shared.args.http, per_core)?;
     let resp = first_resp.local_addr().map_err(ServeError::Runtime)?;
     let http_addr = first_http.local_addr().map_err(ServeError::Runtime)?;
     let mut threads = Vec::new();
     if per_core {
         let mut pairs = vec![(first_resp, first_http)];
         for _ in 1..workers {
-            pairs.push((listener(resp, true)?, listener(http_addr, true)?));
+            pairs.push((
+                listener("--resp", resp, true)?,
+                listener("--http", http_addr, true)?,
+            ));
         }
         let cores = core_affinity::get_core_ids().unwrap_or_default();
         for (i, (r, h)) in pairs.into_iter().enumerate() {

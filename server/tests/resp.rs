@@ -229,7 +229,26 @@ fn turnstile_check_over_rules() {
         text.starts_with("*6\r\n:0\r\n:2\r\n:0\r\n:1") && text.ends_with("$12\r\nper-customer\r\n"),
         "{text}"
     );
+    // A refund gives the request back to the rule (the reply: rules refunded); the next
+    // check is admitted again; a refund of 2 fills the bucket; no rule, nothing refunded.
+    let mut req = Vec::new();
+    req.extend(cmd(&["TURNSTILE.REFUND", "customer", "5"]));
+    req.extend(cmd(&["TURNSTILE.CHECK", "customer", "5"]));
+    req.extend(cmd(&["TURNSTILE.REFUND", "customer", "user:5", "2", "get"]));
+    req.extend(cmd(&["TURNSTILE.PEEK", "customer", "5"]));
+    req.extend(cmd(&["TURNSTILE.REFUND", "api_key", "k"]));
+    let want = ":1\r\n*6\r\n:1\r\n:2\r\n:0\r\n:-1\r\n:3600000\r\n$-1\r\n:1\r\n*6\r\n:1\r\n:2\r\n:2\r\n:-1\r\n:0\r\n$-1\r\n:0\r\n";
+    let got = roundtrip(&mut s, &req, want.len());
+    assert_eq!(String::from_utf8_lossy(&got), want);
     let bad = [
+        (
+            vec!["TURNSTILE.REFUND", "customer"],
+            "-ERR wrong number of arguments for 'turnstile.refund' command",
+        ),
+        (
+            vec!["TURNSTILE.REFUND", "customer", "5", "x"],
+            "-ERR value is not an integer or out of range",
+        ),
         (
             vec!["TURNSTILE.CHECK", "planet", "x"],
             "-ERR unknown key class `planet`",
@@ -293,5 +312,43 @@ fn connection_limits() {
     std::thread::sleep(Duration::from_millis(600));
     let mut buf = [0u8; 16];
     assert_eq!(a.read(&mut buf).unwrap(), 0, "an idle connection is closed");
+    stop(r);
+}
+
+/// A client that sends a long pipeline (and half a command) and closes without reading the
+/// replies: every command it sent in full is run and counted all the same; the half command
+/// is not.
+#[test]
+fn a_client_gone_mid_pipeline_loses_nothing_it_sent() {
+    let r = server(|a| a.workers = Some(1));
+    let one = cmd(&["CL.THROTTLE", "gone", "1999", "1", "86400"]);
+    let mut s = connect(r.resp);
+    let mut all = one.repeat(1000);
+    all.extend_from_slice(&one[..20]);
+    s.write_all(&all).unwrap();
+    drop(s);
+    // 1000 taken of 2000, one token per day: 1000 remain (seen with quantity 0).
+    let peek = cmd(&["CL.THROTTLE", "gone", "1999", "1", "86400", "0"]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut s = connect(r.resp);
+        s.write_all(&peek).unwrap();
+        let mut got = String::new();
+        let mut b = [0u8; 1];
+        while got.matches("\r\n").count() < 6 {
+            assert_eq!(s.read(&mut b).unwrap(), 1, "closed after {got:?}");
+            got.push(b[0] as char);
+        }
+        let remaining: i64 = got.split("\r\n").nth(3).unwrap()[1..].parse().unwrap();
+        if remaining == 1000 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline && remaining > 1000,
+            "{remaining} remain: {} of the 1000 commands sent were run",
+            2000 - remaining
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     stop(r);
 }

@@ -995,6 +995,102 @@ impl<C: Clock> Store<C> {
         )
     }
 
+    /// Words of one record as [`Store::export_records`] gives them: 1 for a packed store,
+    /// [`Limits::words`] for an arena store.
+    pub fn record_words(&self) -> usize {
+        if self.packed.is_some() {
+            1
+        } else {
+            self.limits.words()
+        }
+    }
+
+    /// Snapshot support for any store: visits every live record as `(key id, words)`, where
+    /// `words` are [`Store::record_words`] words: a packed store's state (as
+    /// [`Store::export_packed`]), or an arena record's state words, read under the record's
+    /// writer bit (so each record is whole). A scan, not linearizable. Ids are hashes under
+    /// this store's seed and times are this store's clock's: import into a store of the same
+    /// limits and seed whose clock continues this one's timeline.
+    pub fn export_records(&self, mut f: impl FnMut(u64, &[u64])) {
+        let ctx = Ctx {
+            limits: &self.limits,
+            policy: self.policy,
+            missed: false,
+        };
+        let buf = std::cell::RefCell::new(Vec::with_capacity(self.record_words()));
+        let mut ids = Vec::new();
+        for s in self.shards.iter() {
+            ids.clear();
+            s.for_each_live(|id| ids.push(id));
+            for &id in &ids {
+                let (shard, home) = self.locate(id);
+                // Reads the record: the transitions leave it unchanged (no CAS is made, and
+                // the arena words are written back as they were read).
+                let found = shard.with_key(
+                    &ctx,
+                    id,
+                    home,
+                    0,
+                    false,
+                    &mut |st| {
+                        let mut b = buf.borrow_mut();
+                        b.clear();
+                        b.push(st);
+                        (st, true)
+                    },
+                    &mut |c| {
+                        let mut b = buf.borrow_mut();
+                        b.clear();
+                        b.extend((0..c.0.len()).map(|i| crate::algo::Cells::get(c, i)));
+                        true
+                    },
+                    &mut || false,
+                    &mut |_| false,
+                );
+                if found {
+                    f(id, &buf.borrow());
+                }
+            }
+        }
+    }
+
+    /// Snapshot support for any store: sets key id `id`'s record to `words` (from
+    /// [`Store::export_records`] of a store with the same limits and seed, on a clock that
+    /// this store's continues), inserting it if absent. `now` is this store's clock's time (a
+    /// full probe range reclaims idle records as of it, then follows the store's
+    /// [`FullPolicy`]). Returns whether the record is stored; `false` if `words` is not
+    /// [`Store::record_words`] long, a packed state uses bit 63, or there is no room.
+    pub fn import_record(&self, id: u64, words: &[u64], now: Nanos) -> bool {
+        if words.len() != self.record_words() {
+            return false;
+        }
+        if self.packed.is_some() {
+            return self.import_packed(id, words[0], now);
+        }
+        let (shard, home) = self.locate(id);
+        let ctx = Ctx {
+            limits: &self.limits,
+            policy: self.policy,
+            missed: false,
+        };
+        shard.with_key(
+            &ctx,
+            id,
+            home,
+            now,
+            true,
+            &mut |_| unreachable!("arena store has no packed slots"),
+            &mut |c| {
+                for (i, &w) in words.iter().enumerate() {
+                    crate::algo::Cells::set(c, i, w);
+                }
+                true
+            },
+            &mut || false,
+            &mut |_| false,
+        )
+    }
+
     /// Live keys (approximate while checks run).
     pub fn len(&self) -> usize {
         self.stats().live as usize

@@ -102,6 +102,16 @@ pub(crate) struct Ident {
 type Records = (String, Option<u64>, bool, KeyClass, u64);
 
 impl Ident {
+    /// What the part's records mean, as text that is equal for two parts exactly when their
+    /// records read alike: rule name, override key id, pool, key class, compiled limits and
+    /// capacity (the full-store policy does not change a record). For snapshots.
+    pub(crate) fn describe(&self) -> String {
+        format!(
+            "rule={:?} override={:?} pool={} key={:?} capacity={} limits={:?}",
+            self.rule, self.target, self.pool, self.class, self.capacity, self.limits
+        )
+    }
+
     fn records(&self) -> Records {
         (
             self.rule.clone(),

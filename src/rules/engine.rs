@@ -259,6 +259,11 @@ fn shed_decision(s: &Shedding) -> Decision {
     }
 }
 
+/// Whether a peek shows a charge (less than the whole limit remains).
+fn charged(d: &Decision) -> bool {
+    d.remaining < d.limit
+}
+
 /// Two admitting rules' decisions as one, in place: the tighter remainder, the later reset
 /// and delay.
 #[inline]
@@ -318,6 +323,63 @@ impl<C: Clock> Engine<C> {
             matched: why.matched,
             would_deny: why.would_deny,
         }
+    }
+
+    /// Gives back a request that [`Engine::check`] admitted and that did not happen after all
+    /// (cancelled, failed upstream, not billable): `req.cost` × each rule's `cost` goes back
+    /// to every rule the request matches now — by the same route, method, priority and key
+    /// as the check, so pass the same [`Request`]. Returns how many rules were given it (0:
+    /// no rule applies). Nothing is counted in the rules' statistics.
+    ///
+    /// By mode and algorithm:
+    ///
+    /// * hard and soft rules: their store gets the cost back (a soft rule's tolerance band is
+    ///   part of its store, so the band refills first, as it was spent last);
+    /// * elastic rules: the extra pool if it holds a charge (the pool is drawn only once the
+    ///   rule's own limits are spent, so its charges are the newest), else the rule's own
+    ///   limits;
+    /// * shadow rules: given it back too, so that they keep counting what an enforcing rule in
+    ///   their place would;
+    /// * per algorithm, as [`Store::refund_at`](crate::keyed::Store::refund_at) does: a fixed
+    ///   or sliding window gives back to its current window only (nothing once the window
+    ///   that was charged has passed), a token or leaky bucket never above its capacity, a
+    ///   sliding log its newest admissions, a window ring its newest sub-windows first
+    ///   (rules hold no concurrency limit: a rules file refuses one, so every rule can give
+    ///   back).
+    ///
+    /// The engine does not remember requests: a refund of a request that was denied, or
+    /// refunded already, gives back units that other requests of the same key took (never
+    /// more than the limit: each store caps at full). After a reload, rules whose state was
+    /// kept get the cost back; rules that started fresh have nothing to give back.
+    pub fn refund(&self, req: &Request<'_>) -> u32 {
+        self.refund_at(req, self.clock.now())
+    }
+
+    /// [`Engine::refund`] at `now`.
+    pub fn refund_at(&self, req: &Request<'_>, now: Nanos) -> u32 {
+        let c = self.current.load();
+        let m = method_slot(req.method);
+        let prio = req.priority.unwrap_or_else(|| Priority::of_method_index(m));
+        let s = sel(m, prio);
+        let cands = c.routes.candidates(req.route);
+        let mut n = 0;
+        for cand in cands.enforce.iter().chain(cands.shadow.iter()) {
+            if !cand.admits(s) {
+                continue;
+            }
+            let r = &c.rules[cand.rule as usize];
+            let Some(id) = r.plan.id(req, &self.hasher) else {
+                continue;
+            };
+            let slot = r.slot(id);
+            let store = match &slot.pool {
+                Some(p) if charged(&p.store.peek_at(&id, now)) => &p.store,
+                _ => &slot.main.store,
+            };
+            store.refund_at(&id, req.cost.saturating_mul(r.cost), now);
+            n += 1;
+        }
+        n
     }
 
     /// Checks `req` and, if admitted, counts it in flight until the returned guard drops
@@ -432,6 +494,25 @@ impl<C: Clock> Engine<C> {
             .iter()
             .find(|r| &*r.name == name)
             .map(|r| r.main.main.store.len())
+    }
+
+    /// Visits every store of the loaded rules (each rule's, each override's, each elastic
+    /// pool's) with a description of what its records mean: the rule's name, the override's
+    /// key id, whether it is a pool, the key class, the compiled limits and the capacity. Two
+    /// stores described alike hold records that read alike, in this process or another one
+    /// built with the same [`EngineBuilder::seed`] (key ids are hashes under it) — snapshot
+    /// support, with [`Store::export_records`](crate::keyed::Store::export_records) and
+    /// [`Store::import_record`](crate::keyed::Store::import_record). A rule changed in any of
+    /// these is described differently: its old records are not its new store's.
+    pub fn for_each_store(&self, mut f: impl FnMut(&str, &crate::keyed::Store<Arc<C>>)) {
+        let c = self.current.load();
+        for r in c.rules.iter() {
+            for s in std::iter::once(&r.main).chain(r.overrides.iter()) {
+                for p in std::iter::once(&s.main).chain(s.pool.iter()) {
+                    f(&p.ident.describe(), &p.store);
+                }
+            }
+        }
     }
 
     /// Replaces the rules atomically. Stores of rules whose name, key class, limits and
@@ -694,7 +775,7 @@ impl<C: Clock> Engine<C> {
     /// check did; `pooled` says which took it from an elastic pool.
     #[cold]
     #[inline(never)]
-    fn refund(
+    fn refund_taken(
         &self,
         c: &Compiled<C>,
         req: &Request<'_>,
@@ -736,7 +817,7 @@ impl<C: Clock> Engine<C> {
         sel: u32,
         rule: u32,
     ) {
-        self.refund(c, req, cands, now, pooled, sel);
+        self.refund_taken(c, req, cands, now, pooled, sel);
         c.rules[rule as usize]
             .counters
             .add(self.load.shard(), DENIED);

@@ -29,6 +29,9 @@
 //! when it would admit, counts a would-be denial when it would not, and never changes the
 //! answer. An elastic rule draws from its extra pool only when its own limits deny.
 //!
+//! [`Engine::refund`] gives a whole admitted request back to every rule it matches (by mode:
+//! see its docs), for requests that did not happen after all.
+//!
 //! # Reload
 //!
 //! [`Engine::reload`] compiles the new rules beside the old ones and swaps them in with one
@@ -102,6 +105,10 @@ pub struct RulesError {
 
 impl fmt::Display for RulesError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // An error about the whole file (it cannot be read) has no position to give.
+        if self.line == 0 {
+            return write!(f, "{}: {}", self.origin, self.message);
+        }
         write!(
             f,
             "{}:{}:{}: {}",

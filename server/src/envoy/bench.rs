@@ -101,7 +101,7 @@ fn thread_cpu_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-fn pin(core: Option<usize>) {
+pub(crate) fn pin(core: Option<usize>) {
     if let Some(c) = core {
         if let Some(id) =
             core_affinity::get_core_ids().and_then(|v| v.into_iter().find(|i| i.id == c))

@@ -23,6 +23,7 @@ mod import;
 pub mod json;
 pub mod matcher;
 pub mod metrics;
+pub mod wire_bench;
 mod yaml;
 
 pub use config::{load, ConfigError, EnvoyConfig};

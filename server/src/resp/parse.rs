@@ -150,6 +150,17 @@ fn count_line(
     too_big: ProtocolError,
     invalid: ProtocolError,
 ) -> Result<Option<(i64, usize)>, ProtocolError> {
+    // The common case in one pass: up to 18 digits, then "\r\n" (no sign, no overflow). Any
+    // other line takes the general path below, which gives the same count or the error.
+    let mut i = at + 1;
+    let mut n: i64 = 0;
+    while i < buf.len() && i - at <= 18 && buf[i].is_ascii_digit() {
+        n = n * 10 + i64::from(buf[i] - b'0');
+        i += 1;
+    }
+    if i > at + 1 && buf.get(i) == Some(&b'\r') && buf.get(i + 1) == Some(&b'\n') {
+        return Ok(Some((n, i + 2)));
+    }
     let nl = match line_end(buf, at + 1, MAX_COUNT_LINE) {
         Ok(Some(nl)) => nl,
         Ok(None) => return Ok(None),

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Instructions per pipelined CL.THROTTLE in the server's worker thread, by callgrind
+# (repeatable on a loaded machine, unlike requests/s; docs/service.md):
+#
+#   server/callgrind.sh            # N=20000 and N=100000 requests, -P 16, -c 50, 100k keys
+#
+# The server runs under valgrind with one worker while redis-benchmark sends N requests; the
+# worker's instruction count is taken for two values of N and the difference divided by the
+# difference of N, so that start-up and shutdown cancel out. Needs valgrind and redis-tools.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+N_A=${N_A:-20000}
+N_B=${N_B:-100000}
+PORT=${PORT:-16395}
+TURNSTILE=${TURNSTILE:-target/release/turnstile}
+cargo build --release -q -p turnstile-cli
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+
+worker_ir() {
+    local n=$1
+    valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$TMP/cg.$n" \
+        "$TURNSTILE" serve --workers 1 --resp 127.0.0.1:$PORT --http 127.0.0.1:$((PORT + 1)) \
+        --throttle-keys 100000 --snapshot-every 0 --watch-every 0 2>"$TMP/log.$n" &
+    local vp=$!
+    for _ in $(seq 1 600); do
+        redis-cli -p $PORT ping >/dev/null 2>&1 && break
+        sleep 0.2
+    done
+    redis-benchmark -p $PORT -n "$n" -r 100000 -P 16 -c 50 --csv \
+        CL.THROTTLE key:__rand_int__ 15 30 60 >/dev/null 2>&1
+    kill -TERM $vp
+    wait $vp || true
+    # The worker thread is the busiest one.
+    for f in "$TMP"/cg.$n-*; do grep -m1 '^summary' "$f" | awk '{print $2}'; done | sort -n | tail -1
+}
+
+A=$(worker_ir "$N_A")
+B=$(worker_ir "$N_B")
+echo "worker Ir: $A at N=$N_A, $B at N=$N_B"
+echo "Ir per CL.THROTTLE: $(( (B - A) / (N_B - N_A) ))"
