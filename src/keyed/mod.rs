@@ -470,6 +470,11 @@ impl<C: Clock> Store<C> {
     pub fn shard_count(&self) -> usize {
         self.shards.len()
     }
+    /// 16-byte slots in the store's tables, all shards (what a table of the same size as the
+    /// store holds: `turnstile bench` measures its memory floor over that many).
+    pub fn slot_count(&self) -> u64 {
+        self.shards.len() as u64 * self.shard_buckets * BUCKET as u64
+    }
 
     #[inline(always)]
     fn locate(&self, id: u64) -> (&Shard, Loc) {
