@@ -56,9 +56,13 @@ pub struct BenchArgs {
         allow_negative_numbers = true
     )]
     seconds: f64,
-    /// check_batch size for turnstile's batch runs (0: none).
+    /// Batch size for turnstile's batch runs (0: none): `check_batch_verdicts`, the compact
+    /// answers.
     #[arg(long, value_name = "N", value_parser = parse_count, default_value = "32")]
     batch: u64,
+    /// Also run batches through `check_batch` (a whole Decision per key): rows "batch N D".
+    #[arg(long)]
+    batch_decisions: bool,
     /// Which engines run.
     #[arg(long, value_name = "NAME", value_enum, default_value = "both")]
     engine: Engines,
@@ -109,6 +113,7 @@ pub(crate) struct Options {
     threads: Vec<usize>,
     seconds: f64,
     batch: usize,
+    batch_decisions: bool,
     engines: Engines,
     repeat: usize,
     json: bool,
@@ -171,6 +176,7 @@ impl Options {
             threads,
             seconds,
             batch,
+            batch_decisions: a.batch_decisions,
             engines: a.engine,
             repeat: repeat as usize,
             json: a.json,
@@ -287,7 +293,7 @@ pub(crate) fn row(spec: RowSpec, m: Measured) -> Row {
         mode: spec.mode.name(),
         batch: match spec.mode {
             Mode::Single => 1,
-            Mode::Batch(b) => b,
+            Mode::Batch(b) | Mode::BatchDecisions(b) => b,
         },
         ns_per_check: m.cpu_ns as f64 / m.checks.max(1) as f64,
         checks_per_sec: m.checks_per_sec,
@@ -323,7 +329,7 @@ fn fold_floor(runs: Vec<floor::FloorRow>) -> floor::FloorRow {
 fn attach_floors(rows: &mut [Row], floors: &[floor::FloorRow]) {
     for r in rows.iter_mut() {
         let kind = match r.mode {
-            "batch" => "batch",
+            "batch" | "batch_decisions" => "batch",
             _ => "dependent",
         };
         let f = floors.iter().find(|f| {
@@ -599,6 +605,14 @@ fn suite(o: &Options) -> Result<(), String> {
                                 out.push(r.row(
                                     &c,
                                     spec("turnstile", &alg, Mode::Batch(o.batch)),
+                                    &l,
+                                ));
+                            }
+                            if o.batch > 0 && o.batch_decisions {
+                                let l = label(&format!("turnstile batch {} (Decisions)", o.batch));
+                                out.push(r.row(
+                                    &c,
+                                    spec("turnstile", &alg, Mode::BatchDecisions(o.batch)),
                                     &l,
                                 ));
                             }
@@ -952,6 +966,7 @@ pub(crate) fn print_table(rows: &[Row], floors: &[floor::FloorRow]) {
             .unwrap_or_default();
         let mode = match r.mode {
             "batch" => format!("batch {}", r.batch),
+            "batch_decisions" => format!("batch {} D", r.batch),
             m => m.to_string(),
         };
         println!(
