@@ -1269,6 +1269,26 @@ mod tests {
         }
     }
 
+    proptest! {
+        /// The bytewise tag match agrees with comparing byte by byte (no carry from one byte
+        /// into the next), on words holding the tag in some bytes and near misses in others.
+        #[test]
+        fn tag_matches_is_bytewise(w: u64, tag in 1u8.., put: u8, flip in 0u32..8) {
+            let mut w = w;
+            for i in 0..8 {
+                if put >> i & 1 != 0 {
+                    let b = if i == 0 { tag ^ (1 << flip) } else { tag };
+                    w = w & !(0xff << (8 * i)) | (b as u64) << (8 * i);
+                }
+            }
+            let m = tag_matches(w, tag as u64);
+            for i in 0..8 {
+                prop_assert_eq!(m >> (8 * i + 7) & 1 != 0, (w >> (8 * i)) as u8 == tag);
+            }
+            prop_assert_eq!(m & !0x8080_8080_8080_8080, 0);
+        }
+    }
+
     #[test]
     fn holds_live_edges() {
         for key in [0, 1, u64::MAX, LIVE] {
