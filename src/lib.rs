@@ -39,5 +39,5 @@ pub struct ReadmeDoctests;
 
 pub use algo::{Algorithm, Limit, LimitSpec, Limits};
 pub use clock::{Clock, CoarseClock, DefaultClock, ManualClock, MonotonicClock, Nanos, TscClock};
-pub use decision::{ConfigError, Decision, Outcome};
+pub use decision::{ConfigError, Decision, Outcome, Verdict};
 pub use limiter::{Limiter, Permit};

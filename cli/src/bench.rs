@@ -11,6 +11,7 @@
 
 mod atomics;
 mod clocks;
+mod floor;
 mod keys;
 mod limits;
 mod plot;
@@ -56,9 +57,13 @@ pub struct BenchArgs {
         allow_negative_numbers = true
     )]
     seconds: f64,
-    /// check_batch size for turnstile's batch runs (0: none).
+    /// Batch size for turnstile's batch runs (0: none): `check_batch_verdicts`, the compact
+    /// answers.
     #[arg(long, value_name = "N", value_parser = parse_count, default_value = "32")]
     batch: u64,
+    /// Also run batches through `check_batch` (a whole Decision per key): rows "batch N D".
+    #[arg(long)]
+    batch_decisions: bool,
     /// Which engines run (redis: the Redis store's own rows, see --redis-url).
     #[arg(long, value_name = "NAME", value_enum, default_value = "both")]
     engine: Engines,
@@ -117,6 +122,7 @@ pub(crate) struct Options {
     threads: Vec<usize>,
     seconds: f64,
     batch: usize,
+    batch_decisions: bool,
     engines: Engines,
     repeat: usize,
     json: bool,
@@ -179,6 +185,7 @@ impl Options {
             threads,
             seconds,
             batch,
+            batch_decisions: a.batch_decisions,
             engines: a.engine,
             repeat: repeat as usize,
             json: a.json,
@@ -229,6 +236,12 @@ pub(crate) struct Row {
     pub denied: u64,
     /// Repeats this row is the median of.
     pub runs: usize,
+    /// The floor this row is compared with: "dependent" (single checks) or "batch"
+    /// (`check_batch`), measured in the same run over a table of the store's size; `null`
+    /// for the keyless rows.
+    pub floor: Option<&'static str>,
+    /// ns_per_check / that floor's ns_per_access.
+    pub x_floor: Option<f64>,
 }
 
 impl Row {
@@ -289,7 +302,7 @@ pub(crate) fn row(spec: RowSpec, m: Measured) -> Row {
         mode: spec.mode.name(),
         batch: match spec.mode {
             Mode::Single => 1,
-            Mode::Batch(b) => b,
+            Mode::Batch(b) | Mode::BatchDecisions(b) => b,
         },
         ns_per_check: m.cpu_ns as f64 / m.checks.max(1) as f64,
         checks_per_sec: m.checks_per_sec,
@@ -303,12 +316,53 @@ pub(crate) fn row(spec: RowSpec, m: Measured) -> Row {
         checks: m.checks,
         denied: m.checks - m.allowed,
         runs: 1,
+        floor: None,
+        x_floor: None,
+    }
+}
+
+/// Floor rows of the same configuration, one per repeat, folded into their medians.
+fn fold_floor(runs: Vec<floor::FloorRow>) -> floor::FloorRow {
+    let mut r = runs[0].clone();
+    r.ns_per_access = median(runs.iter().map(|x| x.ns_per_access).collect());
+    r.on_cpu = median(runs.iter().map(|x| x.on_cpu).collect());
+    r.preemptions = median(runs.iter().map(|x| x.preemptions).collect());
+    r.accesses = runs.iter().map(|x| x.accesses).sum();
+    r.runs = runs.len();
+    r
+}
+
+/// Sets each keyed row's "× floor": a single check (turnstile or governor) against the
+/// dependent access, a `check_batch` against the batch floor, of the same keys, distribution
+/// and threads.
+fn attach_floors(rows: &mut [Row], floors: &[floor::FloorRow]) {
+    for r in rows.iter_mut() {
+        let kind = match r.mode {
+            "batch" | "batch_decisions" => "batch",
+            _ => "dependent",
+        };
+        let f = floors.iter().find(|f| {
+            f.kind == kind
+                && Some(f.keys) == r.keys
+                && f.distribution == r.distribution
+                && f.threads == r.threads
+                && (kind != "batch" || f.batch == r.batch)
+        });
+        if let Some(f) = f {
+            r.floor = Some(f.kind);
+            r.x_floor = Some(r.ns_per_check / f.ns_per_access);
+        }
     }
 }
 
 /// `n` key sequences of `len` keys, one per thread, carved from one draw.
 pub(crate) fn sequences(d: Distribution, keys: u64, threads: usize, len: usize) -> Vec<u64> {
     keys::sequence(d, keys, len * threads, 0x0be7_c4ec_5eed ^ keys)
+}
+
+/// The ranks behind [`sequences`] (the same draws): what the floor rows walk.
+fn rank_sequences(d: Distribution, keys: u64, threads: usize, len: usize) -> Vec<u64> {
+    keys::ranks(d, keys, len * threads, 0x0be7_c4ec_5eed ^ keys)
 }
 
 /// Keys each thread walks through (8 MB of u64): long enough that a run does not replay a
@@ -473,8 +527,20 @@ fn suite(o: &Options) -> Result<(), String> {
         None
     };
     let alg = o.algorithm.name().to_string();
+    // The floor table: as many slots as the store, each key rank its own slot.
+    let floor_table = match &store {
+        Some(s) => {
+            progress(format!(
+                "floor table: {} slots of 16 bytes (the store's), one random cycle",
+                fmt_count(s.slot_count())
+            ));
+            floor::Table::new(s.slot_count(), o.keys, 0xf100_12ab ^ o.keys)
+        }
+        None => None,
+    };
 
     let mut rows: Vec<Row> = Vec::new();
+    let mut floors: Vec<floor::FloorRow> = Vec::new();
     for w in &o.workloads {
         let (dist, seq) = match w {
             Workload::Unkeyed => ("unkeyed".to_string(), vec![0u64; SEQ_LEN * max_t]),
@@ -487,6 +553,13 @@ fn suite(o: &Options) -> Result<(), String> {
             }
         };
         let keys_field = matches!(w, Workload::Keyed(_)).then_some(o.keys);
+        // The slot of every key of the sequence, drawn before timing (the same draws).
+        let floor_idx = match (w, &floor_table) {
+            (Workload::Keyed(d), Some(ft)) => {
+                ft.indices(&rank_sequences(*d, o.keys, max_t, SEQ_LEN))
+            }
+            _ => Vec::new(),
+        };
         let wl = match keys_field {
             None => "unkeyed".to_string(),
             Some(k) => format!("{} {dist}", fmt_count(k)),
@@ -500,8 +573,10 @@ fn suite(o: &Options) -> Result<(), String> {
         };
         // reps[i][j]: repeat i, configuration j (the same order every repeat).
         let mut reps: Vec<Vec<Row>> = Vec::new();
+        let mut floor_reps: Vec<Vec<floor::FloorRow>> = Vec::new();
         for rep in 0..o.repeat {
             let mut out = Vec::new();
+            let mut fout = Vec::new();
             let direct = Limiter::with_limits(limits.clone(), turnstile::DefaultClock::new());
             let gdirect = RateLimiter::direct(governor_quota());
             for &t in &o.threads {
@@ -557,6 +632,14 @@ fn suite(o: &Options) -> Result<(), String> {
                                     &l,
                                 ));
                             }
+                            if o.batch > 0 && o.batch_decisions {
+                                let l = label(&format!("turnstile batch {} (Decisions)", o.batch));
+                                out.push(r.row(
+                                    &c,
+                                    spec("turnstile", &alg, Mode::BatchDecisions(o.batch)),
+                                    &l,
+                                ));
+                            }
                         }
                         if let Some(g) = &gkeyed {
                             let c = run::GovernorKeyed(g);
@@ -566,15 +649,31 @@ fn suite(o: &Options) -> Result<(), String> {
                                 &label("governor"),
                             ));
                         }
+                        if let (Some(ft), Workload::Keyed(d)) = (&floor_table, w) {
+                            let mut kinds = vec![floor::Kind::Dependent, floor::Kind::LoadCas];
+                            if o.batch > 0 {
+                                kinds.push(floor::Kind::Batch(o.batch));
+                            }
+                            for kind in kinds {
+                                fout.push(floor_row(ft, kind, *d, &floor_idx, t, o, &label));
+                            }
+                        }
                     }
                 }
             }
             reps.push(out);
+            floor_reps.push(fout);
         }
         for j in 0..reps[0].len() {
             rows.push(fold(reps.iter().map(|r| r[j].clone()).collect()));
         }
+        for j in 0..floor_reps[0].len() {
+            floors.push(fold_floor(
+                floor_reps.iter().map(|r| r[j].clone()).collect(),
+            ));
+        }
     }
+    attach_floors(&mut rows, &floors);
     let exact = if turn && o.workloads.contains(&Workload::Keyed(Distribution::Hot)) {
         hot_key_checks(max_t.max(2))?
     } else {
@@ -584,6 +683,7 @@ fn suite(o: &Options) -> Result<(), String> {
     if o.json {
         let doc = serde_json::json!({
             "results": rows,
+            "floors": floors,
             "hot_key": exact,
             "timer_overhead_ns": timer.overhead_ns,
             "latency_sampling": format!("1 in {} single checks, 1 in 4 batches (batch time / batch size)", run::SAMPLE),
@@ -593,7 +693,7 @@ fn suite(o: &Options) -> Result<(), String> {
             serde_json::to_string_pretty(&doc).expect("serializable")
         );
     } else {
-        print_table(&rows);
+        print_table(&rows, &floors);
         print_ratios(&rows);
         if !exact.is_empty() {
             println!();
@@ -610,6 +710,15 @@ fn suite(o: &Options) -> Result<(), String> {
             "checks/s: wall clock, all threads; cpu: share of the window the workers ran; ns/check: \
              CPU-ns per check; vs gov and ratios: checks per CPU-second."
         );
+        if !floors.is_empty() {
+            println!(
+                "floor rows: the same keys over a table of the store's {} slots, no hashing, no \
+                 clock: a dependent access (single checks' × floor), an independent load + \
+                 16-byte CAS, and batches prefetched whole before their loads + CASes \
+                 (check_batch's × floor); ns/check is CPU-ns per access.",
+                fmt_count(floors[0].slots)
+            );
+        }
         println!(
             "latency: 1 in {} single checks timed (1 in 4 batches, per check); timer overhead {:.0} ns included",
             run::SAMPLE,
@@ -617,6 +726,52 @@ fn suite(o: &Options) -> Result<(), String> {
         );
     }
     Ok(())
+}
+
+/// One floor measurement of `kind` on `t` threads over the slots `idx` (one slice of
+/// `SEQ_LEN` per thread).
+fn floor_row(
+    ft: &floor::Table,
+    kind: floor::Kind,
+    d: Distribution,
+    idx: &[u32],
+    t: usize,
+    o: &Options,
+    label: &dyn Fn(&str) -> String,
+) -> floor::FloorRow {
+    let seqs: Vec<&[u32]> = (0..t)
+        .map(|i| &idx[i * SEQ_LEN..(i + 1) * SEQ_LEN])
+        .collect();
+    let uniform = d == Distribution::Uniform;
+    let (ns, n, on_cpu, pre) = floor::measure(ft, kind, uniform, &seqs, o.warmup(), o.window());
+    let batch = match kind {
+        floor::Kind::Batch(b) => b,
+        _ => 1,
+    };
+    let what = match kind {
+        floor::Kind::Dependent if uniform => "floor, dependent (chase)".to_string(),
+        floor::Kind::Dependent => "floor, dependent (chained)".to_string(),
+        floor::Kind::LoadCas => "floor, load + CAS".to_string(),
+        floor::Kind::Batch(b) => format!("floor, batch {b} prefetched"),
+    };
+    progress(format!(
+        "{}: {ns:.1} CPU-ns/access ({:.0}% on CPU)",
+        label(&what),
+        on_cpu * 100.0
+    ));
+    floor::FloorRow {
+        kind: kind.name(),
+        batch,
+        keys: o.keys,
+        distribution: d.to_string(),
+        threads: t,
+        slots: ft.len(),
+        ns_per_access: ns,
+        accesses: n,
+        on_cpu,
+        preemptions: pre,
+        runs: 1,
+    }
 }
 
 /// Warns on stderr when the machine is busy (1-minute load average above half the cores).
@@ -809,9 +964,9 @@ pub(crate) fn fmt_ns(ns: u64) -> String {
     }
 }
 
-pub(crate) fn print_table(rows: &[Row]) {
+pub(crate) fn print_table(rows: &[Row], floors: &[floor::FloorRow]) {
     println!(
-        "{:<14} {:<10} {:<9} {:>3} {:>9} {:>5} {:>9} {:>8} {:>8} {:>8} {:>8} {:>7}",
+        "{:<14} {:<10} {:<9} {:>3} {:>9} {:>5} {:>9} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7}",
         "workload",
         "engine",
         "mode",
@@ -823,9 +978,10 @@ pub(crate) fn print_table(rows: &[Row]) {
         "p99",
         "p99.9",
         "max",
-        "vs gov"
+        "vs gov",
+        "× floor"
     );
-    for r in rows {
+    for (i, r) in rows.iter().enumerate() {
         let gov = rows
             .iter()
             .find(|g| g.engine == "governor" && g.same_run(r))
@@ -834,10 +990,11 @@ pub(crate) fn print_table(rows: &[Row]) {
             .unwrap_or_default();
         let mode = match r.mode {
             "batch" => format!("batch {}", r.batch),
+            "batch_decisions" => format!("batch {} D", r.batch),
             m => m.to_string(),
         };
         println!(
-            "{:<14} {:<10} {:<9} {:>3} {:>9} {:>4.0}% {:>9.1} {:>8} {:>8} {:>8} {:>8} {:>7}",
+            "{:<14} {:<10} {:<9} {:>3} {:>9} {:>4.0}% {:>9.1} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7}",
             r.workload(),
             r.engine,
             mode,
@@ -849,8 +1006,31 @@ pub(crate) fn print_table(rows: &[Row]) {
             fmt_ns(r.p99_ns),
             fmt_ns(r.p999_ns),
             fmt_ns(r.max_ns),
-            gov
+            gov,
+            r.x_floor.map(|x| format!("{x:.2}×")).unwrap_or_default()
         );
+        // After the last row of a configuration: its floor rows.
+        if rows.get(i + 1).is_none_or(|n| !n.same_run(r)) {
+            for f in floors.iter().filter(|f| {
+                Some(f.keys) == r.keys && f.distribution == r.distribution && f.threads == r.threads
+            }) {
+                let mode = match f.kind {
+                    "dependent" => "dependent".to_string(),
+                    "load_cas" => "load+CAS".to_string(),
+                    _ => format!("batch {}", f.batch),
+                };
+                println!(
+                    "{:<14} {:<10} {:<9} {:>3} {:>9} {:>4.0}% {:>9.1}",
+                    r.workload(),
+                    "floor",
+                    mode,
+                    f.threads,
+                    "",
+                    f.on_cpu * 100.0,
+                    f.ns_per_access
+                );
+            }
+        }
     }
 }
 
@@ -900,5 +1080,99 @@ fn print_ratios(rows: &[Row]) {
         for l in lines {
             println!("{l}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(engine: &'static str, mode: &'static str, dist: &str, threads: usize, ns: f64) -> Row {
+        Row {
+            engine,
+            algorithm: "token_bucket".into(),
+            keys: (dist != "unkeyed").then_some(1000),
+            distribution: dist.into(),
+            threads,
+            mode,
+            batch: if mode == "batch" { 32 } else { 1 },
+            ns_per_check: ns,
+            checks_per_sec: 0.0,
+            cpu_checks_per_sec: 0.0,
+            on_cpu: 1.0,
+            preemptions: 0,
+            p50_ns: 0,
+            p99_ns: 0,
+            p999_ns: 0,
+            max_ns: 0,
+            checks: 0,
+            denied: 0,
+            runs: 1,
+            floor: None,
+            x_floor: None,
+        }
+    }
+
+    fn floor_row(kind: &'static str, dist: &str, threads: usize, ns: f64) -> floor::FloorRow {
+        floor::FloorRow {
+            kind,
+            batch: if kind == "batch" { 32 } else { 1 },
+            keys: 1000,
+            distribution: dist.into(),
+            threads,
+            slots: 1200,
+            ns_per_access: ns,
+            accesses: 1,
+            on_cpu: 1.0,
+            preemptions: 0,
+            runs: 1,
+        }
+    }
+
+    #[test]
+    fn each_row_is_divided_by_its_own_floor() {
+        let mut rows = vec![
+            row("turnstile", "single", "uniform", 1, 120.0),
+            row("turnstile", "batch", "uniform", 1, 30.0),
+            row("governor", "single", "uniform", 1, 250.0),
+            row("turnstile", "single", "uniform", 2, 130.0),
+            row("turnstile", "batch", "zipf", 1, 20.0),
+            row("turnstile", "single", "unkeyed", 1, 15.0),
+        ];
+        let floors = vec![
+            floor_row("dependent", "uniform", 1, 100.0),
+            floor_row("load_cas", "uniform", 1, 40.0),
+            floor_row("batch", "uniform", 1, 12.0),
+            floor_row("dependent", "uniform", 2, 104.0),
+            floor_row("batch", "zipf", 1, 8.0),
+        ];
+        attach_floors(&mut rows, &floors);
+        let x: Vec<Option<f64>> = rows.iter().map(|r| r.x_floor).collect();
+        assert_eq!(
+            x,
+            [Some(1.2), Some(2.5), Some(2.5), Some(1.25), Some(2.5), None]
+        );
+        let f: Vec<Option<&str>> = rows.iter().map(|r| r.floor).collect();
+        assert_eq!(
+            f,
+            [
+                Some("dependent"),
+                Some("batch"),
+                Some("dependent"),
+                Some("dependent"),
+                Some("batch"),
+                None
+            ]
+        );
+    }
+
+    #[test]
+    fn medians_of_floor_repeats() {
+        let f = fold_floor(vec![
+            floor_row("batch", "uniform", 1, 14.0),
+            floor_row("batch", "uniform", 1, 11.0),
+            floor_row("batch", "uniform", 1, 12.0),
+        ]);
+        assert_eq!((f.ns_per_access, f.runs, f.accesses), (12.0, 3, 3));
     }
 }

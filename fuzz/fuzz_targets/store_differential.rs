@@ -28,7 +28,9 @@ use libfuzzer_sys::fuzz_target;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 use turnstile::keyed::{parse_key, FullPolicy, Key, ParsedKey, Store};
-use turnstile::{Algorithm, Decision, Limit, LimitSpec, Limiter, Limits, ManualClock, Outcome};
+use turnstile::{
+    Algorithm, Decision, Limit, LimitSpec, Limiter, Limits, ManualClock, Outcome, Verdict,
+};
 
 /// `keyed::table::RECLAIM_GRACE_NS` (crate-private): a record is reclaimed only if it was
 /// already idle this long before the probe's `now`.
@@ -344,6 +346,29 @@ impl Run<'_> {
         }
     }
 
+    /// [`Run::check`] for a compact answer: the model's decision, as a `Verdict`.
+    fn check_verdict(&mut self, k: usize, cost: u64, got: Verdict) {
+        if matches!(got.outcome(), Outcome::StoreFull | Outcome::Untracked) {
+            let d = self.full_decision(got.outcome());
+            assert_eq!(got, Verdict::from(&d), "key {k}: {d:?}");
+            self.check(k, cost, d);
+            return;
+        }
+        let (id, now) = (self.ids[k], self.now);
+        let want = self.model.check(id, cost, now);
+        assert_eq!(
+            got,
+            Verdict::from(&want),
+            "batch verdict of key {k} ({}) cost {cost} at {now}: {want:?}",
+            KEYS[k]
+        );
+        if cost > 0 && want.outcome == Outcome::Allowed {
+            for lb in &mut self.logs {
+                lb.admit(id, now, cost);
+            }
+        }
+    }
+
     fn op(&mut self, op: &Op) {
         let n_keys = self.ids.len();
         let now = self.now;
@@ -399,6 +424,7 @@ impl Run<'_> {
                 }
             }
             Op::Batch { ref keys, cost } => {
+                let raw_cost = cost;
                 let ks: Vec<usize> = keys.iter().take(20).map(|&k| k as usize % n_keys).collect();
                 let batch: Vec<ParsedKey<'static>> = ks.iter().map(|&k| self.keys[k]).collect();
                 let cost = (cost % 5) as u64;
@@ -413,10 +439,22 @@ impl Run<'_> {
                     }
                     return;
                 }
+                // The high bit of the cost byte: the compact answers (`check_batch_verdicts`).
+                let verdicts = raw_cost & 0x80 != 0;
                 let mut out = vec![self.full_decision(Outcome::StoreFull); batch.len()];
-                self.store.check_batch_at(&batch, cost, now, &mut out);
-                for (&k, &d) in ks.iter().zip(&out) {
-                    self.check(k, cost, d);
+                let mut vout = vec![Verdict::default(); batch.len()];
+                if verdicts {
+                    self.store
+                        .check_batch_verdicts_at(&batch, cost, now, &mut vout);
+                } else {
+                    self.store.check_batch_at(&batch, cost, now, &mut out);
+                }
+                for (i, &k) in ks.iter().enumerate() {
+                    if verdicts {
+                        self.check_verdict(k, cost, vout[i]);
+                    } else {
+                        self.check(k, cost, out[i]);
+                    }
                     if k == 0 {
                         self.limiter_op(Some(cost), None, false);
                     }

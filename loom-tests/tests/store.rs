@@ -446,3 +446,76 @@ fn insertions_past_the_home_buckets_wrap_around_the_table() {
         accounted(&s);
     });
 }
+
+/// Tags (`table.rs`, "Tags"): a key's tag byte is set before its slot goes live. Thread A
+/// inserts `k` while thread B looks for `k`'s live slot and, if it sees it, reads its tag, then
+/// checks `k` through `check_batch_verdicts` (which goes by the tag first). At rest every live
+/// slot carries its key's tag and every other slot none. Catches a tag set after the publish
+/// (B sees the slot live without its tag) and a tag left behind by an undone claim. Failed
+/// with `set_tag` moved after the publishing CAS.
+#[test]
+fn tag_is_set_before_a_slot_goes_live() {
+    loom::model(|| {
+        let s = store(fixed(2), 2, FullPolicy::Reject);
+        let b = s.clone();
+        let ds = spawn_all(vec![
+            check(&s, 7, T),
+            Box::new(move || {
+                assert_ne!(
+                    b.loom_tag_agrees(&7u64),
+                    Some(false),
+                    "live without its tag"
+                );
+                let mut v = [turnstile::Verdict::default()];
+                b.check_batch_verdicts_at(&[7u64], 1, T, &mut v);
+                assert_ne!(
+                    b.loom_tag_agrees(&7u64),
+                    Some(false),
+                    "live without its tag"
+                );
+                let d = b.peek_at(&7u64, T);
+                assert!(v[0].allowed(), "{v:?}");
+                d
+            }),
+        ]);
+        assert!(ds[0].allowed(), "{ds:?}");
+        assert_eq!(live_once(&s), vec![7]);
+        assert_eq!(s.peek_at(&7u64, T).remaining, 0, "both admissions counted");
+        assert!(s.loom_tags_exact(), "tags at rest");
+    });
+}
+
+/// Tags cleared after a slot dies, and set for the key that reuses it: a one-bucket store full
+/// of idle keys `1` and `2` (tags differing from the new key's). Thread A checks a new key,
+/// which reclaims an idle slot (death, then its tag cleared) and claims it (its own tag set);
+/// thread B resets key `2` at the same time (another death and clearing). At rest the tags are
+/// exactly those of the live keys. Catches a tag left on a dead slot, a clearing that erases
+/// the next key's tag, and a live key without its tag. Failed with the clearing after a
+/// reclaim or reset removed.
+#[test]
+fn tag_is_cleared_after_a_slot_dies() {
+    loom::model(|| {
+        let s = store(fixed(2), 1, FullPolicy::Reject);
+        let k = (3..)
+            .find(|&k| {
+                let t = s.loom_tag_of(k);
+                t != s.loom_tag_of(1) && t != s.loom_tag_of(2)
+            })
+            .unwrap();
+        let old = T - 5_000 * MS;
+        assert!(s.check_at(&1u64, 1, old).allowed());
+        assert!(s.check_at(&2u64, 1, old).allowed());
+        let b = s.clone();
+        let ds = spawn_all(vec![
+            check(&s, k, T),
+            Box::new(move || {
+                b.reset(&2u64);
+                b.peek_at(&2u64, T)
+            }),
+        ]);
+        fresh_admission(&ds[0], 2);
+        let live = live_once(&s);
+        assert!(live.contains(&k) && !live.contains(&2), "{live:?}");
+        assert!(s.loom_tags_exact(), "tags at rest");
+    });
+}

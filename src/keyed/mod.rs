@@ -21,15 +21,15 @@ pub(crate) mod table;
 
 use crate::algo::{concurrency, with_packed, Algorithm, Limit, Limits, Packed, PackedFn};
 use crate::clock::{Clock, DefaultClock, Nanos};
-use crate::decision::{ConfigError, Decision, Outcome};
-use crate::sync::Ordering;
+use crate::decision::{ConfigError, Decision, Outcome, Verdict};
+use crate::sync::{AtomicU128, Ordering};
 use crossbeam_utils::CachePadded;
 // std's `Arc`, not the sync shim's: it is the receiver of `acquire_owned` (public API), and
 // loom's `Arc` cannot be a method receiver; the shards it shares between stores (reloads) are
 // never touched by loom models of a check.
 pub use key::{parse_key, Key, KeyError, KeyHasher, ParsedKey};
 use std::sync::Arc;
-use table::{Ctx, Loc, Shard, BUCKET};
+use table::{Ctx, Loc, Shard, BUCKET, GROUP};
 
 /// What to do with a new key when its probe range is full of live keys.
 ///
@@ -62,6 +62,35 @@ impl std::str::FromStr for FullPolicy {
             _ => Err(format!("unknown full-store policy `{s}`; expected reject, allow_untracked or evict_stalest")),
         }
     }
+}
+
+/// What a batch check writes per key: a whole [`Decision`], or a [`Verdict`].
+trait Answer {
+    fn of(d: &Decision) -> Self;
+}
+
+impl Answer for Decision {
+    #[inline(always)]
+    fn of(d: &Decision) -> Self {
+        *d
+    }
+}
+
+impl Answer for Verdict {
+    #[inline(always)]
+    fn of(d: &Decision) -> Self {
+        // The common answer without the general conversion's selects.
+        if d.outcome == Outcome::Allowed && d.delay_ns == 0 {
+            Verdict::ALLOWED
+        } else {
+            verdict_of(d)
+        }
+    }
+}
+
+#[inline(never)]
+fn verdict_of(d: &Decision) -> Verdict {
+    Verdict::from(d)
 }
 
 /// Slots filled per slot allocated, at capacity. Measured: see `docs/memory.md`.
@@ -201,8 +230,9 @@ impl StoreBuilder {
         } else {
             Some(self.limits.words())
         };
+        // A slot, its tag byte, and its share of a header word.
         let per_key = |words: Option<usize>| {
-            (16.0 + 8.0 / BUCKET as f64) / LOAD_FACTOR
+            (16.0 + 1.0 + 8.0 / (BUCKET * GROUP) as f64) / LOAD_FACTOR
                 + words.map_or(0.0, |w| 8.0 * (1 + w) as f64 + 4.0)
         };
         let capacity = match (self.capacity, self.budget) {
@@ -279,7 +309,7 @@ impl StoreBuilder {
                     (per_shard as usize).saturating_mul(w.saturating_add(1).saturating_mul(8) + 4)
                 });
                 let est = shards.saturating_mul(
-                    (buckets * (BUCKET * 16 + 8))
+                    (buckets * (BUCKET * 16 + 8) + buckets.div_ceil(GROUP) * 8)
                         .saturating_add(arena)
                         .saturating_add(512),
                 );
@@ -470,6 +500,11 @@ impl<C: Clock> Store<C> {
     pub fn shard_count(&self) -> usize {
         self.shards.len()
     }
+    /// 16-byte slots in the store's tables, all shards (what a table of the same size as the
+    /// store holds: `turnstile bench` measures its memory floor over that many).
+    pub fn slot_count(&self) -> u64 {
+        self.shards.len() as u64 * self.shard_buckets * BUCKET as u64
+    }
 
     #[inline(always)]
     fn locate(&self, id: u64) -> (&Shard, Loc) {
@@ -493,7 +528,10 @@ impl<C: Clock> Store<C> {
         // multiply-shift.
         let h1 = (((h & 0xff_ffff) * n) >> 24) as usize;
         let h2 = ((((h >> 24) & 0xff_ffff) * n) >> 24) as usize;
-        (shard, Loc { h1, h2 })
+        // Eight more bits (48..55; the shard takes bits from 63 down, so they are independent
+        // of it up to 256 shards), never 0 (an empty slot's tag): 255 values.
+        let tag = ((h >> 48) as u8).max(1) as u64;
+        (shard, Loc { h1, h2, tag })
     }
 
     /// The shard a key lives in (for routing requests to the thread that owns it).
@@ -839,29 +877,56 @@ impl<C: Clock> Store<C> {
         )
     }
 
-    /// Checks a batch: one clock read, ids hashed and home buckets prefetched ahead.
-    /// `out` must be as long as `keys`.
+    /// Checks a batch: one clock read, ids hashed and their slots prefetched ahead.
+    /// `out` must be as long as `keys`. [`Store::check_batch_verdicts`] answers the same
+    /// checks with 8 bytes per key instead of a whole [`Decision`], for less work per key.
     pub fn check_batch<K: Key>(&self, keys: &[K], cost: u64, out: &mut [Decision]) {
         self.check_batch_at(keys, cost, self.clock.now(), out)
     }
 
     /// [`Store::check_batch`] at `now` (which may lag as [`Store::check_at`]'s may).
     pub fn check_batch_at<K: Key>(&self, keys: &[K], cost: u64, now: Nanos, out: &mut [Decision]) {
+        self.batch_into(keys, cost, now, out)
+    }
+
+    /// Checks a batch as [`Store::check_batch`] does, answering each key with a [`Verdict`]:
+    /// its outcome, and when to retry if it is denied (a shaper's delay if admitted). The
+    /// state changes are the same; what is left out is each check's `remaining` and
+    /// `reset_after`, and the 56 bytes of a `Decision` written per key (docs/performance.md).
+    /// `out` must be as long as `keys`.
+    pub fn check_batch_verdicts<K: Key>(&self, keys: &[K], cost: u64, out: &mut [Verdict]) {
+        self.check_batch_verdicts_at(keys, cost, self.clock.now(), out)
+    }
+
+    /// [`Store::check_batch_verdicts`] at `now` (which may lag as [`Store::check_at`]'s may).
+    pub fn check_batch_verdicts_at<K: Key>(
+        &self,
+        keys: &[K],
+        cost: u64,
+        now: Nanos,
+        out: &mut [Verdict],
+    ) {
+        self.batch_into(keys, cost, now, out)
+    }
+
+    /// Both batch checks: `T` is what each key's answer is written as.
+    #[inline(always)]
+    fn batch_into<K: Key, T: Answer>(&self, keys: &[K], cost: u64, now: Nanos, out: &mut [T]) {
         assert_eq!(
             keys.len(),
             out.len(),
-            "check_batch: `out` must have one Decision per key"
+            "check_batch: `out` must have one answer per key"
         );
         // The packed algorithm is dispatched once per batch: one copy of the loop per algorithm,
         // its transition inlined.
-        struct Batch<'a, C: Clock, K> {
+        struct Batch<'a, C: Clock, K, T> {
             store: &'a Store<C>,
             keys: &'a [K],
             cost: u64,
             now: Nanos,
-            out: &'a mut [Decision],
+            out: &'a mut [T],
         }
-        impl<C: Clock, K: Key> PackedFn<()> for Batch<'_, C, K> {
+        impl<C: Clock, K: Key, T: Answer> PackedFn<()> for Batch<'_, C, K, T> {
             #[inline(always)]
             fn call<P: Packed>(self, p: &P) {
                 let Batch {
@@ -871,10 +936,10 @@ impl<C: Clock> Store<C> {
                     now,
                     out,
                 } = self;
-                store.batch_loop(keys, out, |sh, home, id| {
-                    match sh.update_live::<P, false>(home, id, p, now, cost) {
-                        Some(d) => d,
-                        None => store.run_cold(id, now, cost, true),
+                store.batch_loop_tagged(keys, out, |slot, id| {
+                    match Shard::update_candidate(slot, id, p, now, cost) {
+                        Some(d) => T::of(&d),
+                        None => T::of(&store.batch_cold(p, id, now, cost)),
                     }
                 })
             }
@@ -891,24 +956,36 @@ impl<C: Clock> Store<C> {
                 with_packed(l, b).expect("the store's packed limit is packed");
             }
             None => self.batch_loop(keys, out, |sh, home, id| {
-                self.check_located(sh, home, id, now, cost)
+                T::of(&self.check_located(sh, home, id, now, cost))
             }),
         }
+    }
+
+    /// A key of a packed batch whose first tag match did not lead to it: the other slots its
+    /// tags match (another key's tag came first), else the whole lookup (it may live past its
+    /// home buckets, or its tag may not be set yet), then the general path.
+    #[inline(never)]
+    fn batch_cold<P: Packed>(&self, p: &P, id: u64, now: Nanos, cost: u64) -> Decision {
+        let (shard, home) = self.locate(id);
+        if let Some(d) = shard.update_tagged(home, id, p, now, cost) {
+            return d;
+        }
+        self.check_located(shard, home, id, now, cost)
     }
 
     /// The ring of [`Store::check_batch_at`]: each key is hashed and located once, and both its
     /// home buckets are prefetched AHEAD keys before `check` runs on it, so that the misses of
     /// consecutive keys overlap (docs/performance.md).
     #[inline(always)]
-    fn batch_loop<K: Key>(
+    fn batch_loop<K: Key, T>(
         &self,
         keys: &[K],
-        out: &mut [Decision],
-        mut check: impl FnMut(&Shard, Loc, u64) -> Decision,
+        out: &mut [T],
+        mut check: impl FnMut(&Shard, Loc, u64) -> T,
     ) {
         const AHEAD: usize = 8;
         let n = keys.len();
-        let mut ring = [(0u64, 0usize, Loc { h1: 0, h2: 0 }); AHEAD];
+        let mut ring = [(0u64, 0usize, Loc::default()); AHEAD];
         for i in 0..n + AHEAD {
             let r = i % AHEAD;
             if i >= AHEAD {
@@ -920,6 +997,45 @@ impl<C: Clock> Store<C> {
                 let (sh, home) = self.place_of(id);
                 self.shards[sh].prefetch_home(home);
                 ring[r] = (id, sh, home);
+            }
+        }
+    }
+
+    /// The ring of a packed [`Store::check_batch_at`], in three stages: a key is hashed and its
+    /// home buckets' tag words prefetched `2 * AHEAD` keys before it is checked; `AHEAD` keys
+    /// before, its tags give the slot to look at ([`Shard::candidate`]), whose line is
+    /// prefetched; then `check` verifies that slot and updates it. One line of the table per
+    /// key, instead of the four of both home buckets, and three words kept per key in flight
+    /// (docs/performance.md).
+    #[inline(always)]
+    fn batch_loop_tagged<'s, K: Key, T>(
+        &'s self,
+        keys: &[K],
+        out: &mut [T],
+        mut check: impl FnMut(&'s AtomicU128, u64) -> T,
+    ) {
+        const AHEAD: usize = 8;
+        let n = keys.len();
+        let mut placed = [(0u64, &*self.shards[0], Loc::default()); AHEAD];
+        let mut found = [(0u64, self.shards[0].any_slot()); AHEAD];
+        for i in 0..n + 2 * AHEAD {
+            let r = i % AHEAD;
+            if i >= 2 * AHEAD {
+                let (id, slot) = found[r];
+                out[i - 2 * AHEAD] = check(slot, id);
+            }
+            if i >= AHEAD && i < n + AHEAD {
+                let (id, shard, home) = placed[r];
+                let slot = shard.candidate(home);
+                Shard::prefetch_slot(slot);
+                found[r] = (id, slot);
+            }
+            if i < n {
+                let id = keys[i].key_id(&self.hasher);
+                let (sh, home) = self.place_of(id);
+                let shard = &*self.shards[sh];
+                shard.prefetch_tags(home);
+                placed[r] = (id, shard, home);
             }
         }
     }
@@ -1089,6 +1205,30 @@ impl<C: Clock> Store<C> {
             &mut || false,
             &mut |_| false,
         )
+    }
+
+    /// Loom models: whether `key`'s live slot, if any, carries `key`'s tag.
+    #[cfg(loom)]
+    #[doc(hidden)]
+    pub fn loom_tag_agrees<K: Key + ?Sized>(&self, key: &K) -> Option<bool> {
+        let (shard, home) = self.locate(key.key_id(&self.hasher));
+        shard.tag_agrees(home, key.key_id(&self.hasher))
+    }
+
+    /// Loom models, at rest: every live slot carries its key's tag, every other slot none.
+    #[cfg(loom)]
+    #[doc(hidden)]
+    pub fn loom_tags_exact(&self) -> bool {
+        self.shards
+            .iter()
+            .all(|s| s.tags_exact(|id| self.place_of(id).1.tag as u8))
+    }
+
+    /// Loom models: the tag byte of key id `id`.
+    #[cfg(loom)]
+    #[doc(hidden)]
+    pub fn loom_tag_of(&self, id: u64) -> u8 {
+        self.place_of(id).1.tag as u8
     }
 
     /// Live keys (approximate while checks run).

@@ -1,6 +1,6 @@
 //! One shard's table: buckets of eight 16-byte slots, two choices of home bucket per key with
-//! linear probing from both, a header word per bucket that serializes *insertions* (never
-//! lookups), and reclaim in place.
+//! linear probing from both, a tag byte per slot (a hint for batched lookups), a header word
+//! per eight buckets that serializes *insertions* (never lookups), and reclaim in place.
 //!
 //! # Placement
 //!
@@ -24,7 +24,33 @@
 //! L = 0, P = 1       : pending insertion: | ticket (32) | arena index (30) |
 //! ```
 //!
-//! # Bucket header (8 bytes per 8 slots)
+//! # Tags (one byte per slot, a word per bucket)
+//!
+//! Each slot has a tag byte in its bucket's tag word: eight bits of the key's placement mix
+//! (never 0), or 0. `check_batch` reads the tag words of a key's two home buckets (one small
+//! array, 1/16 of the table), picks the first slot whose tag matches and fetches only that
+//! slot's line: one line of the table per key instead of the four lines of both home
+//! buckets, and no scan whose exit the branch predictor cannot know (docs/performance.md).
+//!
+//! A tag is a hint: the slot it points at is verified against the full key, and when that
+//! fails (another key with the same tag, 2 % of keys at full load; a key past its home
+//! buckets; a tag not yet set) the other matching slots are tried and then the whole probe
+//! sequence is scanned. A missing tag is never taken to mean the key is absent, so tags never
+//! decide an answer. They are kept exact all the same, so that nearly every lookup hits:
+//!
+//! * set between the claim and the commit (Relaxed: the commit CAS, Release, orders it
+//!   before the publish, whether the owner or a helper publishes), so a thread that sees
+//!   the slot live sees its tag (loom `tag_is_set_before_a_slot_goes_live`);
+//! * cleared after the slot dies (reclaim, eviction, reset) or after an undone claim, only
+//!   if it still holds the dead key's tag: a claim that set another tag meanwhile keeps it
+//!   (loom `tag_is_cleared_after_a_slot_dies`). The one loss: a new key with the *same* tag
+//!   that claims the slot between the death and the clearing loses its tag, and its lookups
+//!   take the scan until it dies.
+//!
+//! Shards checked only one key at a time (`check`) scan as before: a single check waits for
+//! its bucket's line anyway, and reading the tag word first would add a second access.
+//!
+//! # Bucket header (8 bytes per [`GROUP`] = 8 buckets)
 //!
 //! ```text
 //! | ticket (32) | index of the claimed slot in the shard (31) | pending (1) |
@@ -53,11 +79,17 @@
 //! part of the compare, so a slot reclaimed and reused by another key in between makes the CAS
 //! fail and the lookup retry. Lookups never touch the header.
 //!
+//! A header is shared by [`GROUP`] consecutive buckets (loom builds: one per bucket): every
+//! insertion whose h1 is one of them commits through it. Sharing only adds conflicts (a
+//! commit fails when *any* insertion of the group committed since the header was read, and
+//! retries); the argument below holds for any set of homes that share a header.
+//!
 //! *Insertion* of key K (not found live) goes through the header of K's home bucket:
 //! 1. read the header `h` (if pending, help it finish and retry); scan the range again for K;
-//! 2. draw a ticket t and claim an empty slot: CAS 0 → (K, pending(t));
+//! 2. draw a ticket t and claim an empty slot: CAS 0 → (K, pending(t)); set the slot's tag;
 //! 3. commit: CAS the header `h` → (t, slot, pending). On failure another insertion into this
-//!    home committed since step 1 (perhaps of K): undo the claim, retry. Only the holder of
+//!    home committed since step 1 (perhaps of K): undo the claim (and clear its tag), retry.
+//!    Only the holder of
 //!    ticket t ever writes a header naming t, so a claim whose commit failed is named by no
 //!    header, no helper publishes it, and the undo cannot fail (if it ever did, the store
 //!    panics rather than carry on with a key that may be live twice);
@@ -99,12 +131,24 @@ pub const BUCKET: usize = 2;
 #[cfg(loom)]
 pub const RANGE: usize = 1;
 
-/// Where a key may live: two ranges of [`RANGE`] buckets; insertions commit through `h1`'s
-/// header.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Buckets that share one header word (insertions into any of them commit through it).
+#[cfg(not(loom))]
+pub const GROUP: usize = 8;
+// Loom's models name which keys share a header (helping across keys of one header, a stale
+// helper between two headers): one header per bucket keeps them as they are. A shared header
+// only adds conflicts between commits (module docs, "Bucket header").
+/// Buckets that share one header word (loom builds).
+#[cfg(loom)]
+pub const GROUP: usize = 1;
+
+/// Where a key may live: two ranges of [`RANGE`] buckets; insertions commit through the header
+/// of `h1`'s group. `tag`: the key's tag byte (module docs, "Tags").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub(crate) struct Loc {
     pub(crate) h1: usize,
     pub(crate) h2: usize,
+    // A byte, kept in a word: a `Loc` then copies as three words, not two and a byte.
+    pub(crate) tag: u64,
 }
 /// Records idle for less than this are not reclaimed: clock readings of concurrent threads
 /// differ by a little, and a record idle at one thread's `now` may still hold state at
@@ -130,6 +174,21 @@ const HDR_VER_SHIFT: u32 = HDR_OFF_SHIFT + HDR_OFF_BITS;
 #[repr(C, align(128))]
 pub(crate) struct Bucket {
     slots: [AtomicU128; BUCKET],
+}
+
+/// Debug builds: `home`'s buckets are in a shard of `n` buckets (`Store::place_of` makes them so).
+#[inline(always)]
+fn assert_home(home: Loc, n: usize) {
+    debug_assert!(home.h1 < n && home.h2 < n, "{home:?} in {n} buckets");
+}
+
+/// Each byte of `w` equal to `tag`: bit `8i + 7` of the result set for byte `i` (exact, no
+/// carry between bytes: the low seven bits are added apart from the high one).
+#[inline(always)]
+fn tag_matches(w: u64, tag: u64) -> u64 {
+    const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+    let x = w ^ tag.wrapping_mul(0x0101_0101_0101_0101);
+    !(((x & LOW7) + LOW7) | x | LOW7)
 }
 
 /// Nanoseconds until a record is idle at every time of `at`: the largest of `idle_in(t)`
@@ -218,6 +277,9 @@ enum Step<T> {
 /// One shard.
 pub(crate) struct Shard {
     buckets: Box<[Bucket]>,
+    /// One word per bucket: byte `i` is the tag of slot `i`, 0 for none (module docs).
+    tags: Box<[AtomicU64]>,
+    /// One word per [`GROUP`] buckets.
     headers: Box<[AtomicU64]>,
     arena: Option<Arena>,
     pub(crate) counters: CachePadded<Counters>,
@@ -303,7 +365,8 @@ impl Shard {
         debug_assert!(buckets.max(1) * BUCKET <= 1 << HDR_OFF_BITS);
         Some(Self {
             buckets: zeroed_buckets(buckets.max(1))?,
-            headers: zeroed_u64(buckets.max(1))?,
+            tags: zeroed_u64(buckets.max(1))?,
+            headers: zeroed_u64(buckets.max(1).div_ceil(GROUP))?,
             arena: match arena_records {
                 Some((n, w)) => Some(Arena::new(n, w)?),
                 None => None,
@@ -341,6 +404,7 @@ impl Shard {
 
     pub(crate) fn bytes(&self) -> usize {
         std::mem::size_of_val(&*self.buckets)
+            + self.tags.len() * 8
             + self.headers.len() * 8
             + self.arena.as_ref().map_or(0, |a| a.bytes())
             + std::mem::size_of::<Self>()
@@ -397,7 +461,9 @@ impl Shard {
     fn find(&self, home: Loc, key: u64) -> Option<(&AtomicU128, u128)> {
         Self::scan(&self.buckets[home.h1], key)
             .or_else(|| Self::scan(&self.buckets[home.h2], key))
-            .or_else(|| self.find_far(home, key))
+            // The tag is not used there: passing 0 lets a check that never needs it not
+            // compute it.
+            .or_else(|| self.find_far(Loc { tag: 0, ..home }, key))
     }
 
     /// [`Shard::find`] over the probe sequence past the two home buckets.
@@ -440,7 +506,20 @@ impl Shard {
         if PREFETCH_H2 {
             self.prefetch_bucket(home.h2);
         }
-        let (s, mut v) = self.find(home, key)?;
+        let (s, v) = self.find(home, key)?;
+        Self::update_slot(s, v, key, p, now, cost)
+    }
+
+    /// The CAS loop of the packed fast path on slot `s`, read as `v` (`key`'s, live).
+    #[inline(always)]
+    fn update_slot<P: Packed>(
+        s: &AtomicU128,
+        mut v: u128,
+        key: u64,
+        p: &P,
+        now: u64,
+        cost: u64,
+    ) -> Option<Decision> {
         loop {
             let (ns, r) = p.decide(state_of(v) & !LIVE, now, cost);
             let nv = join(key, ns | LIVE);
@@ -458,6 +537,192 @@ impl Shard {
         }
     }
 
+    /// The header word of `home`'s group.
+    #[inline(always)]
+    fn header(&self, home: Loc) -> &AtomicU64 {
+        &self.headers[home.h1 / GROUP]
+    }
+
+    /// Index in the shard of slot `s` (a slot of this shard).
+    fn index_of(&self, s: &AtomicU128) -> usize {
+        let off = s as *const AtomicU128 as usize - self.buckets.as_ptr() as usize;
+        let (b, in_b) = (
+            off / std::mem::size_of::<Bucket>(),
+            off % std::mem::size_of::<Bucket>(),
+        );
+        let i = b * BUCKET + in_b / std::mem::size_of::<AtomicU128>();
+        debug_assert!(std::ptr::eq(self.slot_at(i), s));
+        i
+    }
+
+    /// Slot `i` of the shard.
+    #[inline(always)]
+    fn slot_at(&self, i: usize) -> &AtomicU128 {
+        &self.buckets[i / BUCKET].slots[i % BUCKET]
+    }
+
+    /// Sets slot `i`'s tag byte to `tag`. Called between the claim and the commit: the commit
+    /// CAS (Release, then the publish by the owner or by a helper that acquired the header)
+    /// orders it before the slot goes live, so Relaxed here.
+    fn set_tag(&self, i: usize, tag: u8) {
+        let w = &self.tags[i / BUCKET];
+        let sh = 8 * (i % BUCKET);
+        // Relaxed: as above; the CAS validates the value read.
+        let mut cur = w.load(Ordering::Relaxed);
+        loop {
+            let new = cur & !(0xff << sh) | (tag as u64) << sh;
+            if new == cur {
+                return;
+            }
+            // Relaxed: as above.
+            match w.compare_exchange(cur, new, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(x) => cur = x,
+            }
+        }
+    }
+
+    /// Slot `i`'s tag byte.
+    fn tag_of(&self, i: usize) -> u8 {
+        // Relaxed: a hint, read before the slot's death CAS (module docs, "Tags").
+        (self.tags[i / BUCKET].load(Ordering::Relaxed) >> (8 * (i % BUCKET))) as u8
+    }
+
+    /// Clears slot `i`'s tag byte if it still holds `tag` (after the slot died; a claim that
+    /// set another tag since is left alone). Relaxed: a hint (module docs, "Tags").
+    fn clear_tag(&self, i: usize, tag: u8) {
+        if tag == 0 {
+            return;
+        }
+        let w = &self.tags[i / BUCKET];
+        let sh = 8 * (i % BUCKET);
+        // Relaxed: as above.
+        let mut cur = w.load(Ordering::Relaxed);
+        while (cur >> sh) as u8 == tag {
+            // Relaxed: as above.
+            match w.compare_exchange(
+                cur,
+                cur & !(0xff << sh),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return,
+                Err(x) => cur = x,
+            }
+        }
+    }
+
+    /// Prefetches the tag words of both home buckets (a batch's first stage).
+    #[inline(always)]
+    pub(crate) fn prefetch_tags(&self, home: Loc) {
+        assert_home(home, self.buckets.len());
+        // A hint: `wrapping_add` computes the address without a bounds check (h1 and h2 are
+        // in range: `candidate`), and a prefetch never faults.
+        let t = self.tags.as_ptr();
+        Self::prefetch(t.wrapping_add(home.h1) as *const i8);
+        Self::prefetch(t.wrapping_add(home.h2) as *const i8);
+    }
+
+    /// The slot `key`'s tag points at: the first slot of h1, else of h2, whose tag byte is
+    /// `home.tag`; slot 0 of h1 when none is (the lookup verifies it either way). Branch-free
+    /// but for the choice of bucket.
+    #[inline(always)]
+    pub(crate) fn candidate(&self, home: Loc) -> &AtomicU128 {
+        assert_home(home, self.buckets.len());
+        // SAFETY: h1 and h2 are below the bucket count (`Store::place_of` reduces them by
+        // multiply-shift; asserted in debug builds), and there is one tag word per bucket.
+        let (t1, t2) = unsafe {
+            (
+                self.tags.get_unchecked(home.h1),
+                self.tags.get_unchecked(home.h2),
+            )
+        };
+        // Relaxed: a hint, verified against the slot (Acquire) before it is used.
+        let m1 = tag_matches(t1.load(Ordering::Relaxed), home.tag);
+        // Relaxed: as above.
+        let m2 = tag_matches(t2.load(Ordering::Relaxed), home.tag);
+        let (b, m) = if m1 != 0 {
+            (home.h1, m1)
+        } else {
+            (home.h2, m2)
+        };
+        let b = if m != 0 { b } else { home.h1 };
+        // SAFETY: `b` is h1 or h2 (above), and the slot index is reduced modulo BUCKET.
+        unsafe {
+            self.buckets
+                .get_unchecked(b)
+                .slots
+                .get_unchecked((m.trailing_zeros() as usize / 8) % BUCKET)
+        }
+    }
+
+    /// [`Shard::update_candidate`] on each slot of the home buckets whose tag is `home.tag`;
+    /// `None` if none holds `key` live.
+    pub(crate) fn update_tagged<P: Packed>(
+        &self,
+        home: Loc,
+        key: u64,
+        p: &P,
+        now: u64,
+        cost: u64,
+    ) -> Option<Decision> {
+        for b in [home.h1, home.h2] {
+            // Relaxed: a hint, as in `candidate`.
+            let mut m = tag_matches(self.tags[b].load(Ordering::Relaxed), home.tag);
+            while m != 0 {
+                let s = &self.buckets[b].slots[m.trailing_zeros() as usize / 8];
+                if let Some(d) = Self::update_candidate(s, key, p, now, cost) {
+                    return Some(d);
+                }
+                m &= m - 1;
+            }
+        }
+        None
+    }
+
+    /// Prefetches the line of slot `s` (a batch's second stage).
+    #[inline(always)]
+    pub(crate) fn prefetch_slot(s: &AtomicU128) {
+        Self::prefetch(s as *const AtomicU128 as *const i8);
+    }
+
+    /// A slot of the shard, to fill a batch's ring before it holds keys.
+    pub(crate) fn any_slot(&self) -> &AtomicU128 {
+        &self.buckets[0].slots[0]
+    }
+
+    /// [`Shard::update_live`] on slot `cand` ([`Shard::candidate`]), if it holds `key` live (or
+    /// comes to hold another key while the CAS loop runs); `None` otherwise: no tag, a tag of
+    /// another key, a tag not yet set or lost. The caller then looks the key up in full (a tag
+    /// is never trusted to say a key is absent).
+    #[inline(always)]
+    pub(crate) fn update_candidate<P: Packed>(
+        s: &AtomicU128,
+        key: u64,
+        p: &P,
+        now: u64,
+        cost: u64,
+    ) -> Option<Decision> {
+        // Acquire: as in `scan`.
+        let v = s.load(Ordering::Acquire);
+        if !holds_live(v, key) {
+            return None;
+        }
+        Self::update_slot(s, v, key, p, now, cost)
+    }
+
+    /// Prefetches the line at `p` (a hint: never faults).
+    #[inline(always)]
+    fn prefetch(p: *const i8) {
+        #[cfg(all(target_arch = "x86_64", not(loom)))]
+        // SAFETY: prefetch is a hint that never faults.
+        unsafe {
+            core::arch::x86_64::_mm_prefetch(p, core::arch::x86_64::_MM_HINT_T0);
+        }
+        #[cfg(not(all(target_arch = "x86_64", not(loom))))]
+        let _ = p;
+    }
+
     /// Prefetches both home buckets (both lines of each): a fifth of the keys live in h2, and a
     /// batch that fetched only h1 ahead waited for a miss on each of them (docs/performance.md).
     #[inline(always)]
@@ -469,18 +734,10 @@ impl Shard {
     /// Prefetches both lines of bucket `b`.
     #[inline(always)]
     fn prefetch_bucket(&self, b: usize) {
-        #[cfg(all(target_arch = "x86_64", not(loom)))]
-        {
-            let p = &self.buckets[b] as *const Bucket as *const i8;
-            // SAFETY: prefetch is a hint that never faults; `p` points into a live
-            // allocation (a 128-byte bucket: `p + 64` is its second line).
-            unsafe {
-                core::arch::x86_64::_mm_prefetch(p, core::arch::x86_64::_MM_HINT_T0);
-                core::arch::x86_64::_mm_prefetch(p.add(64), core::arch::x86_64::_MM_HINT_T0);
-            }
-        }
-        #[cfg(not(all(target_arch = "x86_64", not(loom))))]
-        let _ = b;
+        let p = &self.buckets[b] as *const Bucket as *const i8;
+        Self::prefetch(p);
+        // A 128-byte bucket: its second line (`wrapping_add`: a hint, never dereferenced).
+        Self::prefetch(p.wrapping_add(64));
     }
 
     /// Runs `op` on `key`'s live record (inserting a fresh one first if `insert`).
@@ -586,7 +843,7 @@ impl Shard {
         words: &mut dyn FnMut(&mut AtomicCells<'_>) -> R,
         full: &mut dyn FnMut(Outcome) -> R,
     ) -> Step<R> {
-        let hdr = &self.headers[home.h1];
+        let hdr = self.header(home);
         // Acquire: pairs with the header CASes of earlier insertions, so the scan below sees
         // every slot they published.
         let h = hdr.load(Ordering::Acquire);
@@ -682,6 +939,8 @@ impl Shard {
         // The header names the slot by its index in the shard (module docs: a helper's probe
         // sequence may differ from ours past the first bucket).
         let index = self.bucket_index(home, off / BUCKET) * BUCKET + off % BUCKET;
+        // The tag before the commit: from the commit on, a helper may publish the slot.
+        self.set_tag(index, home.tag as u8);
         let committed = ver << HDR_VER_SHIFT | (index as u64) << HDR_OFF_SHIFT | 1;
         // AcqRel: the commit point of the insertion (module docs); Release publishes the claim.
         if hdr
@@ -698,6 +957,7 @@ impl Shard {
                 // Stop rather than answer from a table that broke its invariant.
                 undo_failed(key);
             }
+            self.clear_tag(index, home.tag as u8);
             self.release_arena(payload);
             return Step::Retry;
         }
@@ -739,7 +999,7 @@ impl Shard {
         }
     }
 
-    /// Finishes the pending insertion named by header `h` of bucket `home.h1`.
+    /// Finishes the pending insertion named by header `h` of `home`'s group.
     fn help(&self, home: Loc, h: u64) {
         let index = ((h >> HDR_OFF_SHIFT) & ((1 << HDR_OFF_BITS) - 1)) as usize;
         let ver = (h >> HDR_VER_SHIFT) & VER_MASK;
@@ -763,8 +1023,9 @@ impl Shard {
             }
         }
         // AcqRel: as the owner's clearing.
-        let _ =
-            self.headers[home.h1].compare_exchange(h, h & !1, Ordering::AcqRel, Ordering::Acquire);
+        let _ = self
+            .header(home)
+            .compare_exchange(h, h & !1, Ordering::AcqRel, Ordering::Acquire);
     }
 
     /// Nanoseconds until the live slot value `v` is idle at each of `at` (the largest),
@@ -783,9 +1044,12 @@ impl Shard {
                 let l = ctx.limits.single_packed().expect("packed store");
                 let idle = latest_idle(at, |t| l.idle_in(&[st], t));
                 if remove(idle) {
+                    let i = self.index_of(s);
+                    let tag = self.tag_of(i);
                     // AcqRel: empties the slot only if unchanged since it was judged.
                     s.compare_exchange(v, 0, Ordering::AcqRel, Ordering::Acquire)
                         .ok()?;
+                    self.clear_tag(i, tag);
                     self.removed(None);
                 }
                 Some(idle)
@@ -801,9 +1065,12 @@ impl Shard {
                 }
                 let idle = latest_idle(at, |t| ctx.limits.idle_in(&mut AtomicCells(cells), t));
                 if remove(idle) {
+                    let i = self.index_of(s);
+                    let tag = self.tag_of(i);
                     // AcqRel: under the writer bit, nobody else empties this slot.
                     let r = s.compare_exchange(v, 0, Ordering::AcqRel, Ordering::Acquire);
                     debug_assert!(r.is_ok());
+                    self.clear_tag(i, tag);
                     // Ends the section (publishing the record's state) before it is reused.
                     drop(writer);
                     self.removed(Some(idx));
@@ -928,6 +1195,30 @@ impl Shard {
         false
     }
 
+    /// Loom models: whether `key`'s live slot, if it finds one, carries `key`'s tag (read after
+    /// the slot was seen live: the tag is set before the slot goes live, module docs).
+    #[cfg(loom)]
+    pub(crate) fn tag_agrees(&self, home: Loc, key: u64) -> Option<bool> {
+        let (s, _) = self.find(home, key)?;
+        Some(self.tag_of(self.index_of(s)) == home.tag as u8)
+    }
+
+    /// Loom models, at rest: every live slot carries its key's tag (`tag_of_key`) and every
+    /// other slot none.
+    #[cfg(loom)]
+    pub(crate) fn tags_exact(&self, tag_of_key: impl Fn(u64) -> u8) -> bool {
+        (0..self.buckets.len() * BUCKET).all(|i| {
+            // Acquire: as in `find`.
+            let v = self.slot_at(i).load(Ordering::Acquire);
+            let want = if state_of(v) & LIVE != 0 {
+                tag_of_key(key_of(v))
+            } else {
+                0
+            };
+            self.tag_of(i) == want
+        })
+    }
+
     /// Visits every live key id with the index of the bucket it is in (for tests and
     /// reports). Not linearizable.
     pub(crate) fn for_each_live_bucket(&self, mut f: impl FnMut(u64, usize)) {
@@ -987,6 +1278,26 @@ mod tests {
             let v = join(key, state);
             let v = if flip < 128 { v ^ (1u128 << flip) } else { v };
             prop_assert_eq!(holds_live(v, key), reference(v, key));
+        }
+    }
+
+    proptest! {
+        /// The bytewise tag match agrees with comparing byte by byte (no carry from one byte
+        /// into the next), on words holding the tag in some bytes and near misses in others.
+        #[test]
+        fn tag_matches_is_bytewise(w: u64, tag in 1u8.., put: u8, flip in 0u32..8) {
+            let mut w = w;
+            for i in 0..8 {
+                if put >> i & 1 != 0 {
+                    let b = if i == 0 { tag ^ (1 << flip) } else { tag };
+                    w = w & !(0xff << (8 * i)) | (b as u64) << (8 * i);
+                }
+            }
+            let m = tag_matches(w, tag as u64);
+            for i in 0..8 {
+                prop_assert_eq!(m >> (8 * i + 7) & 1 != 0, (w >> (8 * i)) as u8 == tag);
+            }
+            prop_assert_eq!(m & !0x8080_8080_8080_8080, 0);
         }
     }
 

@@ -297,6 +297,17 @@ fn cg_turnstile_single_at(s: &Store, seq: &[u64], now: Nanos) -> u64 {
 }
 
 #[inline(never)]
+fn cg_turnstile_batch_verdicts(s: &Store, seq: &[u64], b: usize) -> u64 {
+    let mut out = vec![turnstile::Verdict::default(); b];
+    let mut n = 0;
+    for g in seq.chunks_exact(b) {
+        s.check_batch_verdicts(g, 1, &mut out);
+        n += out.iter().filter(|d| d.allowed()).count() as u64;
+    }
+    n
+}
+
+#[inline(never)]
 fn cg_turnstile_batch(s: &Store, seq: &[u64], b: usize) -> u64 {
     let mut out = vec![run::blank(); b];
     let mut n = 0;
@@ -376,6 +387,11 @@ pub fn callgrind(a: Algorithm, keys: u64, checks: u64, batch: usize) -> Result<(
         "cg_turnstile_batch",
         batched as u64,
         cg_turnstile_batch(&s, batch_keys, b),
+    ));
+    results.push((
+        "cg_turnstile_batch_verdicts",
+        batched as u64,
+        cg_turnstile_batch_verdicts(&s, batch_keys, b),
     ));
     results.push(("cg_governor_keyed", checks, cg_governor_keyed(&g, &seq)));
     results.push((

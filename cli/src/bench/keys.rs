@@ -171,14 +171,19 @@ fn helper2(x: f64) -> f64 {
 
 /// `len` key ids drawn from `dist` over `n` keys, reproducible from `seed`.
 pub fn sequence(dist: Distribution, n: u64, len: usize, seed: u64) -> Vec<u64> {
+    ranks(dist, n, len, seed).into_iter().map(key_id).collect()
+}
+
+/// The ranks (0 the hottest) behind [`sequence`]: the same draws, before `key_id`.
+pub fn ranks(dist: Distribution, n: u64, len: usize, seed: u64) -> Vec<u64> {
     let mut rng = SplitMix64::new(seed);
     match dist {
-        Distribution::Uniform => (0..len).map(|_| key_id(rng.below(n))).collect(),
+        Distribution::Uniform => (0..len).map(|_| rng.below(n)).collect(),
         Distribution::Zipf(s) => {
             let z = Zipf::new(n, s);
-            (0..len).map(|_| key_id(z.sample(&mut rng) - 1)).collect()
+            (0..len).map(|_| z.sample(&mut rng) - 1).collect()
         }
-        Distribution::Hot => vec![key_id(0); len],
+        Distribution::Hot => vec![0; len],
     }
 }
 
@@ -229,5 +234,7 @@ mod tests {
         assert_eq!(ids.len(), 10_000);
         let seq = sequence(Distribution::Uniform, 100, 1000, 1);
         assert!(seq.iter().all(|id| (0..100).any(|r| key_id(r) == *id)));
+        let r = ranks(Distribution::Uniform, 100, 1000, 1);
+        assert_eq!(seq, r.into_iter().map(key_id).collect::<Vec<_>>());
     }
 }

@@ -97,7 +97,7 @@ pub fn run(
             serde_json::to_string_pretty(&doc).expect("serializable")
         );
     } else {
-        super::print_table(&rows);
+        super::print_table(&rows, &[]);
     }
     Ok(())
 }

@@ -21,7 +21,7 @@ use hdrhistogram::Histogram;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 use turnstile::keyed::Store;
-use turnstile::{Clock, Decision, Limiter, Outcome};
+use turnstile::{Clock, Decision, Limiter, Outcome, Verdict};
 
 /// One check in this many is timed (single mode).
 pub const SAMPLE: usize = 64;
@@ -32,8 +32,12 @@ pub const CHUNK: usize = 4096;
 pub trait Checker: Sync {
     /// Checks one request of cost 1 for `key`; whether it was admitted.
     fn one(&self, key: u64) -> bool;
-    /// Checks a batch; how many were admitted.
-    fn batch(&self, keys: &[u64], _out: &mut [Decision]) -> u64 {
+    /// Checks a batch, compact answers; how many were admitted.
+    fn batch(&self, keys: &[u64], _out: &mut [Verdict]) -> u64 {
+        keys.iter().map(|&k| self.one(k) as u64).sum()
+    }
+    /// Checks a batch, a whole `Decision` per key; how many were admitted.
+    fn batch_decisions(&self, keys: &[u64], _out: &mut [Decision]) -> u64 {
         keys.iter().map(|&k| self.one(k) as u64).sum()
     }
 }
@@ -46,7 +50,12 @@ impl<C: Clock> Checker for TurnstileKeyed<'_, C> {
         self.0.check(&key, 1).allowed()
     }
     #[inline]
-    fn batch(&self, keys: &[u64], out: &mut [Decision]) -> u64 {
+    fn batch(&self, keys: &[u64], out: &mut [Verdict]) -> u64 {
+        self.0.check_batch_verdicts(keys, 1, out);
+        out.iter().filter(|d| d.allowed()).count() as u64
+    }
+    #[inline]
+    fn batch_decisions(&self, keys: &[u64], out: &mut [Decision]) -> u64 {
         self.0.check_batch(keys, 1, out);
         out.iter().filter(|d| d.allowed()).count() as u64
     }
@@ -84,8 +93,10 @@ impl Checker for GovernorDirect<'_> {
 pub enum Mode {
     /// One `check` per key.
     Single,
-    /// `check_batch` over this many keys.
+    /// `check_batch_verdicts` over this many keys (compact answers).
     Batch(usize),
+    /// `check_batch` over this many keys (a whole `Decision` per key).
+    BatchDecisions(usize),
 }
 
 impl Mode {
@@ -94,6 +105,7 @@ impl Mode {
         match self {
             Mode::Single => "single",
             Mode::Batch(_) => "batch",
+            Mode::BatchDecisions(_) => "batch_decisions",
         }
     }
 }
@@ -215,6 +227,12 @@ pub fn blank() -> Decision {
     }
 }
 
+/// A worker's batch output buffers.
+struct Outs {
+    decisions: Vec<Decision>,
+    verdicts: Vec<Verdict>,
+}
+
 /// A latency histogram from 1 ns to 60 s, 3 significant digits.
 pub fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds")
@@ -226,7 +244,7 @@ fn chunk<C: Checker>(
     mode: Mode,
     keys: &[u64],
     hist: &mut Histogram<u64>,
-    out: &mut [Decision],
+    out: &mut Outs,
     t: &Timer,
 ) -> (u64, u64) {
     let mut allowed = 0u64;
@@ -244,16 +262,20 @@ fn chunk<C: Checker>(
             }
             (keys.len() as u64, allowed)
         }
-        Mode::Batch(b) => {
+        Mode::Batch(b) | Mode::BatchDecisions(b) => {
             let mut n = 0u64;
+            let mut one = |g: &[u64]| match mode {
+                Mode::BatchDecisions(_) => c.batch_decisions(g, &mut out.decisions),
+                _ => c.batch(g, &mut out.verdicts),
+            };
             for (i, g) in keys.chunks_exact(b).enumerate() {
                 if i % 4 == 0 {
                     let t0 = t.now();
-                    allowed += c.batch(g, out);
+                    allowed += one(g);
                     let t1 = t.now();
                     hist.saturating_record((t.ns(t1.wrapping_sub(t0)) / b as u64).max(1));
                 } else {
-                    allowed += c.batch(g, out);
+                    allowed += one(g);
                 }
                 n += b as u64;
             }
@@ -289,9 +311,12 @@ pub fn measure<C: Checker>(
                     }
                     let b = match mode {
                         Mode::Single => 1,
-                        Mode::Batch(b) => b,
+                        Mode::Batch(b) | Mode::BatchDecisions(b) => b,
                     };
-                    let mut out = vec![blank(); b];
+                    let mut out = Outs {
+                        decisions: vec![blank(); b],
+                        verdicts: vec![Verdict::default(); b],
+                    };
                     let mut hist = histogram();
                     let (mut checks, mut allowed, mut pos) = (0u64, 0u64, 0usize);
                     let mut start = None;
