@@ -39,14 +39,30 @@ wait_port() {
     exit 1
 }
 
+# Server CPU time (user + system) of process $1, in clock ticks: each row also reports the
+# requests per server CPU-second, which holds when the client on the other core is the
+# bottleneck (it then shows how much of its core the server needed).
+TICK=$(getconf CLK_TCK)
+cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+SERVER_PID=""
+per_cpu() {
+    local rps=$1 secs=$2 before=$3 after=$4
+    awk -v r="$rps" -v s="$secs" -v b="$before" -v a="$after" -v t="$TICK" \
+        'BEGIN {c = (a - b) / t; if (c <= 0) print "n/a"; else printf "%.0f", r * s / c}'
+}
+
 # redis-benchmark --csv: "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms",
 # "p95_latency_ms","p99_latency_ms","max_latency_ms"; print name, rps and p99.
 rb() {
-    local label=$1 port=$2 n=$3 p=$4
-    shift 4
-    taskset -c 1 redis-benchmark -p "$port" -n "$n" -r "$KEYS" -P "$p" -c 50 --csv "$@" |
-        awk -F'","' -v l="$label" -v p="$p" 'NR==2 {gsub(/"/,"",$2); gsub(/"/,"",$7); printf "%-40s -P %-2s %12.0f req/s   p99 %s ms\n", l, p, $2, $7}' |
-        tee -a "$TMP/results"
+    local label=$1 port=$2 n=$3 p=$4 pid=$5
+    shift 5
+    local c0 c1
+    c0=$(cpu "$pid")
+    taskset -c 1 redis-benchmark -p "$port" -n "$n" -r "$KEYS" -P "$p" -c 50 --csv "$@" >"$TMP/rb.out"
+    c1=$(cpu "$pid")
+    awk -F'","' -v l="$label" -v p="$p" -v n="$n" -v c="$(( c1 - c0 ))" -v t="$TICK" \
+        'NR==2 {gsub(/"/,"",$2); gsub(/"/,"",$7); cpu = c / t; printf "%-40s -P %-2s %12.0f req/s   p99 %s ms   %s req per server CPU-s\n", l, p, $2, $7, (cpu > 0 ? sprintf("%.0f", n / cpu) : "n/a")}' \
+        "$TMP/rb.out" | tee -a "$TMP/results"
 }
 
 # Every key once before measuring, for either server: the rows compare steady states, not
@@ -75,16 +91,17 @@ taskset -c 0 redis-server --port $RPORT --bind 127.0.0.1 --save '' --appendonly 
     --daemonize yes --pidfile "$TMP/redis.pid" >/dev/null
 wait_port $RPORT
 warm $RPORT incr key:__rand_int__
+RPID=$(cat "$TMP/redis.pid")
 start_turnstile --runtime per-core
 for P in 1 16; do
     N=$([ "$P" = 1 ] && echo "$N1" || echo "$N16")
-    rb "redis-server INCR" $RPORT "$N" "$P" incr key:__rand_int__
-    rb "turnstile CL.THROTTLE (per-core)" $TPORT "$N" "$P" CL.THROTTLE key:__rand_int__ 15 30 60
+    rb "redis-server INCR" $RPORT "$N" "$P" "$RPID" incr key:__rand_int__
+    rb "turnstile CL.THROTTLE (per-core)" $TPORT "$N" "$P" "${PIDS[-1]}" CL.THROTTLE key:__rand_int__ 15 30 60
 done
 stop_last
 start_turnstile --runtime multi-thread
-rb "turnstile CL.THROTTLE (multi-thread)" $TPORT "$N16" 16 CL.THROTTLE key:__rand_int__ 15 30 60
-rb "turnstile CL.THROTTLE (multi-thread)" $TPORT "$N1" 1 CL.THROTTLE key:__rand_int__ 15 30 60
+rb "turnstile CL.THROTTLE (multi-thread)" $TPORT "$N16" 16 "${PIDS[-1]}" CL.THROTTLE key:__rand_int__ 15 30 60
+rb "turnstile CL.THROTTLE (multi-thread)" $TPORT "$N1" 1 "${PIDS[-1]}" CL.THROTTLE key:__rand_int__ 15 30 60
 stop_last
 
 cat >"$TMP/check.lua" <<'LUA'
@@ -95,30 +112,35 @@ request = function()
 end
 LUA
 wrk_run() {
-    local label=$1 url=$2
-    shift 2
+    local label=$1 url=$2 pid=$3
+    shift 3
+    local c0 c1
+    c0=$(cpu "$pid")
     taskset -c 1 wrk -t1 -c50 -d"${WRK_SECS}s" --latency "$@" "$url" >"$TMP/wrk.out"
-    awk -v l="$label" '/Requests\/sec/ {rps=$2} /^ +99%/ {p99=$2} END {printf "%-40s %12.0f req/s   p99 %s\n", l, rps, p99}' "$TMP/wrk.out" |
+    c1=$(cpu "$pid")
+    awk -v l="$label" -v c="$(( c1 - c0 ))" -v t="$TICK" '/Requests\/sec/ {rps=$2} /^ +99%/ {p99=$2} /requests in/ {n=$1} END {cpu = c / t; printf "%-40s %12.0f req/s   p99 %s   %s req per server CPU-s\n", l, rps, p99, (cpu > 0 ? sprintf("%.0f", n / cpu) : "n/a")}' "$TMP/wrk.out" |
         tee -a "$TMP/results"
 }
 start_turnstile --runtime per-core
-wrk_run "turnstile POST /v1/check (per-core)" "http://127.0.0.1:$HPORT/v1/check" -s "$TMP/check.lua"
+wrk_run "turnstile POST /v1/check (per-core)" "http://127.0.0.1:$HPORT/v1/check" "${PIDS[-1]}" -s "$TMP/check.lua"
 stop_last
 taskset -c 0 "$HELLO" 127.0.0.1:$WPORT 1 &
 PIDS+=($!)
 wait_port $WPORT
-cat >"$TMP/hello.lua" <<'LUA'
-wrk.method = "POST"
-wrk.body = '{"key_class":"customer","key":"42","route":"/v1/items","method":"GET"}'
-wrk.headers["content-type"] = "application/json"
-LUA
-wrk_run "axum hello world (POST /)" "http://127.0.0.1:$WPORT/" -s "$TMP/hello.lua"
+# The same client work as for /v1/check (a body built per request by the same script), to /.
+sed 's#"/v1/check"#"/"#' "$TMP/check.lua" >"$TMP/hello.lua"
+wrk_run "axum hello world (POST /)" "http://127.0.0.1:$WPORT/" "${PIDS[-1]}" -s "$TMP/hello.lua"
 stop_last
 
-# The issue's two ratios, from the rows above.
+# The issue's two ratios, from the rows above: requests/s, and requests per server CPU-second.
 rate() { grep -F "$1" "$TMP/results" | grep -F -- "$2" | head -1 | sed -E 's/.* ([0-9]+) req\/s.*/\1/'; }
+percpu() { grep -F "$1" "$TMP/results" | grep -F -- "$2" | head -1 | sed -E 's/.* ([0-9]+) req per server CPU-s.*/\1/'; }
 awk -v t="$(rate 'turnstile CL.THROTTLE (per-core)' '-P 16')" -v r="$(rate 'redis-server INCR' '-P 16')" \
     'BEGIN {printf "CL.THROTTLE -P 16 (per-core) / redis-server INCR -P 16: %.2fx (target >= 2x)\n", t / r}'
 awk -v t="$(rate 'turnstile POST /v1/check' 'req/s')" -v h="$(rate 'axum hello world' 'req/s')" \
     'BEGIN {printf "POST /v1/check / axum hello world: %.0f %% (target >= 80 %%)\n", 100 * t / h}'
+awk -v t="$(percpu 'turnstile CL.THROTTLE (per-core)' '-P 16')" -v r="$(percpu 'redis-server INCR' '-P 16')" \
+    'BEGIN {printf "per server CPU-second: CL.THROTTLE -P 16 / INCR -P 16: %.2fx\n", t / r}'
+awk -v t="$(percpu 'turnstile POST /v1/check' 'req/s')" -v h="$(percpu 'axum hello world' 'req/s')" \
+    'BEGIN {printf "per server CPU-second: POST /v1/check / axum hello world: %.0f %%\n", 100 * t / h}'
 echo "== load at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
