@@ -294,3 +294,14 @@ limits = [{ algorithm = "fixed_window", limit = 30, window = "1s" }]
     // No rule: nothing to ask.
     assert!(e.plan_at(&Request::new(), 0, &keys).steps().len() == 1);
 }
+
+#[test]
+fn the_redis_example_is_valid() {
+    let r = Rules::from_file(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/rules-redis.toml"
+    ))
+    .unwrap();
+    assert!(matches!(r.backend, Backend::Redis(_)));
+    assert_eq!(r.rules.len(), 2);
+}

@@ -12,6 +12,7 @@
 //! switches: a request planned just before the switch is decided by the backend it started
 //! with. A reload that keeps the table keeps the backend (its connection and its counts).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -25,6 +26,9 @@ const CONNECT_WAIT: Duration = Duration::from_secs(10);
 /// The backend in use and the runtime its Redis connections were made on.
 pub(crate) struct Backends {
     current: arc_swap::ArcSwapOption<RedisRules>,
+    /// Whether `current` holds a backend: read first, so that a server whose counts are in
+    /// memory pays one relaxed load per rules command, not arc-swap's load.
+    active: AtomicBool,
     runtime: Mutex<Option<Runtime>>,
     /// Failure counts of the Redis backends a reload replaced, so that the metrics stay
     /// monotonic.
@@ -51,6 +55,7 @@ impl Backends {
     pub(crate) fn new() -> Self {
         Self {
             current: arc_swap::ArcSwapOption::empty(),
+            active: AtomicBool::new(false),
             runtime: Mutex::new(None),
             retired: Mutex::new(FailureStats::default()),
         }
@@ -59,6 +64,10 @@ impl Backends {
     /// The Redis backend, if the rules keep their counts there.
     #[inline]
     pub(crate) fn redis(&self) -> Option<Arc<RedisRules>> {
+        // Relaxed: advisory; `current` is read through arc-swap, which orders what it holds.
+        if !self.active.load(Ordering::Relaxed) {
+            return None;
+        }
         self.current.load_full()
     }
 
@@ -120,6 +129,9 @@ impl Backends {
             Change::Memory => self.current.swap(None),
             Change::Redis(r) => self.current.swap(Some(r)),
         };
+        // Relaxed: see `redis`.
+        self.active
+            .store(self.current.load().is_some(), Ordering::Relaxed);
         if let Some(old) = old {
             let s = old.stats();
             let mut t = self.retired.lock().unwrap_or_else(|e| e.into_inner());
@@ -130,7 +142,7 @@ impl Backends {
             t.fallbacks += s.fallbacks;
             t.opened += s.opened;
         }
-        tracing::info!(backend = self.name(), "rules backend switched");
+        tracing::info!(backend = self.name(), "rules backend in use");
     }
 
     /// The failure counts of every Redis backend so far, and whether the current one's circuit
@@ -184,6 +196,8 @@ impl Backends {
 
     /// Stops the Redis runtime (after the workers stopped): its connections close.
     pub(crate) fn shutdown(&self) {
+        // Relaxed: see `redis`.
+        self.active.store(false, Ordering::Relaxed);
         self.current.store(None);
         let r = self
             .runtime
