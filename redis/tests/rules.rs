@@ -283,6 +283,7 @@ fn race(backend: &str) {
         r#"
 [backend]
 {backend}
+timeout = "5s"
 [[rule]]
 name = "customer"
 key = "customer"
@@ -345,6 +346,7 @@ fn shadow_and_soft_rules_on_redis() {
         r#"
 [backend]
 redis = "{}"
+timeout = "5s"
 [[rule]]
 name = "soft"
 key = "customer"
@@ -389,7 +391,7 @@ fn policy_rules(url: &str, policy: &str) -> Rules {
         r#"
 [backend]
 redis = "{url}"
-timeout = "200ms"
+timeout = "1s"
 {policy}
 [[rule]]
 name = "r"

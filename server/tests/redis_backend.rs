@@ -96,7 +96,6 @@ fn rules_file(dir: &Path, url: &str, extra: &str) -> PathBuf {
             r#"
 [backend]
 redis = "{url}"
-timeout = "200ms"
 {extra}
 
 [[rule]]
@@ -129,7 +128,8 @@ limits = [{{ algorithm = "fixed_window", limit = 2, window = "1h" }}]
 fn two_servers_sharing_one_redis_enforce_one_limit() {
     let redis = common::Server::start();
     let dir = tmpdir("two");
-    let rules = rules_file(&dir, &redis.url(), "");
+    // A long timeout: no fallback on a loaded machine.
+    let rules = rules_file(&dir, &redis.url(), "timeout = \"5s\"");
     let a = serve(&rules).unwrap();
     let b = serve(&rules).unwrap();
     let addrs = [a.resp, b.resp];
@@ -197,7 +197,7 @@ fn two_servers_sharing_one_redis_enforce_one_limit() {
 fn soft_and_shadow_rules_over_resp() {
     let redis = common::Server::start();
     let dir = tmpdir("modes");
-    let rules = rules_file(&dir, &redis.url(), "");
+    let rules = rules_file(&dir, &redis.url(), "timeout = \"5s\"");
     let a = serve(&rules).unwrap();
     let mut con = resp(&a);
     let replies: Vec<Reply> = (0..8)
@@ -240,9 +240,14 @@ fn soft_and_shadow_rules_over_resp() {
 fn a_killed_redis_is_answered_by_the_policy() {
     let mut redis = common::Server::start();
     let closed_dir = tmpdir("killed-closed");
-    let closed = serve(&rules_file(&closed_dir, &redis.url(), "")).unwrap();
+    let closed = serve(&rules_file(&closed_dir, &redis.url(), "timeout = \"1s\"")).unwrap();
     let open_dir = tmpdir("killed-open");
-    let open = serve(&rules_file(&open_dir, &redis.url(), "policy = \"open\"")).unwrap();
+    let open = serve(&rules_file(
+        &open_dir,
+        &redis.url(),
+        "timeout = \"1s\"\npolicy = \"open\"",
+    ))
+    .unwrap();
     let (mut c, mut o) = (resp(&closed), resp(&open));
     assert_eq!(check(&mut c, &["customer", "1"]).0, 1);
     assert_eq!(check(&mut o, &["customer", "1"]).0, 1);
@@ -357,7 +362,10 @@ fn a_reload_switches_backends() {
     assert_eq!(check(&mut con, &["customer", "1"]).2, 2, "memory");
     std::fs::write(
         &p,
-        format!("[backend]\nredis = \"{}\"\n{rule}", redis.url()),
+        format!(
+            "[backend]\nredis = \"{}\"\ntimeout = \"5s\"\n{rule}",
+            redis.url()
+        ),
     )
     .unwrap();
     let (status, body) = curl("POST", &format!("http://{}/v1/reload", a.http), None);
