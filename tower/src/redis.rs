@@ -116,7 +116,9 @@ pub struct Decided {
 }
 
 impl Limit for Decided {
-    fn check(&self, parts: &Parts, _no_key: NoKey) -> Check {
+    /// Nothing is counted in flight: the decision is Redis's.
+    type Permit = ();
+    fn check(&self, parts: &Parts, _no_key: NoKey) -> Check<()> {
         match parts.extensions.get::<Carried>() {
             Some(Carried(Verdict::Decided { decision, id })) => {
                 if decision.allowed() {
