@@ -95,8 +95,17 @@ impl StepOutcome {
     }
 }
 
-/// What a request matched, to be decided by a backend (see the [module docs](self)). From
-/// [`Engine::plan_at`] or [`Engine::refund_plan`].
+/// What a request matched, to be decided by a backend that keeps the rules' counts
+/// elsewhere (Redis: crate `turnstile-redis`). From [`Engine::plan_at`] or
+/// [`Engine::refund_plan`].
+///
+/// The plan has done everything of a check that touches no count, as the check does it:
+/// shedding (by this process's load), the route's candidates, method and priority
+/// conditions, keys, overrides, an elastic pool's load condition. The backend decides the
+/// [steps](Plan::steps) — enforcing ones all-or-nothing, in order, then the shadow ones — and
+/// hands what each step's limits answered to [`Plan::finish`], which gives the engine's
+/// [`Verdict`] and counts the rules' statistics ([`Engine::rule_stats`]): the modes are
+/// implemented once, in the engine. A plan holds the rules it was made on until dropped.
 pub struct Plan<C: Clock> {
     compiled: Arc<Compiled<C>>,
     shed: Option<Decision>,
