@@ -18,6 +18,9 @@
 //!   [`FailurePolicy`] (open, closed, or an in-memory insurance limiter at limit ÷ nodes),
 //!   behind a circuit breaker; every fallback counted ([`FailureStats`]).
 //!
+//! * The rules engine's counts in Redis: [`RedisRules`] executes the engine's plans (a rules
+//!   file's `[backend] redis = "..."`), one script call per request on one node.
+//!
 //! See `docs/redis.md`.
 
 #![warn(missing_docs)]
@@ -28,11 +31,13 @@ pub mod lease;
 pub mod memory;
 mod permit;
 mod policy;
+pub mod rules;
 mod script;
 mod store;
 
 pub use conn::Conn;
 pub use permit::RedisPermit;
 pub use policy::{FailurePolicy, FailureStats};
+pub use rules::RedisRules;
 pub use script::{MAX_DURATION_NS, MAX_ZSET_DURATION_NS};
 pub use store::{Error, RedisStore, RedisStoreBuilder, EXPLICIT_NOW_TTL_SLACK_MS};

@@ -1,8 +1,10 @@
 //! The Lua scripts: one file per algorithm under `lua/`, composed per store into one script
 //! (a value: its SHA is computed once; `EVALSHA`, reloaded on `NOSCRIPT`).
 //!
-//! A store's script is `prelude.lua`, the files of the algorithms its limits use, and
-//! `driver.lua`, which decides several limits all-or-nothing in one call. Each file's header
+//! A store's script is `prelude.lua`, the files of the algorithms its limits use,
+//! `limits.lua` (several limits all-or-nothing) and `driver.lua` (one key's call). The rules
+//! engine's script ([`compose_rules`]) is the prelude, every algorithm a rule may use,
+//! `limits.lua` and `rules.lua` (one request's matching rules in one call). Each file's header
 //! states its KEYS, ARGV and reply. Lua numbers are doubles, so absolute times travel as
 //! decimal strings and every duration must stay below [`MAX_DURATION_NS`].
 
@@ -11,6 +13,8 @@ use turnstile::{ConfigError, Limit, Limits};
 
 const PRELUDE: &str = include_str!("../lua/prelude.lua");
 const DRIVER: &str = include_str!("../lua/driver.lua");
+const LIMITS: &str = include_str!("../lua/limits.lua");
+const RULES: &str = include_str!("../lua/rules.lua");
 const FIXED_WINDOW: &str = include_str!("../lua/fixed_window.lua");
 const SLIDING_WINDOW: &str = include_str!("../lua/sliding_window.lua");
 const TOKEN_BUCKET: &str = include_str!("../lua/token_bucket.lua");
@@ -155,6 +159,26 @@ pub(crate) fn compose(limits: &Limits) -> Result<(Script, Vec<LimitArgs>), Confi
     add("sl", SLIDING_LOG);
     add("cc", CONCURRENCY);
     add("wr", WINDOW_RING);
+    src.push_str(LIMITS);
     src.push_str(DRIVER);
     Ok((Script::new(&src), args))
+}
+
+/// The rules engine's script: every algorithm a rule may use (all but concurrency, which
+/// rules refuse), `limits.lua` and `rules.lua`.
+pub(crate) fn compose_rules() -> Script {
+    let src = [
+        PRELUDE,
+        FIXED_WINDOW,
+        SLIDING_WINDOW,
+        TOKEN_BUCKET,
+        LEAKY_BUCKET,
+        ZSET,
+        SLIDING_LOG,
+        WINDOW_RING,
+        LIMITS,
+        RULES,
+    ]
+    .concat();
+    Script::new(&src)
 }

@@ -11,8 +11,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use turnstile::rules::{Priority, Request};
+use turnstile::rules::{Priority, Request, Verdict};
 use turnstile::{Clock, Decision, DefaultClock};
+use turnstile_redis::RedisRules;
 
 /// The arguments of one command: ranges into the input buffer.
 struct Args<'a> {
@@ -105,6 +106,14 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut sock: TcpStream, id: u64) {
                         buf: &mut out,
                         proto: st.proto,
                     };
+                    // The rules commands with the counts in Redis: awaited here, on this
+                    // worker's runtime (the other commands run without an await).
+                    if let Some((redis, what)) = remote(&shared, &st, &args) {
+                        let t0 = clock.now();
+                        rules_on_redis(&shared, &redis, &args, &mut o, what).await;
+                        shared.metrics.latency(clock.now().saturating_sub(t0));
+                        continue;
+                    }
                     flow = command(&shared, &mut st, &args, &mut o, &clock);
                     if flow == Flow::Close {
                         break;
@@ -573,23 +582,45 @@ enum Rules {
     Refund,
 }
 
-/// `TURNSTILE.CHECK|REFUND key_class key [cost] [priority]`, `TURNSTILE.PEEK key_class key
-/// [priority]`.
-fn turnstile_rules(shared: &Shared, a: &Args<'_>, o: &mut Out<'_>, what: Rules) {
-    let Some(engine) = &shared.engine else {
-        o.error("ERR no rules loaded: start the server with --rules FILE");
-        return;
-    };
+/// Which rules command `name` is, if it is one.
+fn rules_command(name: &[u8]) -> Option<Rules> {
+    if named(name, "TURNSTILE.CHECK") {
+        Some(Rules::Check)
+    } else if named(name, "TURNSTILE.PEEK") {
+        Some(Rules::Peek)
+    } else if named(name, "TURNSTILE.REFUND") {
+        Some(Rules::Refund)
+    } else {
+        None
+    }
+}
+
+/// The Redis backend and the command, if `a` is a rules command (of the right arity, from
+/// an authenticated client) and the rules keep their counts in Redis.
+fn remote(shared: &Shared, st: &State, a: &Args<'_>) -> Option<(Arc<RedisRules>, Rules)> {
+    if !st.authed || shared.engine.is_none() {
+        return None;
+    }
+    let what = rules_command(a.get(0))?;
+    let n = a.len();
+    if n < 3 || n > if what == Rules::Peek { 4 } else { 5 } {
+        return None;
+    }
+    Some((shared.backends.redis()?, what))
+}
+
+/// A rules command's request, or its error written to `o`.
+fn rules_request<'a>(a: &Args<'a>, o: &mut Out<'_>, what: Rules) -> Option<Request<'a>> {
     let (Ok(class), Ok(key)) = (std::str::from_utf8(a.get(1)), std::str::from_utf8(a.get(2)))
     else {
         o.error("ERR key class and key must be UTF-8");
-        return;
+        return None;
     };
     let mut req = match request(class, key) {
         Ok(r) => r,
         Err(m) => {
             o.error(&format!("ERR {m}"));
-            return;
+            return None;
         }
     };
     let peek = what == Rules::Peek;
@@ -597,8 +628,14 @@ fn turnstile_rules(shared: &Shared, a: &Args<'_>, o: &mut Out<'_>, what: Rules) 
     if !peek && a.len() > 3 {
         match crate::throttle::parse_i64(a.get(3)) {
             Ok(c) if c >= 0 => req.cost = c as u64,
-            Ok(_) => return o.error(&ArgError::NotPositive.to_string()),
-            Err(e) => return o.error(&e.to_string()),
+            Ok(_) => {
+                o.error(&ArgError::NotPositive.to_string());
+                return None;
+            }
+            Err(e) => {
+                o.error(&e.to_string());
+                return None;
+            }
         }
         next = 4;
     }
@@ -611,18 +648,19 @@ fn turnstile_rules(shared: &Shared, a: &Args<'_>, o: &mut Out<'_>, what: Rules) 
             .and_then(|s| s.parse::<Priority>().ok())
         {
             Some(p) => req.priority = Some(p),
-            None => return o.error("ERR unknown priority; expected critical, post, get or test"),
+            None => {
+                o.error("ERR unknown priority; expected critical, post, get or test");
+                return None;
+            }
         }
     }
-    if what == Rules::Refund {
-        let n = engine.refund(&req);
-        shared.metrics.add(C::Refunds, 1);
-        o.int(i64::from(n));
-        return;
-    }
-    let v = engine.explain(&req);
+    Some(req)
+}
+
+/// A check's or peek's reply (and its count in the metrics).
+fn rules_reply(shared: &Shared, o: &mut Out<'_>, what: Rules, v: &Verdict) {
     let d: &Decision = &v.decision;
-    if !peek {
+    if what != Rules::Peek {
         shared.metrics.add(
             if d.allowed() {
                 C::CheckAllowed
@@ -642,4 +680,51 @@ fn turnstile_rules(shared: &Shared, a: &Args<'_>, o: &mut Out<'_>, what: Rules) 
         Some(r) => o.bulk(r.as_bytes()),
         None => o.null(),
     }
+}
+
+/// `TURNSTILE.CHECK|REFUND key_class key [cost] [priority]`, `TURNSTILE.PEEK key_class key
+/// [priority]`, with the counts in memory.
+fn turnstile_rules(shared: &Shared, a: &Args<'_>, o: &mut Out<'_>, what: Rules) {
+    let Some(engine) = &shared.engine else {
+        o.error("ERR no rules loaded: start the server with --rules FILE");
+        return;
+    };
+    let Some(req) = rules_request(a, o, what) else {
+        return;
+    };
+    if what == Rules::Refund {
+        let n = engine.refund(&req);
+        shared.metrics.add(C::Refunds, 1);
+        o.int(i64::from(n));
+        return;
+    }
+    rules_reply(shared, o, what, &engine.explain(&req));
+}
+
+/// The same commands with the counts in Redis ([`remote`] chose them): the check awaits Redis
+/// (the backend's timeout, then its failure policy answers); a refund Redis does not take is an
+/// error.
+async fn rules_on_redis(
+    shared: &Shared,
+    redis: &RedisRules,
+    a: &Args<'_>,
+    o: &mut Out<'_>,
+    what: Rules,
+) {
+    let Some(engine) = &shared.engine else {
+        return;
+    };
+    let Some(req) = rules_request(a, o, what) else {
+        return;
+    };
+    if what == Rules::Refund {
+        shared.metrics.add(C::Refunds, 1);
+        match redis.refund(engine, &req).await {
+            Ok(n) => o.int(i64::from(n)),
+            Err(e) => o.error(&format!("ERR the refund did not reach Redis: {e}")),
+        }
+        return;
+    }
+    let v = redis.explain(engine, &req).await;
+    rules_reply(shared, o, what, &v);
 }

@@ -32,6 +32,7 @@ pub(crate) fn reload(s: &Shared, why: &str) -> Result<serde_json::Value, (Status
             report["carried"] = json!(r.carried);
             report["fresh"] = json!(r.fresh);
             report["removed"] = json!(r.removed);
+            report["backend"] = json!(s.backends.name());
         }
         Some(Err(e)) => errors.push(e),
         None => {}
@@ -57,10 +58,17 @@ fn reload_rules(s: &Shared, why: &str) -> Option<Result<turnstile::rules::Reload
     };
     let mut mtime = s.reload_lock.lock().unwrap_or_else(|e| e.into_inner());
     *mtime = std::fs::metadata(path).and_then(|m| m.modified()).ok();
-    Some(match engine.reload_file(path) {
+    let reloaded = turnstile::rules::Rules::from_file(path).and_then(|rules| {
+        // The backend first: a Redis that cannot be reached refuses the reload.
+        let change = s.backends.prepare(&rules)?;
+        let r = engine.reload(rules.clone())?;
+        s.backends.commit(change, &rules);
+        Ok(r)
+    });
+    Some(match reloaded {
         Ok(r) => {
             s.metrics.reloads_ok.fetch_add(1, Ordering::Relaxed);
-            tracing::info!(trigger = why, kept = ?r.kept, carried = ?r.carried, fresh = ?r.fresh, removed = ?r.removed, "rules reloaded");
+            tracing::info!(trigger = why, kept = ?r.kept, carried = ?r.carried, fresh = ?r.fresh, removed = ?r.removed, backend = s.backends.name(), "rules reloaded");
             Ok(r)
         }
         Err(e) => {

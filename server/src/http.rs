@@ -96,7 +96,10 @@ async fn check(State(s): State<Arc<Shared>>, body: Result<Bytes, BytesRejection>
             Err(e) => return error(&s, StatusCode::BAD_REQUEST, e),
         }
     }
-    let v = engine.explain(&req);
+    let v = match s.backends.redis() {
+        Some(redis) => redis.explain(engine, &req).await,
+        None => engine.explain(&req),
+    };
     let d = v.decision;
     s.metrics.latency(clock.now().saturating_sub(t0));
     s.metrics.add(C::HttpChecks, 1);

@@ -20,6 +20,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
+mod backend;
 mod conn;
 mod control;
 pub mod envoy;
@@ -204,6 +205,8 @@ impl std::error::Error for ServeError {}
 pub(crate) struct Shared {
     pub(crate) args: ServeArgs,
     pub(crate) engine: Option<snapshot::RulesEngine>,
+    /// Where the rules' counts live (`[backend]`): memory or Redis.
+    pub(crate) backends: backend::Backends,
     /// Envoy's rate limit service (`--envoy-config`), for gRPC and `POST /json`.
     pub(crate) envoy: Option<Arc<envoy::Envoy>>,
     pub(crate) throttles: throttle::Throttles,
@@ -257,6 +260,7 @@ impl Running {
         for t in self.workers {
             let _ = t.join();
         }
+        self.shared.backends.shutdown();
         // Release: the control thread's Acquire load sees the workers' end.
         self.shared.workers_done.store(true, Ordering::Release);
         let _ = self.control.join();
@@ -281,6 +285,13 @@ pub fn start(args: ServeArgs) -> Result<Running, ServeError> {
         .as_deref()
         .map(control::stamp)
         .unwrap_or_default();
+    // A Redis backend is connected before anything listens: a Redis that cannot be reached
+    // is said at the [backend] line, as a refused rules file is.
+    let backends = backend::Backends::new();
+    let change = match &rules {
+        Some(r) => Some(backends.prepare(r).map_err(ServeError::Rules)?),
+        None => None,
+    };
     let envoy = extra::envoy(&args)?;
     let restored = match &args.snapshot {
         Some(p) => match snapshot::read(p) {
@@ -309,11 +320,14 @@ pub fn start(args: ServeArgs) -> Result<Running, ServeError> {
     let engine = match rules {
         None => None,
         Some(rules) => {
-            let e = Engine::builder(rules)
+            let e = Engine::builder(rules.clone())
                 .seed(seed)
                 .build_with_clock(snapshot::Timeline::continuing(restored.as_ref()))
                 .map_err(ServeError::Rules)?;
-            tracing::info!(rules = %args.rules.as_deref().unwrap_or(Path::new("")).display(), summary = %e.summary(), "rules loaded");
+            if let Some(c) = change {
+                backends.commit(c, &rules);
+            }
+            tracing::info!(rules = %args.rules.as_deref().unwrap_or(Path::new("")).display(), summary = %e.summary(), backend = backends.name(), "rules loaded");
             Some(e)
         }
     };
@@ -340,6 +354,7 @@ pub fn start(args: ServeArgs) -> Result<Running, ServeError> {
             max_inline: args.max_inline.max(16),
         },
         engine,
+        backends,
         envoy,
         throttles,
         metrics: metrics::Metrics::new(workers),

@@ -355,6 +355,42 @@ pub(crate) fn render(s: &Shared) -> String {
             );
         }
     }
+    // Where the rules' counts live, and what the Redis backend did.
+    if s.engine.is_some() {
+        let name = s.backends.name();
+        let _ = writeln!(o, "# HELP turnstile_rules_backend Where the rules' counts live ([backend] in the rules file): 1 for the one in use.\n# TYPE turnstile_rules_backend gauge");
+        for b in ["memory", "redis"] {
+            let _ = writeln!(
+                o,
+                "turnstile_rules_backend{{backend=\"{b}\"}} {}",
+                u8::from(b == name)
+            );
+        }
+    }
+    if let Some((st, open)) = s.backends.stats() {
+        let _ = writeln!(o, "# HELP turnstile_backend_calls_total Rules requests sent to the Redis backend, by what happened: answered by Redis, timed out, failed, not sent (circuit open); fallback counts the answers the failure policy gave (each timeout, error and short circuit).\n# TYPE turnstile_backend_calls_total counter");
+        for (k, v) in [
+            ("redis", st.redis),
+            ("timeout", st.timeouts),
+            ("error", st.errors),
+            ("short_circuited", st.short_circuited),
+            ("fallback", st.fallbacks),
+        ] {
+            let _ = writeln!(o, "turnstile_backend_calls_total{{result=\"{k}\"}} {v}");
+        }
+        counter(
+            &mut o,
+            "turnstile_backend_circuit_opened_total",
+            "Times the Redis backend's circuit breaker opened.",
+            st.opened,
+        );
+        gauge(
+            &mut o,
+            "turnstile_backend_circuit_open",
+            "Whether the Redis backend's circuit breaker is open now (Redis left alone, the policy answers).",
+            u64::from(open),
+        );
+    }
     // Envoy's rate limit service, in upstream's names.
     if let Some(e) = &s.envoy {
         o.push_str(&e.render_metrics());

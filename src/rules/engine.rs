@@ -227,12 +227,12 @@ impl EngineBuilder {
 
 /// Rules applied to requests. See the [module docs](super).
 pub struct Engine<C: Clock = DefaultClock> {
-    clock: Arc<C>,
-    hasher: KeyHasher,
+    pub(super) clock: Arc<C>,
+    pub(super) hasher: KeyHasher,
     seed: Option<u64>,
-    current: ArcSwap<Compiled<C>>,
+    pub(super) current: ArcSwap<Compiled<C>>,
     /// Shared with the owned in-flight guards ([`OwnedInFlight`]).
-    load: Arc<Load>,
+    pub(super) load: Arc<Load>,
     reload: Mutex<()>,
 }
 
@@ -264,10 +264,39 @@ fn charged(d: &Decision) -> bool {
     d.remaining < d.limit
 }
 
+/// A soft rule's decision `d` from its store (built on the scaled limits) as reported: against
+/// the nominal limit (`nominal`: (scaled, nominal) capacity per limit), and whether it was
+/// admitted inside the tolerance band.
+#[inline]
+pub(super) fn soft_view(nominal: &[(u64, u64)], mut d: Decision) -> (Decision, bool) {
+    let mut over = false;
+    if let Some(&(scaled, nominal)) = nominal.iter().find(|(s, _)| *s == d.limit) {
+        let band = scaled - nominal;
+        over = d.allowed() && d.remaining < band;
+        d.limit = nominal;
+        d.remaining = d.remaining.saturating_sub(band);
+    }
+    (d, over)
+}
+
+/// An elastic rule's admission by its extra pool: its own limits' denial `d`, the pool's
+/// admission `e`.
+#[inline]
+pub(super) fn pooled(d: &Decision, e: &Decision) -> Decision {
+    Decision {
+        outcome: e.outcome,
+        limit: d.limit,
+        remaining: 0,
+        reset_after_ns: d.reset_after_ns.max(e.reset_after_ns),
+        retry_after_ns: None,
+        delay_ns: e.delay_ns,
+    }
+}
+
 /// Two admitting rules' decisions as one, in place: the tighter remainder, the later reset
 /// and delay.
 #[inline]
-fn merge(a: &mut Decision, d: &Decision) {
+pub(super) fn merge(a: &mut Decision, d: &Decision) {
     let reset = a.reset_after_ns.max(d.reset_after_ns);
     let delay = a.delay_ns.max(d.delay_ns);
     if d.remaining < a.remaining {
@@ -731,7 +760,12 @@ impl<C: Clock> Engine<C> {
     /// The load for this check, or the decision if the request is shed. Out of line: a check
     /// without shedding or elastic rules does not need it.
     #[inline(never)]
-    fn load_or_shed(&self, c: &Compiled<C>, prio: Priority, now: Nanos) -> Result<f64, Decision> {
+    pub(super) fn load_or_shed(
+        &self,
+        c: &Compiled<C>,
+        prio: Priority,
+        now: Nanos,
+    ) -> Result<f64, Decision> {
         let load = self.load.current(&c.load, c.shedding.as_ref(), now);
         if let Some(s) = &c.shedding {
             if self.load.sheds(prio, load, s) {
@@ -900,14 +934,7 @@ impl<C: Clock> Engine<C> {
                 }
             }
             Kind::Soft => {
-                let mut d = d;
-                let mut over = false;
-                if let Some(&(scaled, nominal)) = slot.nominal.iter().find(|(s, _)| *s == d.limit) {
-                    let band = scaled - nominal;
-                    over = d.allowed() && d.remaining < band;
-                    d.limit = nominal;
-                    d.remaining = d.remaining.saturating_sub(band);
-                }
+                let (d, over) = soft_view(&slot.nominal, d);
                 if !d.allowed() {
                     return Err(d);
                 }
@@ -925,15 +952,7 @@ impl<C: Clock> Engine<C> {
                         let e = pool.store.check_at(&id, cost, now);
                         if e.allowed() {
                             r.counters.add(self.load.shard(), ELASTIC);
-                            let d = Decision {
-                                outcome: e.outcome,
-                                limit: d.limit,
-                                remaining: 0,
-                                reset_after_ns: d.reset_after_ns.max(e.reset_after_ns),
-                                retry_after_ns: None,
-                                delay_ns: e.delay_ns,
-                            };
-                            return Ok((d, true));
+                            return Ok((pooled(&d, &e), true));
                         }
                     }
                 }

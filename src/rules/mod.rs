@@ -46,6 +46,7 @@ mod load;
 mod matcher;
 mod model;
 mod parse;
+mod plan;
 mod raw;
 mod request;
 mod validate;
@@ -55,15 +56,19 @@ pub use engine::{
     UNLIMITED,
 };
 pub use model::{
-    KeyClass, KeyPart, LoadSettings, Match, Mode, Override, OverrideKey, Rule, Settings, Shedding,
-    Threshold, DEFAULT_CAPACITY, MAX_CAPACITY, MAX_LIMITS, MAX_OVERRIDES, MAX_RULES,
+    redact_url, Backend, BackendPolicy, KeyClass, KeyPart, LoadSettings, Match, Mode, Override,
+    OverrideKey, RedisBackend, RedisNodes, Rule, Settings, Shedding, Threshold, DEFAULT_CAPACITY,
+    DEFAULT_REDIS_SEED, DEFAULT_REDIS_TIMEOUT, MAX_CAPACITY, MAX_LIMITS, MAX_OVERRIDES, MAX_RULES,
 };
 pub use parse::parse_duration;
+pub use plan::{Plan, PlanStep, StepOutcome};
 pub use request::{Priority, Request, METHODS};
 
+use crate::algo::Limit;
+use crate::ConfigError;
 use std::fmt;
 use std::path::Path;
-use validate::Loc;
+use validate::{Loc, Of, Rf};
 
 /// A parsed, validated set of rules.
 #[derive(Clone, Debug)]
@@ -74,6 +79,8 @@ pub struct Rules {
     pub load: LoadSettings,
     /// Priority load shedding, if enabled.
     pub shedding: Option<Shedding>,
+    /// Where the counts are kept (`[backend]`; default: memory).
+    pub backend: Backend,
     /// The rules, in evaluation order.
     pub rules: Vec<Rule>,
     origin: String,
@@ -84,8 +91,13 @@ pub struct Rules {
 impl PartialEq for Rules {
     /// The same rules, wherever they came from.
     fn eq(&self, o: &Self) -> bool {
-        (self.settings, self.load, self.shedding, &self.rules)
-            == (o.settings, o.load, o.shedding, &o.rules)
+        (
+            self.settings,
+            self.load,
+            self.shedding,
+            &self.backend,
+            &self.rules,
+        ) == (o.settings, o.load, o.shedding, &o.backend, &o.rules)
     }
 }
 
@@ -172,6 +184,58 @@ impl Rules {
         }
     }
 
+    /// An error about the `[backend]` table's Redis (`redis` or `redis_cluster`): at its line
+    /// and column, for a backend that cannot reach it.
+    pub fn backend_error(&self, message: impl Into<String>) -> RulesError {
+        self.error_at(Loc::Backend("redis"), message.into())
+    }
+
+    /// Lets a backend refuse limits it cannot run, where they are written: `f` sees every
+    /// limit of every rule, override and elastic pool as the engine compiles it (a soft
+    /// rule's scaled, an elastic pool sized), with its rule; an error it returns is reported
+    /// at the limit's field (its `ConfigError::field`, else the limit) as
+    /// `file:line:column: message`.
+    pub fn check_limits(
+        &self,
+        mut f: impl FnMut(&Rule, &Limit) -> Result<(), ConfigError>,
+    ) -> Result<(), RulesError> {
+        for (i, r) in self.rules.iter().enumerate() {
+            let lists = std::iter::once((None, &r.limits)).chain(
+                r.overrides
+                    .iter()
+                    .enumerate()
+                    .map(|(o, x)| (Some(o), &x.limits)),
+            );
+            for (o, specs) in lists {
+                let at = |j: usize, field: &'static str| match o {
+                    None => Loc::Rule(i, Rf::Limit(j, field)),
+                    Some(o) => Loc::Rule(i, Rf::Override(o, Of::Limit(j, field))),
+                };
+                let whole = match o {
+                    None => Loc::Rule(i, Rf::Limits),
+                    Some(o) => Loc::Rule(i, Rf::Override(o, Of::Limits)),
+                };
+                let (main, pool) = validate::compile_limits(specs, r.mode, at, whole)
+                    .map_err(|(l, m)| self.error_at(l, m))?;
+                for (k, limits) in std::iter::once(Some(&main))
+                    .chain([pool.as_ref()])
+                    .enumerate()
+                {
+                    let Some(limits) = limits else { continue };
+                    for (j, l) in limits.limits().iter().enumerate() {
+                        if let Err(e) = f(r, l) {
+                            let what = if k == 1 { " (the elastic pool)" } else { "" };
+                            return Err(
+                                self.error_at(at(j, e.field), format!("{}{what}", e.message))
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// A one-line description: rule counts by mode, overrides, limits, load and shedding.
     pub fn summary(&self) -> String {
         let n = |m: &str| self.rules.iter().filter(|r| r.mode.name() == m).count();
@@ -211,6 +275,15 @@ impl Rules {
                 ));
             }
         }
+        match &self.backend {
+            Backend::Memory => {}
+            Backend::Redis(b) => match &b.nodes {
+                RedisNodes::Single(u) => s.push_str(&format!("; backend redis {}", redact_url(u))),
+                RedisNodes::Cluster(v) => {
+                    s.push_str(&format!("; backend redis cluster ({} URLs)", v.len()))
+                }
+            },
+        }
         s
     }
 }
@@ -240,6 +313,11 @@ impl RulesBuilder {
     /// Enables priority shedding.
     pub fn shedding(mut self, s: Shedding) -> Self {
         self.rules.shedding = Some(s);
+        self
+    }
+    /// Sets where the counts are kept.
+    pub fn backend(mut self, b: Backend) -> Self {
+        self.rules.backend = b;
         self
     }
     /// Names the origin used in errors (default `builder`).

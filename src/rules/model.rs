@@ -386,3 +386,119 @@ impl Shedding {
         self
     }
 }
+
+/// Where the rules keep their counts (`[backend]`): in this process's memory (the default),
+/// or in Redis, shared by every process that reads the same rules file. The engine itself
+/// always decides in memory; a Redis backend (crate `turnstile-redis`) executes the engine's
+/// [`Plan`](super::Plan)s against Redis instead (docs/redis.md).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Backend {
+    /// Each rule's keyed store in this process.
+    #[default]
+    Memory,
+    /// Redis or a Redis Cluster.
+    Redis(RedisBackend),
+}
+
+/// Which Redis (`redis = "redis://..."` or `redis_cluster = ["redis://...", ...]`).
+#[derive(Clone, PartialEq, Eq)]
+pub enum RedisNodes {
+    /// One node: its URL.
+    Single(String),
+    /// A Redis Cluster: the URLs of some of its nodes (the others are discovered).
+    Cluster(Vec<String>),
+}
+
+impl RedisNodes {
+    /// The URLs.
+    pub fn urls(&self) -> Vec<&str> {
+        match self {
+            RedisNodes::Single(u) => vec![u.as_str()],
+            RedisNodes::Cluster(v) => v.iter().map(String::as_str).collect(),
+        }
+    }
+}
+
+/// A URL with its password (if any) replaced by `***`, for logs and messages.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let host_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..host_end].rfind('@') {
+        Some(at) => {
+            let user = rest[..at].split(':').next().unwrap_or("");
+            format!("{scheme}://{user}:***@{}", &rest[at + 1..])
+        }
+        None => url.to_string(),
+    }
+}
+
+impl fmt::Debug for RedisNodes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let urls: Vec<String> = self.urls().into_iter().map(redact_url).collect();
+        match self {
+            RedisNodes::Single(_) => f.debug_tuple("Single").field(&urls[0]).finish(),
+            RedisNodes::Cluster(_) => f.debug_tuple("Cluster").field(&urls).finish(),
+        }
+    }
+}
+
+/// What a Redis backend answers when Redis does not (a timeout, an error, the circuit open).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendPolicy {
+    /// Admit (`Outcome::Untracked`).
+    Open,
+    /// Deny (`Outcome::StoreFull`, no retry time). The default.
+    Closed,
+    /// Decide in memory, on every limit divided by `expected_nodes`.
+    Insurance {
+        /// How many processes share the limits.
+        expected_nodes: u64,
+    },
+}
+
+/// The default per-call timeout of a Redis backend.
+pub const DEFAULT_REDIS_TIMEOUT: Duration = Duration::from_millis(20);
+
+/// The default seed of the key ids a Redis backend stores under (every process that shares a
+/// Redis must use the same seed; give your own with `seed` to keep ids unpredictable).
+pub const DEFAULT_REDIS_SEED: u64 = 0x7475_726e_7374_696c;
+
+/// A Redis backend's settings (`[backend]`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RedisBackend {
+    /// The node or the cluster.
+    pub nodes: RedisNodes,
+    /// Per-call timeout (default 20 ms), then the policy answers.
+    pub timeout: Duration,
+    /// What to answer when Redis does not (default closed).
+    pub policy: BackendPolicy,
+    /// Prefix of every Redis key (default `"ts:"`; no braces).
+    pub prefix: String,
+    /// Seed of the key ids hashed from text (API keys, routes, IPv6 groups, composites):
+    /// the same in every process sharing the Redis (default [`DEFAULT_REDIS_SEED`]).
+    pub seed: u64,
+}
+
+impl RedisBackend {
+    /// One Redis node at `url`, with the defaults.
+    pub fn single(url: impl Into<String>) -> Self {
+        Self::with_nodes(RedisNodes::Single(url.into()))
+    }
+    /// A Redis Cluster reached through `urls`, with the defaults.
+    pub fn cluster(urls: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        Self::with_nodes(RedisNodes::Cluster(
+            urls.into_iter().map(Into::into).collect(),
+        ))
+    }
+    fn with_nodes(nodes: RedisNodes) -> Self {
+        Self {
+            nodes,
+            timeout: DEFAULT_REDIS_TIMEOUT,
+            policy: BackendPolicy::Closed,
+            prefix: "ts:".into(),
+            seed: DEFAULT_REDIS_SEED,
+        }
+    }
+}

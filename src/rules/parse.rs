@@ -11,11 +11,13 @@
 //!    its [`Loc`] is looked up in the recorded spans (falling back to the enclosing table).
 
 use super::model::{
-    KeyClass, KeyPart, LoadSettings, Match, Mode, Override, OverrideKey, Rule, Settings, Shedding,
-    Threshold,
+    Backend, BackendPolicy, KeyClass, KeyPart, LoadSettings, Match, Mode, Override, OverrideKey,
+    RedisBackend, RedisNodes, Rule, Settings, Shedding, Threshold,
 };
 pub use super::raw::parse_duration;
-use super::raw::{List, ModeName, RawFile, RawLimit, RawRule, RawShedding, S};
+use super::raw::{
+    List, ModeName, PolicyName, RawBackend, RawFile, RawLimit, RawRule, RawShedding, S,
+};
 use super::validate::{Loc, Of, Rf};
 use super::{Rules, RulesError};
 use crate::algo::{Algorithm, LimitSpec};
@@ -120,6 +122,9 @@ impl Cx<'_> {
         if let Some(s) = raw.shedding {
             out.shedding = Some(self.shedding(s));
         }
+        if let Some(b) = raw.backend {
+            out.backend = self.backend(b)?;
+        }
         for (i, r) in raw.rules.into_iter().enumerate() {
             let r = self.rule(i, r)?;
             out.rules.push(r);
@@ -157,6 +162,62 @@ impl Cx<'_> {
             });
         }
         out
+    }
+
+    fn backend(&mut self, b: Spanned<RawBackend>) -> Result<Backend, RulesError> {
+        let table = b.span();
+        self.mark(Loc::Backend(""), table.clone());
+        let b = b.into_inner();
+        let nodes = match (b.redis, b.redis_cluster) {
+            (Some(u), None) => {
+                self.mark(Loc::Backend("redis"), u.span());
+                RedisNodes::Single(u.into_inner())
+            }
+            (None, Some(v)) => {
+                self.mark(Loc::Backend("redis"), v.span());
+                let mut urls = Vec::new();
+                for (k, u) in v.into_inner().into_iter().enumerate() {
+                    self.mark(Loc::BackendUrl(k), u.span());
+                    urls.push(u.into_inner());
+                }
+                RedisNodes::Cluster(urls)
+            }
+            (Some(_), Some(c)) => return Err(self.err(c.span(), "give one of redis (one node) and redis_cluster (the nodes of a cluster), not both")),
+            (None, None) => return Err(self.err(table, "[backend] names no Redis: add redis = \"redis://127.0.0.1:6379\" or redis_cluster = [\"redis://127.0.0.1:7000\", ...] (leave the table out to keep the counts in memory)")),
+        };
+        let mut out = match nodes {
+            RedisNodes::Single(u) => RedisBackend::single(u),
+            RedisNodes::Cluster(v) => RedisBackend::cluster(v),
+        };
+        if let Some(t) = b.timeout {
+            self.mark(Loc::Backend("timeout"), t.span());
+            out.timeout = t.into_inner().0;
+        }
+        let policy = b.policy.map(|p| {
+            self.mark(Loc::Backend("policy"), p.span());
+            (p.span(), p.into_inner().0)
+        });
+        out.policy = match (policy, b.expected_nodes) {
+            (None | Some((_, PolicyName::Closed)), None) => BackendPolicy::Closed,
+            (Some((_, PolicyName::Open)), None) => BackendPolicy::Open,
+            (Some((_, PolicyName::Insurance)), Some(n)) => {
+                self.mark(Loc::Backend("expected_nodes"), n.span());
+                BackendPolicy::Insurance {
+                    expected_nodes: n.into_inner(),
+                }
+            }
+            (Some((span, PolicyName::Insurance)), None) => return Err(self.err(span, "policy = \"insurance\" needs expected_nodes = N: how many processes share the limits (while Redis is away, each decides in memory at limit / N)")),
+            (_, Some(n)) => return Err(self.err(n.span(), "`expected_nodes` applies to policy = \"insurance\"; remove it, or set policy = \"insurance\"")),
+        };
+        if let Some(p) = b.prefix {
+            self.mark(Loc::Backend("prefix"), p.span());
+            out.prefix = p.into_inner();
+        }
+        if let Some(s) = b.seed {
+            self.mark(Loc::Backend("seed"), s.span());
+            out.seed = s.into_inner();
+        }
+        Ok(Backend::Redis(out))
     }
 
     fn key_class(&mut self, key: Spanned<List>, i: usize) -> Result<KeyClass, RulesError> {
@@ -454,6 +515,7 @@ impl Default for Rules {
             settings: Settings::default(),
             load: LoadSettings::default(),
             shedding: None,
+            backend: Backend::Memory,
             rules: Vec::new(),
             origin: "builder".into(),
             index: Vec::new(),

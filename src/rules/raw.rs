@@ -174,6 +174,7 @@ pub(crate) struct RawFile {
     pub(crate) settings: S<RawSettings>,
     pub(crate) load: S<RawLoad>,
     pub(crate) shedding: S<RawShedding>,
+    pub(crate) backend: S<RawBackend>,
     #[serde(default, rename = "rule")]
     pub(crate) rules: Vec<Spanned<RawRule>>,
 }
@@ -201,6 +202,42 @@ pub(crate) struct RawShedding {
     pub(crate) post: S<RawThreshold>,
     pub(crate) get: S<RawThreshold>,
     pub(crate) test: S<RawThreshold>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawBackend {
+    pub(crate) redis: S<String>,
+    pub(crate) redis_cluster: S<Vec<Spanned<String>>>,
+    pub(crate) timeout: S<Dur>,
+    pub(crate) policy: S<Named<PolicyName>>,
+    pub(crate) expected_nodes: S<u64>,
+    pub(crate) prefix: S<String>,
+    pub(crate) seed: S<u64>,
+}
+
+/// `[backend] policy`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PolicyName {
+    Open,
+    Closed,
+    Insurance,
+}
+
+impl FromStr for PolicyName {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "open" => PolicyName::Open,
+            "closed" => PolicyName::Closed,
+            "insurance" => PolicyName::Insurance,
+            _ => {
+                return Err(format!(
+                    "unknown policy `{s}`; expected open (admit while Redis is away), closed (deny) or insurance (decide in memory at each limit / expected_nodes)"
+                ))
+            }
+        })
+    }
 }
 
 #[derive(Deserialize)]

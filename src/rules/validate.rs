@@ -7,8 +7,8 @@
 //! ([`resolve`]) are used by the engine, so what validates is what runs.
 
 use super::model::{
-    KeyClass, KeyPart, Mode, OverrideKey, Rule, Shedding, MAX_CAPACITY, MAX_LIMITS, MAX_OVERRIDES,
-    MAX_RULES,
+    Backend, BackendPolicy, KeyClass, KeyPart, Mode, OverrideKey, RedisBackend, RedisNodes, Rule,
+    Shedding, MAX_CAPACITY, MAX_LIMITS, MAX_OVERRIDES, MAX_RULES,
 };
 use super::request::{method_code, Priority, Request, METHODS};
 use crate::algo::{Algorithm, LimitSpec, Limits};
@@ -24,6 +24,10 @@ pub(crate) enum Loc {
     Settings(&'static str),
     Load(&'static str),
     Shedding(&'static str),
+    /// `[backend]` and a field of it (`""`: the table).
+    Backend(&'static str),
+    /// The `k`-th URL of `[backend] redis_cluster`.
+    BackendUrl(usize),
     Rule(usize, Rf),
 }
 
@@ -61,7 +65,9 @@ impl Loc {
     pub(crate) fn parent(self) -> Option<Loc> {
         Some(match self {
             Loc::Top => return None,
-            Loc::Settings("") | Loc::Load("") | Loc::Shedding("") => Loc::Top,
+            Loc::Settings("") | Loc::Load("") | Loc::Shedding("") | Loc::Backend("") => Loc::Top,
+            Loc::Backend(_) => Loc::Backend(""),
+            Loc::BackendUrl(_) => Loc::Backend("redis"),
             Loc::Settings(_) => Loc::Settings(""),
             Loc::Load(_) => Loc::Load(""),
             Loc::Shedding(f) => match f.split_once('.') {
@@ -101,6 +107,8 @@ impl Loc {
             Loc::Settings(f) => format!("settings {f}"),
             Loc::Load(f) => format!("load {f}"),
             Loc::Shedding(f) => format!("shedding {f}"),
+            Loc::Backend(f) => format!("backend {f}"),
+            Loc::BackendUrl(k) => format!("backend redis_cluster[{k}]"),
             Loc::Rule(i, f) => {
                 let what = match f {
                     Rf::Table => String::new(),
@@ -419,6 +427,9 @@ pub(crate) fn validate(r: &super::Rules) -> Result<(), (Loc, String)> {
     if let Some(sh) = &r.shedding {
         validate_shedding(sh)?;
     }
+    if let Backend::Redis(b) = &r.backend {
+        validate_backend(b)?;
+    }
     if r.rules.len() > MAX_RULES {
         return Err((
             Loc::Rule(MAX_RULES, Rf::Table),
@@ -427,6 +438,100 @@ pub(crate) fn validate(r: &super::Rules) -> Result<(), (Loc, String)> {
     }
     for (i, rule) in r.rules.iter().enumerate() {
         validate_rule(r, i, rule)?;
+    }
+    Ok(())
+}
+
+/// Most URLs in `[backend] redis_cluster`.
+const MAX_CLUSTER_URLS: usize = 64;
+
+/// Why `url` is not a Redis URL this build can connect to, if it is not one.
+fn bad_url(url: &str, cluster: bool) -> Option<String> {
+    let shown = super::model::redact_url(url);
+    let how = "write redis://HOST:PORT, e.g. redis://127.0.0.1:6379 (with a password: redis://:PASSWORD@HOST:PORT; TLS and unix sockets are not built in)";
+    let Some(rest) = url.strip_prefix("redis://") else {
+        return Some(format!("`{shown}` is not a Redis URL: {how}"));
+    };
+    if url.len() > 2048 || url.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Some(format!(
+            "`{shown}` holds spaces or control characters, or is longer than 2048 bytes: {how}"
+        ));
+    }
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    // An IPv6 host is bracketed: [::1]:6379.
+    let (host, port) = match host_port.strip_prefix('[') {
+        Some(v6) => match v6.split_once(']') {
+            Some((h, "")) => (h, None),
+            Some((h, p)) => (h, Some(p.strip_prefix(':').unwrap_or("x"))),
+            None => ("", None),
+        },
+        None => match host_port.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (host_port, None),
+        },
+    };
+    if host.is_empty() {
+        return Some(format!("`{shown}` names no host: {how}"));
+    }
+    if let Some(p) = port {
+        if !matches!(p.parse::<u16>(), Ok(1..)) {
+            return Some(format!("`{shown}`: the port must be 1..=65535"));
+        }
+    }
+    let db = path.trim_start_matches('/');
+    if !db.is_empty() && db.parse::<u16>().is_err() {
+        return Some(format!(
+            "`{shown}`: the path is a database number (e.g. redis://127.0.0.1:6379/0), got `{db}`"
+        ));
+    }
+    if cluster && !db.is_empty() && db != "0" {
+        return Some(format!(
+            "`{shown}`: a Redis Cluster has only database 0; drop `/{db}`"
+        ));
+    }
+    None
+}
+
+fn validate_backend(b: &RedisBackend) -> Result<(), (Loc, String)> {
+    match &b.nodes {
+        RedisNodes::Single(u) => {
+            if let Some(m) = bad_url(u, false) {
+                return Err((Loc::Backend("redis"), m));
+            }
+        }
+        RedisNodes::Cluster(v) => {
+            if v.is_empty() || v.len() > MAX_CLUSTER_URLS {
+                return Err((Loc::Backend("redis"), format!("redis_cluster lists {} URLs; give 1..={MAX_CLUSTER_URLS} nodes of the cluster (the others are discovered)", v.len())));
+            }
+            for (k, u) in v.iter().enumerate() {
+                if let Some(m) = bad_url(u, true) {
+                    return Err((Loc::BackendUrl(k), m));
+                }
+            }
+        }
+    }
+    if b.timeout < Duration::from_millis(1) || b.timeout > Duration::from_secs(60) {
+        return Err((
+            Loc::Backend("timeout"),
+            format!("timeout {:?} is out of range: give 1ms..=60s (a check waits this long for Redis, then the policy answers)", b.timeout),
+        ));
+    }
+    if let BackendPolicy::Insurance { expected_nodes } = b.policy {
+        if !(1..=100_000).contains(&expected_nodes) {
+            return Err((
+                Loc::Backend("expected_nodes"),
+                format!("expected_nodes = {expected_nodes}: give how many processes share the limits, 1..=100000"),
+            ));
+        }
+    }
+    if b.prefix.len() > 64
+        || b.prefix.contains(['{', '}'])
+        || b.prefix
+            .chars()
+            .any(|c| c.is_control() || c.is_whitespace())
+    {
+        return Err((Loc::Backend("prefix"), format!("prefix `{}` must be at most 64 bytes, without spaces, control characters or braces (each key's id is its {{hash tag}})", b.prefix.escape_debug())));
     }
     Ok(())
 }

@@ -116,6 +116,7 @@ pub struct Decided {
 }
 
 impl Limit for Decided {
+    /// Nothing is counted in flight: the decision is Redis's.
     type Permit = ();
     fn check(&self, parts: &Parts, _no_key: NoKey) -> Check<()> {
         match parts.extensions.get::<Carried>() {

@@ -1,0 +1,678 @@
+//! The rules engine on Redis: a rules file's `[backend] redis = "..."` (or `redis_cluster`)
+//! keeps every rule's counts in Redis, shared by every process that reads the same file.
+//!
+//! The engine stays in memory and decides what does not touch a count — shedding (by this
+//! process's load), which rules match, keys, overrides, an elastic pool's load condition —
+//! as a [`Plan`]; [`RedisRules`] executes the plan in Redis and hands the outcomes back to
+//! [`Plan::finish`], which applies the modes and counts the rules' statistics exactly as the
+//! in-memory check does.
+//!
+//! **One script per request.** On one Redis node, all of a request's rules are decided in one
+//! atomic call (`lua/rules.lua`): enforcing rules asked in order, all-or-nothing, then the
+//! shadow rules — the engine's consume-then-refund protocol without its residual race, since
+//! nothing else runs in between. In a Redis Cluster, a call's keys must share a slot: every
+//! Redis key carries the request's key id as its `{hash tag}`, so the rules of one key id (all
+//! rules keyed by customer, say) share a slot and still go in one call; rules whose ids differ
+//! (a customer rule and an IP rule) are decided per id, concurrently, and consume then refund
+//! across ids as the engine does (a denial in one gives back the others' charges, one more
+//! call each), then the shadow rules. See docs/redis.md.
+//!
+//! **Keys:** `<prefix><rule>[:o][:p]:{<key id, hex>}:<limit index><algorithm>[.<layout>]`:
+//! `:o` an override's limits, `:p` an elastic rule's pool; the rule name with `%`, `:`, `{`
+//! and `}` percent-encoded; `<layout>` a hash of what a limit's record means (a window's
+//! length, a ring's shape, a log's length), so that a reload keeps a rule's counts in Redis
+//! exactly when the in-memory engine would carry them (`Limit::carries_to`) and starts fresh
+//! otherwise. Key ids are hashed under `[backend] seed`, the same in every process.
+
+use crate::conn::Conn;
+use crate::policy::{blind, Breaker, Counters, FailurePolicy, FailureStats};
+use crate::script::{compose_rules, limit_args};
+use crate::store::Error;
+use crate::EXPLICIT_NOW_TTL_SLACK_MS;
+use redis::{ServerErrorKind, Value};
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use turnstile::keyed::KeyHasher;
+use turnstile::rules::{
+    Backend, BackendPolicy, Engine, Plan, PlanStep, RedisBackend, RedisNodes, Request, Rules,
+    RulesError, StepOutcome, Verdict, UNLIMITED,
+};
+use turnstile::{Clock, ConfigError, Decision, Limit, Limits, Outcome};
+
+/// How long connecting to Redis may take before the rules are refused.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A rules file's Redis backend: executes the engine's [`Plan`]s in Redis (see the [module
+/// docs](self)). One per `[backend]` table; [`RedisRules::reload`] follows a reload that keeps
+/// the table as it is.
+pub struct RedisRules {
+    conn: Conn,
+    script: redis::Script,
+    backend: RedisBackend,
+    keys: KeyHasher,
+    policy: FailurePolicy,
+    breaker: Breaker,
+    counters: Counters,
+    /// Policy `insurance`: the same rules in memory, every limit ÷ expected nodes.
+    insurance: Option<Engine>,
+}
+
+impl std::fmt::Debug for RedisRules {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisRules")
+            .field("backend", &self.backend)
+            .finish()
+    }
+}
+
+/// Why Redis cannot run `l`, if it cannot: a duration beyond what its scripts compute exactly.
+fn runs_on_redis(l: &Limit) -> Result<(), ConfigError> {
+    limit_args(l).map(|_| ()).map_err(|mut e| {
+        e.message.push_str(" ([backend] redis)");
+        e
+    })
+}
+
+/// `rules` with every limit and burst divided by `nodes` (at least 1), in memory: the
+/// insurance policy's rules.
+fn insurance_rules(rules: &Rules, nodes: u64) -> Rules {
+    let mut r = rules.clone();
+    r.backend = Backend::Memory;
+    let n = nodes.max(1);
+    for rule in &mut r.rules {
+        let overrides = rule.overrides.iter_mut().flat_map(|o| o.limits.iter_mut());
+        for spec in rule.limits.iter_mut().chain(overrides) {
+            spec.limit = (spec.limit / n).max(1);
+            spec.burst = spec.burst.map(|b| (b / n).max(1));
+            if let (Some(d), Some(b)) = (spec.delay, spec.burst) {
+                spec.delay = Some(d.min(b));
+            }
+        }
+    }
+    r
+}
+
+impl RedisRules {
+    /// The Redis backend `rules` ask for, after checking that Redis can run every one of their
+    /// limits (errors at the limit's `file:line:column`). An error if the rules keep their
+    /// counts in memory.
+    pub fn check(rules: &Rules) -> Result<&RedisBackend, RulesError> {
+        let Backend::Redis(b) = &rules.backend else {
+            return Err(rules.backend_error(
+                "these rules keep their counts in memory: add [backend] redis = \"redis://HOST:PORT\" to keep them in Redis",
+            ));
+        };
+        rules.check_limits(|_, l| runs_on_redis(l))?;
+        Ok(b)
+    }
+
+    /// Connects to the Redis of `rules`' `[backend]` (failing after 2 s: the error names the
+    /// `[backend]` line). With policy `insurance`, also builds the in-memory rules at each
+    /// limit ÷ expected nodes.
+    pub async fn connect(rules: &Rules) -> Result<Self, RulesError> {
+        let b = Self::check(rules)?.clone();
+        let insurance = Self::insurance(rules, &b)?;
+        let shown = || {
+            b.nodes
+                .urls()
+                .into_iter()
+                .map(turnstile::rules::redact_url)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let conn = match &b.nodes {
+            RedisNodes::Single(u) => Conn::single(u, CONNECT_TIMEOUT).await,
+            RedisNodes::Cluster(v) => {
+                let urls: Vec<&str> = v.iter().map(String::as_str).collect();
+                Conn::cluster(&urls, CONNECT_TIMEOUT).await
+            }
+        }
+        .map_err(|e| {
+            rules.backend_error(format!(
+                "cannot connect to Redis at {}: {e}; start it, or fix the address",
+                shown()
+            ))
+        })?;
+        Ok(Self {
+            conn,
+            script: compose_rules(),
+            keys: KeyHasher::with_seed(b.seed, 64),
+            policy: match b.policy {
+                BackendPolicy::Open => FailurePolicy::Open,
+                BackendPolicy::Closed => FailurePolicy::Closed,
+                BackendPolicy::Insurance { expected_nodes } => {
+                    FailurePolicy::Insurance { expected_nodes }
+                }
+            },
+            breaker: Breaker::new(5, Duration::from_secs(1)),
+            counters: Counters::default(),
+            insurance,
+            backend: b,
+        })
+    }
+
+    fn insurance(rules: &Rules, b: &RedisBackend) -> Result<Option<Engine>, RulesError> {
+        let BackendPolicy::Insurance { expected_nodes } = b.policy else {
+            return Ok(None);
+        };
+        Engine::new(insurance_rules(rules, expected_nodes))
+            .map(Some)
+            .map_err(|mut e| {
+                e.message.push_str(&format!(
+                    " (in the insurance rules: every limit / {expected_nodes} expected nodes)"
+                ));
+                e
+            })
+    }
+
+    /// Follows a reload of the engine to `rules`, whose `[backend]` must be this one's (a
+    /// changed table needs a new [`RedisRules::connect`]): checks their limits and reloads the
+    /// insurance rules. On error nothing changes.
+    pub fn reload(&self, rules: &Rules) -> Result<(), RulesError> {
+        let b = Self::check(rules)?;
+        if *b != self.backend {
+            return Err(
+                rules.backend_error("the [backend] table changed: connect a new backend for it")
+            );
+        }
+        if let Some(e) = &self.insurance {
+            let BackendPolicy::Insurance { expected_nodes } = b.policy else {
+                return Ok(());
+            };
+            e.reload(insurance_rules(rules, expected_nodes))?;
+        }
+        Ok(())
+    }
+
+    /// The `[backend]` table it was connected for.
+    pub fn backend(&self) -> &RedisBackend {
+        &self.backend
+    }
+
+    /// What the failure path did so far (`redis` counts requests Redis answered).
+    pub fn stats(&self) -> FailureStats {
+        self.counters.snapshot()
+    }
+
+    /// Whether the circuit breaker is open (Redis is being left alone).
+    pub fn circuit_open(&self) -> bool {
+        self.breaker.is_open()
+    }
+
+    /// The hasher of the key ids (under `[backend] seed`).
+    pub fn key_hasher(&self) -> &KeyHasher {
+        &self.keys
+    }
+
+    /// [`Engine::explain`] with the counts in Redis: Redis if it answers within the timeout,
+    /// else the failure policy (counted in [`RedisRules::stats`]). Never fails. A request shed
+    /// by this process's load, or matching no rule, makes no call.
+    pub async fn explain<C: Clock>(&self, engine: &Engine<C>, req: &Request<'_>) -> Verdict {
+        let plan = engine.plan(req, &self.keys);
+        if plan.shed().is_some() || plan.steps().is_empty() {
+            return plan.finish(&[]);
+        }
+        // Relaxed: statistics.
+        if !self.breaker.allow() {
+            self.counters
+                .short_circuited
+                .fetch_add(1, Ordering::Relaxed);
+            return self.fallback(req);
+        }
+        match self.run(&plan, None).await {
+            Ok(o) => {
+                self.breaker.success();
+                self.counters.redis.fetch_add(1, Ordering::Relaxed);
+                plan.finish(&o)
+            }
+            Err(e) => {
+                self.failed(&e);
+                self.fallback(req)
+            }
+        }
+    }
+
+    /// [`RedisRules::explain`] without the failure policy: Redis's answer or the error.
+    pub async fn try_explain<C: Clock>(
+        &self,
+        engine: &Engine<C>,
+        req: &Request<'_>,
+    ) -> Result<Verdict, Error> {
+        let plan = engine.plan(req, &self.keys);
+        let o = self.run(&plan, None).await?;
+        Ok(plan.finish(&o))
+    }
+
+    /// [`RedisRules::try_explain`] at an explicit `now` (ns): the engine plans at `now` and the
+    /// script decides at `now` instead of the server's `TIME` (tests: the same trace through
+    /// Redis and through the in-memory engine). Keys written this way live
+    /// [`EXPLICIT_NOW_TTL_SLACK_MS`] longer.
+    pub async fn explain_at<C: Clock>(
+        &self,
+        engine: &Engine<C>,
+        req: &Request<'_>,
+        now: u64,
+    ) -> Result<Verdict, Error> {
+        let plan = engine.plan_at(req, now, &self.keys);
+        let o = self.run(&plan, Some(now)).await?;
+        Ok(plan.finish(&o))
+    }
+
+    /// [`Engine::refund`] with the counts in Redis: the number of rules given the cost back.
+    /// When Redis does not answer, the insurance rules (if any) get it back and the error is
+    /// returned all the same (Redis did not).
+    pub async fn refund<C: Clock>(
+        &self,
+        engine: &Engine<C>,
+        req: &Request<'_>,
+    ) -> Result<u32, Error> {
+        self.refund_inner(engine, req, None).await
+    }
+
+    /// [`RedisRules::refund`] at an explicit `now` (ns).
+    pub async fn refund_at<C: Clock>(
+        &self,
+        engine: &Engine<C>,
+        req: &Request<'_>,
+        now: u64,
+    ) -> Result<u32, Error> {
+        self.refund_inner(engine, req, Some(now)).await
+    }
+
+    async fn refund_inner<C: Clock>(
+        &self,
+        engine: &Engine<C>,
+        req: &Request<'_>,
+        now: Option<u64>,
+    ) -> Result<u32, Error> {
+        let plan = engine.refund_plan(req, &self.keys);
+        let n = plan.steps().len() as u32;
+        if n == 0 {
+            return Ok(0);
+        }
+        let all: Vec<(usize, char)> = (0..plan.steps().len()).map(|i| (i, 'a')).collect();
+        let r = if self.conn.is_cluster() {
+            let calls = groups(&plan, &all)
+                .into_values()
+                .map(|g| self.refund_call(&plan, g, now));
+            futures_util::future::join_all(calls)
+                .await
+                .into_iter()
+                .collect::<Result<Vec<()>, Error>>()
+                .map(|_| ())
+        } else {
+            self.refund_call(&plan, all, now).await
+        };
+        if let Err(e) = r {
+            self.failed(&e);
+            if let Some(ins) = &self.insurance {
+                ins.refund(req);
+            }
+            return Err(e);
+        }
+        Ok(n)
+    }
+
+    /// The Redis keys of a step: its limits', then its pool's (for tests and tools).
+    pub fn redis_keys<C: Clock>(&self, plan: &Plan<C>, s: &PlanStep) -> Vec<String> {
+        let mut v = self.names(plan, s, false);
+        v.extend(self.names(plan, s, true));
+        v
+    }
+
+    fn failed(&self, e: &Error) {
+        // Relaxed: statistics.
+        match e {
+            Error::Timeout(_) => &self.counters.timeouts,
+            _ => &self.counters.errors,
+        }
+        .fetch_add(1, Ordering::Relaxed);
+        if self.breaker.failure() {
+            self.counters.opened.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The policy's answer to `req`.
+    fn fallback(&self, req: &Request<'_>) -> Verdict {
+        self.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
+        let decision = match (&self.insurance, self.policy) {
+            (Some(e), _) => return e.explain(req),
+            (None, FailurePolicy::Open) => Decision {
+                outcome: Outcome::Untracked,
+                ..UNLIMITED
+            },
+            (None, p) => blind(p, 0),
+        };
+        Verdict {
+            decision,
+            rule: None,
+            shed: false,
+            matched: 0,
+            would_deny: 0,
+        }
+    }
+
+    /// The outcome of every step: one call on one node (or when every step has the same key
+    /// id); in a cluster, one call per key id, consuming then refunding across them.
+    async fn run<C: Clock>(
+        &self,
+        plan: &Plan<C>,
+        now: Option<u64>,
+    ) -> Result<Vec<Option<StepOutcome>>, Error> {
+        let steps = plan.steps();
+        let mut out = vec![None; steps.len()];
+        if steps.is_empty() {
+            return Ok(out);
+        }
+        let one_slot = steps.iter().all(|s| s.key() == steps[0].key());
+        if !self.conn.is_cluster() || one_slot {
+            let all: Vec<usize> = (0..steps.len()).collect();
+            self.check_call(plan, &all, now, &mut out).await?;
+            return Ok(out);
+        }
+        // Several slots: the enforcing steps of each key id, concurrently.
+        let enforcing: Vec<(usize, char)> = (0..steps.len())
+            .filter(|&i| !steps[i].is_shadow())
+            .map(|i| (i, 'a'))
+            .collect();
+        let slots: Vec<Vec<usize>> = groups(plan, &enforcing)
+            .into_values()
+            .map(|g| g.into_iter().map(|(i, _)| i).collect())
+            .collect();
+        let calls = slots.iter().map(|g| async move {
+            let mut o = vec![None; steps.len()];
+            let denier = self.check_call(plan, g, now, &mut o).await?;
+            Ok::<_, Error>((denier, o))
+        });
+        let results = futures_util::future::join_all(calls).await;
+        let mut denied = false;
+        let mut admitted_groups = Vec::new();
+        let mut first_err = None;
+        for (g, r) in slots.iter().zip(results) {
+            match r {
+                Ok((denier, o)) => {
+                    for &i in g {
+                        out[i] = o[i];
+                    }
+                    if denier {
+                        denied = true;
+                    } else {
+                        admitted_groups.push(g);
+                    }
+                }
+                Err(e) => first_err = first_err.or(Some(e)),
+            }
+        }
+        if first_err.is_some() || denied {
+            // Give back what the admitting slots took: to the pool where the pool admitted.
+            let undo = admitted_groups.iter().map(|g| {
+                let targets = g
+                    .iter()
+                    .map(|&i| {
+                        let by_pool = out[i].is_some_and(|o: StepOutcome| !o.main.allowed());
+                        (i, if by_pool { 'p' } else { 'm' })
+                    })
+                    .collect();
+                self.refund_call(plan, targets, now)
+            });
+            // A refund that fails leaves a charge: never more admitted than the limits allow.
+            let _ = futures_util::future::join_all(undo).await;
+            if let Some(e) = first_err {
+                return Err(e);
+            }
+            return Ok(out);
+        }
+        // Every slot admitted: the shadow steps, per key id.
+        let shadow: Vec<(usize, char)> = (0..steps.len())
+            .filter(|&i| steps[i].is_shadow())
+            .map(|i| (i, 'a'))
+            .collect();
+        let slots: Vec<Vec<usize>> = groups(plan, &shadow)
+            .into_values()
+            .map(|g| g.into_iter().map(|(i, _)| i).collect())
+            .collect();
+        let calls = slots.iter().map(|g| async move {
+            let mut o = vec![None; steps.len()];
+            self.check_call(plan, g, now, &mut o).await?;
+            Ok::<_, Error>(o)
+        });
+        for (g, r) in slots
+            .iter()
+            .zip(futures_util::future::join_all(calls).await)
+        {
+            let o = r?;
+            for &i in g {
+                out[i] = o[i];
+            }
+        }
+        Ok(out)
+    }
+
+    /// The names of a step's keys: its limits' or its pool's.
+    fn names<C: Clock>(&self, plan: &Plan<C>, s: &PlanStep, pool: bool) -> Vec<String> {
+        let limits = if pool {
+            match plan.pool_limits(s) {
+                Some(l) => l,
+                None => return Vec::new(),
+            }
+        } else {
+            plan.limits(s)
+        };
+        let mut base = self.backend.prefix.clone();
+        escape(plan.rule_name(s), &mut base);
+        if s.is_override() {
+            base.push_str(":o");
+        }
+        if pool {
+            base.push_str(":p");
+        }
+        base.push_str(&format!(":{{{:x}}}:", s.key()));
+        limits
+            .limits()
+            .iter()
+            .enumerate()
+            .map(|(i, l)| {
+                let code = limit_args(l).map_or("?", |a| a.code);
+                match layout(l) {
+                    Some(h) => format!("{base}{i}{code}.{h:08x}"),
+                    None => format!("{base}{i}{code}"),
+                }
+            })
+            .collect()
+    }
+
+    /// The script call over the steps `idx` (whose keys share a slot): the outcomes go to
+    /// `out`; true if an enforcing step denied.
+    async fn check_call<C: Clock>(
+        &self,
+        plan: &Plan<C>,
+        idx: &[usize],
+        now: Option<u64>,
+        out: &mut [Option<StepOutcome>],
+    ) -> Result<bool, Error> {
+        let steps: Vec<(usize, char)> = idx.iter().map(|&i| (i, 'a')).collect();
+        let cmd = self.invocation(plan, &steps, now, "c")?;
+        let v = self.call(&cmd).await?;
+        parse_check(v, idx, out)
+    }
+
+    /// The refund call over `steps` (index and target: `a` as the engine, `m` the limits, `p`
+    /// the pool), whose keys share a slot.
+    async fn refund_call<C: Clock>(
+        &self,
+        plan: &Plan<C>,
+        steps: Vec<(usize, char)>,
+        now: Option<u64>,
+    ) -> Result<(), Error> {
+        let cmd = self.invocation(plan, &steps, now, "r")?;
+        self.call(&cmd).await?;
+        Ok(())
+    }
+
+    fn invocation<C: Clock>(
+        &self,
+        plan: &Plan<C>,
+        steps: &[(usize, char)],
+        now: Option<u64>,
+        op: &str,
+    ) -> Result<redis::Cmd, Error> {
+        let all = plan.steps();
+        let mut keys = Vec::new();
+        let mut argv: Vec<String> = Vec::new();
+        match now {
+            Some(n) => argv.extend([n.to_string(), EXPLICIT_NOW_TTL_SLACK_MS.to_string()]),
+            None => argv.extend([String::new(), "0".into()]),
+        }
+        argv.extend([op.to_string(), steps.len().to_string()]);
+        for &(i, target) in steps {
+            let s = &all[i];
+            keys.extend(self.names(plan, s, false));
+            keys.extend(self.names(plan, s, true));
+            let mut flags = String::new();
+            if s.is_shadow() {
+                flags.push('s');
+            }
+            if s.may_draw_pool() {
+                flags.push('e');
+            }
+            if target != 'a' {
+                flags.push(target);
+            }
+            if flags.is_empty() {
+                flags.push('-');
+            }
+            argv.push(flags);
+            argv.push(s.cost().to_string());
+            push_limits(&mut argv, Some(plan.limits(s)))?;
+            push_limits(&mut argv, plan.pool_limits(s))?;
+        }
+        let mut c = redis::cmd("EVALSHA");
+        c.arg(self.script.get_hash())
+            .arg(keys.len())
+            .arg(keys)
+            .arg(argv);
+        Ok(c)
+    }
+
+    /// One script call with the timeout; `NOSCRIPT` (a restart, a failover, `SCRIPT FLUSH`)
+    /// loads the script and calls again.
+    async fn call(&self, cmd: &redis::Cmd) -> Result<Value, Error> {
+        let mut conn = self.conn.clone();
+        let run = async {
+            let v = match cmd.query_async::<Value>(&mut conn).await {
+                Err(e) if e.kind() == redis::ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    self.script.load_async(&mut conn).await?;
+                    cmd.query_async::<Value>(&mut conn).await?
+                }
+                r => r?,
+            };
+            Ok(v)
+        };
+        match tokio::time::timeout(self.backend.timeout, run).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::Timeout(self.backend.timeout)),
+        }
+    }
+}
+
+/// `steps` grouped by key id (one Cluster slot each), in plan order within a group.
+fn groups<C: Clock>(plan: &Plan<C>, steps: &[(usize, char)]) -> BTreeMap<u64, Vec<(usize, char)>> {
+    let mut m: BTreeMap<u64, Vec<(usize, char)>> = BTreeMap::new();
+    for &(i, t) in steps {
+        m.entry(plan.steps()[i].key()).or_default().push((i, t));
+    }
+    m
+}
+
+/// `name` with `%`, `:`, `{` and `}` percent-encoded, appended to `out`: a rule's name
+/// cannot end its part of a key or make a hash tag.
+fn escape(name: &str, out: &mut String) {
+    for c in name.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            ':' => out.push_str("%3A"),
+            '{' => out.push_str("%7B"),
+            '}' => out.push_str("%7D"),
+            c => out.push(c),
+        }
+    }
+}
+
+/// A hash of what a limit's record means, when more than its algorithm says (what
+/// `Limit::carries_to` compares): records read alike exactly when these are equal. FNV-1a, so
+/// that every process and version names a key alike.
+fn layout(l: &Limit) -> Option<u32> {
+    let words: Vec<u64> = match l {
+        Limit::FixedWindow(p) => vec![p.window],
+        Limit::SlidingWindow(p) => vec![p.window],
+        Limit::WindowRing(p) => vec![p.window, p.buckets, p.width as u64],
+        Limit::SlidingLog(p) => vec![p.limit, p.window, p.tick],
+        Limit::TokenBucket(_) | Limit::LeakyBucket(_) | Limit::Concurrency(_) => return None,
+    };
+    let mut h: u32 = 0x811c_9dc5;
+    for b in words.iter().flat_map(|w| w.to_le_bytes()) {
+        h = (h ^ b as u32).wrapping_mul(0x0100_0193);
+    }
+    Some(h)
+}
+
+fn push_limits(argv: &mut Vec<String>, limits: Option<&Limits>) -> Result<(), Error> {
+    let Some(limits) = limits else {
+        argv.push("0".into());
+        return Ok(());
+    };
+    argv.push(limits.limits().len().to_string());
+    for l in limits.limits() {
+        let a = limit_args(l)?;
+        argv.push(a.code.to_string());
+        argv.extend(a.params.iter().map(u64::to_string));
+    }
+    Ok(())
+}
+
+/// Six integers as a decision; `None` for outcome -1 (not asked).
+fn decision(f: &[i64]) -> Result<Option<Decision>, ()> {
+    let outcome = match f[0] {
+        -1 => return Ok(None),
+        0 => Outcome::Allowed,
+        1 => Outcome::Limited,
+        2 => Outcome::NeverFits,
+        _ => return Err(()),
+    };
+    let u = |x: i64| x.max(0) as u64;
+    Ok(Some(Decision {
+        outcome,
+        limit: u(f[1]),
+        remaining: u(f[2]),
+        reset_after_ns: u(f[3]),
+        retry_after_ns: (f[4] >= 0).then(|| u(f[4])),
+        delay_ns: u(f[5]),
+    }))
+}
+
+/// A check reply for the steps `idx`: their outcomes into `out`; whether a step denied.
+fn parse_check(v: Value, idx: &[usize], out: &mut [Option<StepOutcome>]) -> Result<bool, Error> {
+    if let Value::ServerError(e) = v {
+        return Err(Error::Redis(e.into()));
+    }
+    let dbg = format!("{v:?}");
+    let bad = || Error::Reply(dbg.clone());
+    let Value::Array(items) = v else {
+        return Err(bad());
+    };
+    if items.len() != 1 + 12 * idx.len() {
+        return Err(bad());
+    }
+    let mut f = Vec::with_capacity(items.len());
+    for x in &items {
+        f.push(redis::from_redis_value_ref::<i64>(x).map_err(|_| bad())?);
+    }
+    for (k, &i) in idx.iter().enumerate() {
+        let at = 1 + 12 * k;
+        let main = decision(&f[at..at + 6]).map_err(|_| bad())?;
+        let pool = decision(&f[at + 6..at + 12]).map_err(|_| bad())?;
+        out[i] = main.map(|main| StepOutcome { main, pool });
+    }
+    Ok(f[0] != 0)
+}

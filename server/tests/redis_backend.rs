@@ -1,0 +1,397 @@
+//! `turnstile serve` with the rules' counts in Redis (`[backend] redis` in the rules file),
+//! against a real `redis-server` (the harness of turnstile-redis's tests): two servers sharing
+//! one Redis enforce one limit together over RESP (the `redis` crate as the client) and HTTP;
+//! shadow and soft rules; Redis killed mid-run (the policy answers, fallbacks counted, no
+//! panic); a broken or unreachable `[backend]` refused at start and on reload, with
+//! `file:line:column`; a reload that switches memory to Redis.
+
+#[path = "../../redis/tests/common/mod.rs"]
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+use turnstile_server::{start, Running, ServeArgs, ServeError};
+
+fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("turnstile-rb-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn serve(rules: &Path) -> Result<Running, ServeError> {
+    let mut a = ServeArgs::new();
+    a.resp = "127.0.0.1:0".parse().unwrap();
+    a.http = "127.0.0.1:0".parse().unwrap();
+    a.workers = Some(2);
+    a.throttle_keys = 10_000;
+    a.rules = Some(rules.to_path_buf());
+    a.watch_every = Duration::ZERO;
+    start(a)
+}
+
+fn stop(r: Running) {
+    r.stop();
+    r.join().unwrap();
+}
+
+/// The six fields of a TURNSTILE.CHECK reply: allowed, limit, remaining, retry_after_ms,
+/// reset_after_ms, rule.
+type Reply = (i64, i64, i64, i64, i64, Option<String>);
+
+fn check(con: &mut redis::Connection, args: &[&str]) -> Reply {
+    let mut c = redis::cmd("TURNSTILE.CHECK");
+    for a in args {
+        c.arg(*a);
+    }
+    c.query(con).unwrap()
+}
+
+fn resp(r: &Running) -> redis::Connection {
+    let c = redis::Client::open(format!("redis://{}/", r.resp)).unwrap();
+    let con = c.get_connection().unwrap();
+    con.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    con
+}
+
+fn curl(method: &str, url: &str, body: Option<&str>) -> (u16, String) {
+    let mut c = Command::new("curl");
+    c.args([
+        "-s",
+        "-i",
+        "-X",
+        method,
+        url,
+        "-H",
+        "content-type: application/json",
+    ]);
+    if let Some(b) = body {
+        c.args(["--data-binary", b]);
+    }
+    let o = c.output().expect("curl runs");
+    let text = String::from_utf8_lossy(&o.stdout).to_string();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, body.to_string())
+}
+
+fn metric(r: &Running, line_start: &str) -> Option<f64> {
+    let (_, body) = curl("GET", &format!("http://{}/metrics", r.http), None);
+    body.lines()
+        .find(|l| l.starts_with(line_start))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+fn rules_file(dir: &Path, url: &str, extra: &str) -> PathBuf {
+    let p = dir.join("rules.toml");
+    std::fs::write(
+        &p,
+        format!(
+            r#"
+[backend]
+redis = "{url}"
+{extra}
+
+[[rule]]
+name = "per-customer"
+key = "customer"
+limits = [{{ algorithm = "fixed_window", limit = 100, window = "1h" }}]
+
+[[rule]]
+name = "soft"
+key = "api_key"
+mode = "soft"
+soft_percent = 50
+limits = [{{ algorithm = "token_bucket", limit = 4, window = "1h", burst = 4 }}]
+
+[[rule]]
+name = "watch"
+key = "api_key"
+mode = "shadow"
+limits = [{{ algorithm = "fixed_window", limit = 2, window = "1h" }}]
+"#
+        ),
+    )
+    .unwrap();
+    p
+}
+
+/// Two servers, one Redis: 8 clients spread over both send 40 checks each for one customer;
+/// exactly 100 are admitted in all, over RESP and HTTP alike.
+#[test]
+fn two_servers_sharing_one_redis_enforce_one_limit() {
+    let redis = common::Server::start();
+    let dir = tmpdir("two");
+    // A long timeout: no fallback on a loaded machine.
+    let rules = rules_file(&dir, &redis.url(), "timeout = \"5s\"");
+    let a = serve(&rules).unwrap();
+    let b = serve(&rules).unwrap();
+    let addrs = [a.resp, b.resp];
+    let threads: Vec<_> = (0..8)
+        .map(|i| {
+            let addr = addrs[i % 2];
+            std::thread::spawn(move || {
+                let c = redis::Client::open(format!("redis://{addr}/")).unwrap();
+                let mut con = c.get_connection().unwrap();
+                con.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                (0..40)
+                    .filter(|_| check(&mut con, &["customer", "7"]).0 == 1)
+                    .count()
+            })
+        })
+        .collect();
+    let admitted: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    assert_eq!(admitted, 100);
+    // Both servers see the spent limit, over HTTP too.
+    for r in [&a, &b] {
+        let (status, body) = curl(
+            "POST",
+            &format!("http://{}/v1/check", r.http),
+            Some(r#"{"key_class":"customer","key":"7"}"#),
+        );
+        assert_eq!(status, 429, "{body}");
+        assert!(body.contains(r#""rule":"per-customer""#), "{body}");
+        let (status, body) = curl(
+            "POST",
+            &format!("http://{}/v1/check", r.http),
+            Some(r#"{"key_class":"customer","key":"8"}"#),
+        );
+        assert_eq!(status, 200, "{body}");
+    }
+    // A refund through one server is seen by the other.
+    let mut con = resp(&a);
+    let n: i64 = redis::cmd("TURNSTILE.REFUND")
+        .arg("customer")
+        .arg("7")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(n, 1);
+    assert_eq!(check(&mut resp(&b), &["customer", "7"]).0, 1);
+    // The counts are Redis's: its keys, none in the servers' stores.
+    let keys = redis.cli(&["--scan", "--pattern", "ts:per-customer:*"]);
+    assert_eq!(keys.lines().count(), 2, "{keys}");
+    assert_eq!(
+        metric(&a, "turnstile_rules_backend{backend=\"redis\"}"),
+        Some(1.0)
+    );
+    let calls = metric(&a, "turnstile_backend_calls_total{result=\"redis\"}").unwrap()
+        + metric(&b, "turnstile_backend_calls_total{result=\"redis\"}").unwrap();
+    assert!(calls >= 8.0 * 40.0, "{calls}");
+    assert_eq!(
+        metric(&a, "turnstile_backend_calls_total{result=\"fallback\"}"),
+        Some(0.0)
+    );
+    stop(a);
+    stop(b);
+}
+
+/// A soft rule admits its tolerance and reports the nominal limit; a shadow rule never
+/// denies and counts what it would have denied.
+#[test]
+fn soft_and_shadow_rules_over_resp() {
+    let redis = common::Server::start();
+    let dir = tmpdir("modes");
+    let rules = rules_file(&dir, &redis.url(), "timeout = \"5s\"");
+    let a = serve(&rules).unwrap();
+    let mut con = resp(&a);
+    let replies: Vec<Reply> = (0..8)
+        .map(|_| check(&mut con, &["api_key", "k1"]))
+        .collect();
+    let admitted: Vec<&Reply> = replies.iter().filter(|r| r.0 == 1).collect();
+    assert_eq!(admitted.len(), 6, "4 + 50 %: {replies:?}");
+    assert!(
+        admitted.iter().all(|r| r.1 == 4),
+        "the nominal limit: {replies:?}"
+    );
+    assert_eq!(replies[7].5.as_deref(), Some("soft"));
+    assert_eq!(
+        metric(
+            &a,
+            "turnstile_rule_events_total{rule=\"soft\",event=\"over_nominal\"}"
+        ),
+        Some(2.0)
+    );
+    assert_eq!(
+        metric(
+            &a,
+            "turnstile_rule_events_total{rule=\"watch\",event=\"would_deny\"}"
+        ),
+        Some(4.0)
+    );
+    // PEEK consumes nothing.
+    let p: Reply = redis::cmd("TURNSTILE.PEEK")
+        .arg("customer")
+        .arg("1")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!((p.0, p.1, p.2), (1, 100, 100));
+    stop(a);
+}
+
+/// Redis killed mid-run: the configured policy answers (closed: denied; open: admitted), no
+/// panic, fallbacks counted; after Redis is back, Redis answers again.
+#[test]
+fn a_killed_redis_is_answered_by_the_policy() {
+    let mut redis = common::Server::start();
+    let closed_dir = tmpdir("killed-closed");
+    let closed = serve(&rules_file(&closed_dir, &redis.url(), "timeout = \"1s\"")).unwrap();
+    let open_dir = tmpdir("killed-open");
+    let open = serve(&rules_file(
+        &open_dir,
+        &redis.url(),
+        "timeout = \"1s\"\npolicy = \"open\"",
+    ))
+    .unwrap();
+    let (mut c, mut o) = (resp(&closed), resp(&open));
+    assert_eq!(check(&mut c, &["customer", "1"]).0, 1);
+    assert_eq!(check(&mut o, &["customer", "1"]).0, 1);
+    redis.kill();
+    for _ in 0..20 {
+        let r = check(&mut c, &["customer", "1"]);
+        assert_eq!((r.0, r.5.as_deref()), (0, None), "closed denies: {r:?}");
+        assert_eq!(check(&mut o, &["customer", "1"]).0, 1, "open admits");
+    }
+    let (status, body) = curl(
+        "POST",
+        &format!("http://{}/v1/check", closed.http),
+        Some(r#"{"key_class":"customer","key":"1"}"#),
+    );
+    assert_eq!(status, 429, "{body}");
+    assert!(body.contains("StoreFull"), "{body}");
+    let r: redis::RedisResult<i64> = redis::cmd("TURNSTILE.REFUND")
+        .arg("customer")
+        .arg("1")
+        .query(&mut c);
+    assert!(
+        r.unwrap_err().to_string().contains("did not reach Redis"),
+        "a refund Redis did not take is an error"
+    );
+    for s in [&closed, &open] {
+        let f = metric(s, "turnstile_backend_calls_total{result=\"fallback\"}").unwrap();
+        assert!(f >= 20.0, "{f}");
+        assert_eq!(metric(s, "turnstile_backend_circuit_open "), Some(1.0));
+    }
+    redis.restart();
+    let t0 = Instant::now();
+    while check(&mut c, &["customer", "1"]).0 != 1 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "Redis never used again"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    stop(closed);
+    stop(open);
+}
+
+/// A broken `[backend]` and an unreachable Redis are refused at start with
+/// `file:line:column`; on reload, the old rules and backend stay.
+#[test]
+fn a_broken_backend_is_refused_with_file_line_column() {
+    let dir = tmpdir("broken");
+    let p = dir.join("rules.toml");
+    std::fs::write(
+        &p,
+        "[backend]\nredis = \"redis://127.0.0.1:6379\"\npolicy = \"insurance\"\n[[rule]]\nname = \"r\"\nkey = \"customer\"\nlimits = [{ limit = 5, window = \"1s\" }]\n",
+    )
+    .unwrap();
+    let e = serve(&p).err().expect("refused").to_string();
+    assert_eq!(
+        e,
+        format!(
+            "{}:3:10: policy = \"insurance\" needs expected_nodes = N: how many processes share the limits (while Redis is away, each decides in memory at limit / N)",
+            p.display()
+        )
+    );
+    let port = common::free_port();
+    let down = format!("[backend]\nredis = \"redis://127.0.0.1:{port}\"\n[[rule]]\nname = \"r\"\nkey = \"customer\"\nlimits = [{{ limit = 5, window = \"1s\" }}]\n");
+    std::fs::write(&p, &down).unwrap();
+    let t0 = Instant::now();
+    let e = serve(&p).err().expect("refused").to_string();
+    assert!(
+        e.starts_with(&format!(
+            "{}:2:9: cannot connect to Redis at redis://127.0.0.1:{port}",
+            p.display()
+        )),
+        "{e}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(15));
+
+    // Running on memory; a reload to an unreachable Redis is refused and changes nothing.
+    std::fs::write(
+        &p,
+        "[[rule]]\nname = \"r\"\nkey = \"customer\"\nlimits = [{ limit = 2, window = \"1h\" }]\n",
+    )
+    .unwrap();
+    let a = serve(&p).unwrap();
+    std::fs::write(&p, &down).unwrap();
+    let (status, body) = curl("POST", &format!("http://{}/v1/reload", a.http), None);
+    assert_eq!(status, 422, "{body}");
+    assert!(
+        body.contains("rules.toml:2:9: cannot connect to Redis"),
+        "{body}"
+    );
+    let mut con = resp(&a);
+    let r: Vec<i64> = (0..3)
+        .map(|_| check(&mut con, &["customer", "5"]).0)
+        .collect();
+    assert_eq!(r, [1, 1, 0], "the old rules, in memory");
+    assert_eq!(
+        metric(&a, "turnstile_rules_backend{backend=\"memory\"}"),
+        Some(1.0)
+    );
+    stop(a);
+}
+
+/// A reload can switch the counts from memory to Redis and back.
+#[test]
+fn a_reload_switches_backends() {
+    let redis = common::Server::start();
+    let dir = tmpdir("switch");
+    let p = dir.join("rules.toml");
+    let rule = "[[rule]]\nname = \"r\"\nkey = \"customer\"\nlimits = [{ algorithm = \"fixed_window\", limit = 3, window = \"1h\" }]\n";
+    std::fs::write(&p, rule).unwrap();
+    let a = serve(&p).unwrap();
+    let mut con = resp(&a);
+    assert_eq!(check(&mut con, &["customer", "1"]).2, 2, "memory");
+    std::fs::write(
+        &p,
+        format!(
+            "[backend]\nredis = \"{}\"\ntimeout = \"5s\"\n{rule}",
+            redis.url()
+        ),
+    )
+    .unwrap();
+    let (status, body) = curl("POST", &format!("http://{}/v1/reload", a.http), None);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(r#""backend":"redis""#), "{body}");
+    // Redis starts empty: the memory's charge is not there.
+    assert_eq!(check(&mut con, &["customer", "1"]).2, 2, "redis");
+    assert_eq!(
+        redis
+            .cli(&["--scan", "--pattern", "ts:r:*"])
+            .lines()
+            .count(),
+        1
+    );
+    // The same table again keeps the backend and its counts.
+    let (status, _) = curl("POST", &format!("http://{}/v1/reload", a.http), None);
+    assert_eq!(status, 200);
+    assert_eq!(check(&mut con, &["customer", "1"]).2, 1, "kept");
+    std::fs::write(&p, rule).unwrap();
+    let (status, body) = curl("POST", &format!("http://{}/v1/reload", a.http), None);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(r#""backend":"memory""#), "{body}");
+    assert_eq!(
+        check(&mut con, &["customer", "1"]).2,
+        1,
+        "memory, as it was kept"
+    );
+    stop(a);
+}
