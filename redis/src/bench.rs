@@ -1,5 +1,6 @@
 //! Checks per second against one Redis, beside Redis's own `INCR` from the same client in the
-//! same run (the ceiling for one round trip per check), and through leases. What `turnstile
+//! same run (the ceiling for one round trip per check), through leases, and through the rules
+//! engine with its counts in Redis (`RedisRules`). What `turnstile
 //! bench --engine redis` prints (also `cargo run --release -p turnstile-redis --example bench
 //! -- URL`).
 
@@ -7,6 +8,7 @@ use crate::lease::{LeaseMode, LeasedStore};
 use crate::{Error, RedisStore};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use turnstile::rules::{Engine, Request, Rules};
 use turnstile::{Limit, Limits};
 
 /// One measured row.
@@ -68,6 +70,42 @@ pub fn limits() -> Vec<Limit> {
     ]
 }
 
+/// Rules files of the rules rows (`URL` replaced by the server's): one rule (token_bucket, as
+/// its row above), and two enforcing rules and a shadow rule on one key.
+const RULES: [(&str, &str); 2] = [
+    (
+        "rules: 1 rule (token_bucket)",
+        r#"[backend]
+redis = "URL"
+timeout = "2s"
+[[rule]]
+name = "a"
+key = "customer"
+limits = [{ algorithm = "token_bucket", limit = 1000000, window = "1s" }]
+"#,
+    ),
+    (
+        "rules: 2 rules + 1 shadow",
+        r#"[backend]
+redis = "URL"
+timeout = "2s"
+[[rule]]
+name = "a"
+key = "customer"
+limits = [{ algorithm = "token_bucket", limit = 1000000, window = "1s" }]
+[[rule]]
+name = "b"
+key = "customer"
+limits = [{ algorithm = "fixed_window", limit = 1000000, window = "1s" }]
+[[rule]]
+name = "c"
+key = "customer"
+mode = "shadow"
+limits = [{ algorithm = "sliding_window", limit = 1000000, window = "1s" }]
+"#,
+    ),
+];
+
 /// `requests` calls at each concurrency: `INCR`, then each algorithm's check.
 pub async fn run(url: &str, requests: u64, concurrencies: &[usize]) -> Result<Vec<Row>, Error> {
     let conn = crate::conn::manager(url, Duration::from_secs(2)).await?;
@@ -117,6 +155,32 @@ pub async fn run(url: &str, requests: u64, concurrencies: &[usize]) -> Result<Ve
                 } else {
                     l.algorithm().name().into()
                 },
+                concurrency: c,
+                per_sec,
+            });
+        }
+        // The rules engine with its counts in Redis: one call per request.
+        for (name, text) in RULES {
+            let rules = Rules::parse(&text.replace("URL", url), "bench")
+                .map_err(|e| Error::Reply(e.to_string()))?;
+            let engine =
+                Arc::new(Engine::new(rules.clone()).map_err(|e| Error::Reply(e.to_string()))?);
+            let redis = Arc::new(
+                crate::RedisRules::connect(&rules)
+                    .await
+                    .map_err(|e| Error::Reply(e.to_string()))?,
+            );
+            let per_sec = timed(c, requests, move |i| {
+                let (e, r) = (engine.clone(), redis.clone());
+                async move {
+                    let id = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) % KEYS;
+                    r.try_explain(&e, &Request::new().customer(id)).await?;
+                    Ok(())
+                }
+            })
+            .await?;
+            rows.push(Row {
+                name: (*name).into(),
                 concurrency: c,
                 per_sec,
             });
