@@ -16,7 +16,8 @@
 //!   Linux. The kernel keeps it monotonic across cores; a TSC read on one core can be a little
 //!   behind one just made on another where the counters are not synchronized (governor issue
 //!   299). Choose it where that matters more than ~20-100 ns per check.
-//! * [`CoarseClock`] is `CLOCK_MONOTONIC_COARSE`: cheaper, with jiffy resolution (1-4 ms).
+//! * `CoarseClock` (feature `coarse-clock`) is `CLOCK_MONOTONIC_COARSE`: cheaper, with jiffy
+//!   resolution (1-4 ms).
 //! * [`ManualClock`] is set by hand, for tests: tests never sleep.
 //!
 //! What if time goes backwards anyway (a caller passing its own `now`)? Every algorithm treats
@@ -382,10 +383,13 @@ impl Clock for TscClock {
     }
 }
 
-/// `CLOCK_MONOTONIC_COARSE`: a vDSO read of the last tick, 1-4 ms resolution.
+/// `CLOCK_MONOTONIC_COARSE`: a vDSO read of the last tick, 1-4 ms resolution (feature
+/// `coarse-clock`).
+#[cfg(feature = "coarse-clock")]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CoarseClock;
 
+#[cfg(feature = "coarse-clock")]
 impl Clock for CoarseClock {
     #[inline]
     fn now(&self) -> Nanos {

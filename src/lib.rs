@@ -38,6 +38,8 @@ pub(crate) mod sync;
 pub struct ReadmeDoctests;
 
 pub use algo::{Algorithm, Limit, LimitSpec, Limits};
-pub use clock::{Clock, CoarseClock, DefaultClock, ManualClock, MonotonicClock, Nanos, TscClock};
+#[cfg(feature = "coarse-clock")]
+pub use clock::CoarseClock;
+pub use clock::{Clock, DefaultClock, ManualClock, MonotonicClock, Nanos, TscClock};
 pub use decision::{ConfigError, Decision, Outcome, Verdict};
 pub use limiter::{Limiter, Permit};
