@@ -510,22 +510,24 @@ fn info(shared: &Shared) -> String {
 /// A request from a key class (`customer`, `ip`, `api_key`, `route`, `method`, or parts joined
 /// by `+`) and a key (parts joined by `|`). Errors say what is wrong.
 pub(crate) fn request<'a>(class: &str, key: &'a str) -> Result<Request<'a>, String> {
-    let parts: Vec<&str> = class.split('+').collect();
-    let keys: Vec<&'a str> = if parts.len() == 1 {
-        vec![key]
-    } else {
-        key.split('|').collect()
-    };
-    if parts.len() != keys.len() {
+    // Iterators, not vectors: this runs for every check (RESP and HTTP) and allocates nothing
+    // unless the request is wrong.
+    let n = class.split('+').count();
+    let k = if n == 1 { 1 } else { key.split('|').count() };
+    if n != k {
         return Err(format!(
-            "key class `{class}` has {} parts but the key `{key}` has {} (separate them with `|`)",
-            parts.len(),
-            keys.len()
+            "key class `{class}` has {n} parts but the key `{key}` has {k} (separate them with `|`)"
         ));
     }
     let mut r = Request::new();
-    for (p, k) in parts.iter().zip(keys) {
-        match *p {
+    let mut keys = key.split('|');
+    for p in class.split('+') {
+        let k = if n == 1 {
+            key
+        } else {
+            keys.next().unwrap_or_default()
+        };
+        match p {
             "customer" => r.customer = Some(customer(k)?),
             "ip" => {
                 r.ip = Some(k.parse::<IpAddr>().map_err(|_| format!("`{k}` is not an IP address"))?)

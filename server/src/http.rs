@@ -6,37 +6,84 @@
 use crate::conn::{count, ms_up, request};
 use crate::metrics::C;
 use crate::Shared;
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde::Deserialize;
+use bytes::{BufMut, BytesMut};
+use serde::{Deserialize, Serialize};
 use serde_json::json;
+use std::borrow::Cow;
 use std::sync::Arc;
 use turnstile::rules::Priority;
-use turnstile::{Clock, DefaultClock};
+use turnstile::{Clock, DefaultClock, Outcome};
 
-/// The body of `POST /v1/check`.
+/// The body of `POST /v1/check`. Strings borrow from the request's bytes (`Cow`: owned only
+/// when the JSON string has escapes), so a check allocates nothing to read its body.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct CheckBody {
+struct CheckBody<'a> {
     /// `customer`, `ip`, `api_key`, `route`, `method`, or parts joined by `+`.
-    key_class: String,
+    #[serde(borrow)]
+    key_class: Cow<'a, str>,
     /// The key (parts joined by `|` for a composite class).
-    key: String,
+    #[serde(borrow)]
+    key: Cow<'a, str>,
     /// Units (default 1; 0 looks without consuming).
     #[serde(default = "one")]
     cost: u64,
     /// critical, post, get or test (default: from the method).
-    priority: Option<String>,
+    #[serde(borrow, default)]
+    priority: Option<Text<'a>>,
     /// The route, if the key class does not already give it.
-    route: Option<String>,
+    #[serde(borrow, default)]
+    route: Option<Text<'a>>,
     /// The method, if the key class does not already give it.
-    method: Option<String>,
+    #[serde(borrow, default)]
+    method: Option<Text<'a>>,
 }
+
+/// A string borrowed from the body where it can be. A newtype because serde borrows a bare
+/// `Option<Cow<str>>` never (serde issue 1497: it always allocates).
+#[derive(Deserialize)]
+#[serde(transparent)]
+struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
+
+/// The answer of `POST /v1/check`: a typed struct serialized straight into the body's one
+/// buffer (a `serde_json::Value` built a map and a string per field, and the handler cost
+/// twice an empty one's CPU per request; see docs/service.md).
+#[derive(Serialize)]
+struct CheckReply<'a> {
+    allowed: bool,
+    outcome: &'static str,
+    limit: i64,
+    remaining: i64,
+    retry_after_ms: Option<i64>,
+    reset_after_ms: i64,
+    rule: Option<&'a str>,
+    shed: bool,
+}
+
+/// The outcome as the reply spells it (the variant's name, as `Debug` prints it).
+fn outcome(o: Outcome) -> &'static str {
+    match o {
+        Outcome::Allowed => "Allowed",
+        Outcome::Limited => "Limited",
+        Outcome::NeverFits => "NeverFits",
+        Outcome::StoreFull => "StoreFull",
+        Outcome::Untracked => "Untracked",
+        // `Outcome` is non-exhaustive: a later variant is still an answer, not a panic.
+        _ => "Other",
+    }
+}
+
+static RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
+static RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
+static RATELIMIT_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
+static JSON: HeaderValue = HeaderValue::from_static("application/json");
 
 fn one() -> u64 {
     1
@@ -85,13 +132,13 @@ async fn check(State(s): State<Arc<Shared>>, body: Result<Bytes, BytesRejection>
     };
     req.cost = b.cost;
     if req.route.is_none() {
-        req.route = b.route.as_deref();
+        req.route = b.route.as_ref().map(|t| &*t.0);
     }
     if req.method.is_none() {
-        req.method = b.method.as_deref();
+        req.method = b.method.as_ref().map(|t| &*t.0);
     }
     if let Some(p) = &b.priority {
-        match p.parse::<Priority>() {
+        match p.0.parse::<Priority>() {
             Ok(p) => req.priority = Some(p),
             Err(e) => return error(&s, StatusCode::BAD_REQUEST, e),
         }
@@ -111,34 +158,56 @@ async fn check(State(s): State<Arc<Shared>>, body: Result<Bytes, BytesRejection>
         },
         1,
     );
-    let retry_ms = d.retry_after_ns.map(ms_up);
-    let body = json!({
-        "allowed": d.allowed(),
-        "outcome": format!("{:?}", d.outcome),
-        "limit": count(d.limit),
-        "remaining": count(d.remaining),
-        "retry_after_ms": retry_ms,
-        "reset_after_ms": ms_up(d.reset_after_ns),
-        "rule": v.rule.as_deref(),
-        "shed": v.shed,
-    });
-    let mut h = HeaderMap::new();
-    let secs = |ns: u64| ns.div_ceil(1_000_000_000).to_string();
-    if d.limit != u64::MAX {
-        let hv = |s: String| HeaderValue::from_str(&s).unwrap_or(HeaderValue::from_static("0"));
-        h.insert("ratelimit-limit", hv(d.limit.to_string()));
-        h.insert("ratelimit-remaining", hv(d.remaining.to_string()));
-        h.insert("ratelimit-reset", hv(secs(d.reset_after_ns)));
-        if let Some(r) = d.retry_after_ns {
-            h.insert(header::RETRY_AFTER, hv(secs(r)));
-        }
+    let reply = CheckReply {
+        allowed: d.allowed(),
+        outcome: outcome(d.outcome),
+        limit: count(d.limit),
+        remaining: count(d.remaining),
+        retry_after_ms: d.retry_after_ns.map(ms_up),
+        reset_after_ms: ms_up(d.reset_after_ns),
+        rule: v.rule.as_deref(),
+        shed: v.shed,
+    };
+    // One allocation for the body and every header value: the JSON first, then each value's
+    // digits, each split off as a shared slice of the same buffer (HeaderValue::from(u64) and
+    // a separate HeaderMap merged into the response cost 11 allocations per reply).
+    let mut buf = BytesMut::with_capacity(256);
+    if let Err(e) = serde_json::to_writer((&mut buf).writer(), &reply) {
+        return error(&s, StatusCode::INTERNAL_SERVER_ERROR, e.to_string());
     }
-    let status = if d.allowed() {
+    let body = buf.split().freeze();
+    let mut res = Response::new(Body::from(body));
+    *res.status_mut() = if d.allowed() {
         StatusCode::OK
     } else {
         StatusCode::TOO_MANY_REQUESTS
     };
-    (status, h, Json(body)).into_response()
+    let h = res.headers_mut();
+    h.reserve(5);
+    h.insert(header::CONTENT_TYPE, JSON.clone());
+    if d.limit != u64::MAX {
+        let secs = |ns: u64| ns.div_ceil(1_000_000_000);
+        let mut value = |n: u64| {
+            buf.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+            // Decimal digits are always a valid header value.
+            HeaderValue::from_maybe_shared(buf.split().freeze()).ok()
+        };
+        let values = [
+            (RATELIMIT_LIMIT.clone(), value(d.limit)),
+            (RATELIMIT_REMAINING.clone(), value(d.remaining)),
+            (RATELIMIT_RESET.clone(), value(secs(d.reset_after_ns))),
+            (
+                header::RETRY_AFTER,
+                d.retry_after_ns.and_then(|r| value(secs(r))),
+            ),
+        ];
+        for (name, v) in values {
+            if let Some(v) = v {
+                h.insert(name, v);
+            }
+        }
+    }
+    res
 }
 
 async fn metrics(State(s): State<Arc<Shared>>) -> Response {
