@@ -67,6 +67,49 @@ struct CheckReply<'a> {
     shed: bool,
 }
 
+/// Writes `r` as JSON, exactly as `serde_json::to_writer` would (a test compares them). By
+/// hand because the shape is fixed and every value but the rule's name is a number or a
+/// literal: through serde_json's `io::Write` adaptor the reply took ~2 000 instructions per
+/// request in small writes (callgrind); here it is a dozen copies into a buffer reserved once.
+fn write_reply(buf: &mut BytesMut, r: &CheckReply) {
+    let mut n = itoa::Buffer::new();
+    buf.extend_from_slice(if r.allowed {
+        br#"{"allowed":true,"outcome":""#
+    } else {
+        br#"{"allowed":false,"outcome":""#
+    });
+    buf.extend_from_slice(r.outcome.as_bytes());
+    buf.extend_from_slice(br#"","limit":"#);
+    buf.extend_from_slice(n.format(r.limit).as_bytes());
+    buf.extend_from_slice(br#","remaining":"#);
+    buf.extend_from_slice(n.format(r.remaining).as_bytes());
+    buf.extend_from_slice(br#","retry_after_ms":"#);
+    match r.retry_after_ms {
+        Some(v) => buf.extend_from_slice(n.format(v).as_bytes()),
+        None => buf.extend_from_slice(b"null"),
+    }
+    buf.extend_from_slice(br#","reset_after_ms":"#);
+    buf.extend_from_slice(n.format(r.reset_after_ms).as_bytes());
+    buf.extend_from_slice(br#","rule":"#);
+    match r.rule {
+        None => buf.extend_from_slice(b"null"),
+        Some(name) if !name.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') => {
+            buf.put_u8(b'"');
+            buf.extend_from_slice(name.as_bytes());
+            buf.put_u8(b'"');
+        }
+        // Escapes: serde_json's. Writing to memory cannot fail.
+        Some(name) => {
+            let _ = serde_json::to_writer(buf.writer(), name);
+        }
+    }
+    buf.extend_from_slice(if r.shed {
+        br#","shed":true}"#
+    } else {
+        br#","shed":false}"#
+    });
+}
+
 /// The outcome as the reply spells it (the variant's name, as `Debug` prints it).
 fn outcome(o: Outcome) -> &'static str {
     match o {
@@ -172,9 +215,7 @@ async fn check(State(s): State<Arc<Shared>>, body: Result<Bytes, BytesRejection>
     // digits, each split off as a shared slice of the same buffer (HeaderValue::from(u64) and
     // a separate HeaderMap merged into the response cost 11 allocations per reply).
     let mut buf = BytesMut::with_capacity(256);
-    if let Err(e) = serde_json::to_writer((&mut buf).writer(), &reply) {
-        return error(&s, StatusCode::INTERNAL_SERVER_ERROR, e.to_string());
-    }
+    write_reply(&mut buf, &reply);
     let body = buf.split().freeze();
     let mut res = Response::new(Body::from(body));
     *res.status_mut() = if d.allowed() {
@@ -289,5 +330,40 @@ pub(crate) async fn serve(shared: Arc<Shared>, l: tokio::net::TcpListener) {
         .await;
     if let Err(e) = r {
         tracing::error!(error = %e, "HTTP server failed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The hand-written reply is byte for byte serde_json's, for every shape of value.
+    #[test]
+    fn the_reply_is_what_serde_json_writes() {
+        let names = [None, Some("customer-hourly"), Some("a \"quoted\" \\ name\n\u{1}é")];
+        for allowed in [true, false] {
+            for rule in names {
+                for (limit, remaining) in [(15, 0), (-1, -1), (i64::MAX, i64::MAX - 1)] {
+                    for retry in [None, Some(0), Some(1), Some(i64::MAX)] {
+                        let r = CheckReply {
+                            allowed,
+                            outcome: if allowed { "Allowed" } else { "Limited" },
+                            limit,
+                            remaining,
+                            retry_after_ms: retry,
+                            reset_after_ms: 7_198_896,
+                            rule,
+                            shed: !allowed,
+                        };
+                        let mut buf = BytesMut::new();
+                        write_reply(&mut buf, &r);
+                        assert_eq!(
+                            std::str::from_utf8(&buf).unwrap(),
+                            serde_json::to_string(&r).unwrap()
+                        );
+                    }
+                }
+            }
+        }
     }
 }
