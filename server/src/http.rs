@@ -187,7 +187,9 @@ async fn check(State(s): State<Arc<Shared>>, body: Result<Bytes, BytesRejection>
         }
     }
     let v = match s.backends.redis() {
-        Some(redis) => redis.explain(engine, &req).await,
+        // Boxed: the Redis round trip's future is large, and the in-memory path should not
+        // carry (and copy, when axum boxes the handler's future) its space on every request.
+        Some(redis) => Box::pin(redis.explain(engine, &req)).await,
         None => engine.explain(&req),
     };
     let d = v.decision;
@@ -340,7 +342,11 @@ mod tests {
     /// The hand-written reply is byte for byte serde_json's, for every shape of value.
     #[test]
     fn the_reply_is_what_serde_json_writes() {
-        let names = [None, Some("customer-hourly"), Some("a \"quoted\" \\ name\n\u{1}é")];
+        let names = [
+            None,
+            Some("customer-hourly"),
+            Some("a \"quoted\" \\ name\n\u{1}é"),
+        ];
         for allowed in [true, false] {
             for rule in names {
                 for (limit, remaining) in [(15, 0), (-1, -1), (i64::MAX, i64::MAX - 1)] {

@@ -270,6 +270,23 @@ impl Throttles {
 pub struct LastStore(Option<(Params, Arc<Store>)>);
 
 impl LastStore {
+    /// Prefetches the key of a `CL.THROTTLE` (its arguments after the name) if its parameters
+    /// are this connection's last store's: a hint for a command about to run (see
+    /// [`Store::prefetch`]). Creates nothing, parses no more than the three parameters, and
+    /// ignores a malformed command (its run answers the error).
+    pub fn prefetch(&self, args: &[&[u8]]) {
+        let Some((lp, store)) = &self.0 else { return };
+        if args.len() < 4 {
+            return;
+        }
+        let p = (parse_i64(args[1]), parse_i64(args[2]), parse_i64(args[3]));
+        if let (Ok(a), Ok(b), Ok(c)) = p {
+            if (a, b, c) == *lp {
+                store.prefetch(args[0]);
+            }
+        }
+    }
+
     /// `CL.THROTTLE` with its arguments after the command name.
     pub fn throttle(&mut self, t: &Throttles, args: &[&[u8]]) -> Result<Cell, ArgError> {
         let p = (
