@@ -3,51 +3,13 @@
 //! inputs; and the errors when Redis is unreachable or the URL is missing.
 
 use serde_json::Value;
-use std::net::TcpListener;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-/// A redis-server child on a free loopback port, killed on drop.
-struct Redis {
-    port: u16,
-    child: Child,
-}
-
-impl Redis {
-    fn start() -> Self {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a loopback port")
-            .port();
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server on PATH (apt-get install redis-server redis-tools)");
-        let t0 = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                t0.elapsed() < Duration::from_secs(10),
-                "redis-server did not start"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Redis { port, child }
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+// The one harness of the workspace's Redis tests (turnstile-redis's).
+#[path = "../../redis/tests/common/mod.rs"]
+mod common;
+use common::Server as Redis;
 
 fn turnstile(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_turnstile"))
@@ -140,11 +102,7 @@ fn memory_backend_redis_reports_the_notes_rows() {
 #[test]
 fn unreachable_redis_is_a_clear_error() {
     // A port nobody listens on: bound, then released.
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::free_port();
     let url = format!("redis://127.0.0.1:{port}");
     for args in [
         vec![

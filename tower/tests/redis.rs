@@ -3,8 +3,8 @@
 //! the answers are the usual layer's; Redis away is answered by the store's failure policy.
 
 use axum::{routing::get, Router};
-use std::net::{SocketAddr, TcpListener};
-use std::process::{Child, Command, Stdio};
+use std::net::SocketAddr;
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use turnstile::{Limit as Quota, Limits};
@@ -13,54 +13,10 @@ use turnstile_tower::key::Header;
 use turnstile_tower::redis::{RedisLimit, RedisRateLimitLayer};
 use turnstile_tower::{NoKey, Policy};
 
-struct Redis {
-    port: u16,
-    child: Option<Child>,
-}
-
-impl Redis {
-    fn start() -> Self {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server on PATH (apt-get install redis-server redis-tools)");
-        let t0 = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                t0.elapsed() < Duration::from_secs(10),
-                "redis-server did not start"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Redis {
-            port,
-            child: Some(child),
-        }
-    }
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
+// The one harness of the workspace's Redis tests (turnstile-redis's).
+#[path = "../../redis/tests/common/mod.rs"]
+mod common;
+use common::Server as Redis;
 
 async fn store(url: &str, policy: FailurePolicy) -> Arc<RedisStore> {
     let q = Quota::token_bucket(5, 1, Duration::from_secs(3600)).unwrap();
