@@ -8,9 +8,10 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+mod common;
+use common::curl;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 use turnstile_server::{start, Running, ServeArgs};
 
@@ -143,19 +144,6 @@ fn grpc(rt: &tokio::runtime::Runtime, addr: SocketAddr, value: &str) -> (i32, u3
             s.limit_remaining,
         )
     })
-}
-
-/// curl: (status, body).
-fn curl(method: &str, url: &str, body: Option<&str>) -> (u16, String) {
-    let mut c = Command::new("curl");
-    c.args(["-s", "-m", "10", "-w", "\n%{http_code}", "-X", method, url]);
-    if let Some(b) = body {
-        c.args(["-H", "content-type: application/json", "--data-binary", b]);
-    }
-    let o = c.output().expect("curl runs");
-    let text = String::from_utf8(o.stdout).unwrap();
-    let (body, code) = text.rsplit_once('\n').unwrap();
-    (code.parse().unwrap(), body.to_string())
 }
 
 fn json(r: &Running, value: &str) -> (u16, serde_json::Value) {

@@ -2,8 +2,9 @@
 //! the `redis` crate as a pipelined client, and snapshots across a restart, against the server
 //! in process on loopback.
 
+mod common;
+use common::curl_head;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 use turnstile::keyed::Store;
 use turnstile::Limits;
@@ -34,34 +35,8 @@ key = "customer"
 limits = [{ algorithm = "token_bucket", limit = 3, window = "1h" }]
 "#;
 
-/// curl: (status, headers, body).
-fn curl(method: &str, url: &str, body: Option<&str>) -> (u16, String, String) {
-    let mut c = Command::new("curl");
-    c.args([
-        "-s",
-        "-i",
-        "-X",
-        method,
-        url,
-        "-H",
-        "content-type: application/json",
-    ]);
-    if let Some(b) = body {
-        c.args(["--data-binary", b]);
-    }
-    let o = c.output().expect("curl runs");
-    let text = String::from_utf8_lossy(&o.stdout).to_string();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    (status, head.to_ascii_lowercase(), body.to_string())
-}
-
 fn metrics(r: &Running) -> prometheus_parse::Scrape {
-    let (status, _, body) = curl("GET", &format!("http://{}/metrics", r.http), None);
+    let (status, _, body) = curl_head("GET", &format!("http://{}/metrics", r.http), None);
     assert_eq!(status, 200);
     prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string())))
         .expect("valid exposition")
@@ -102,7 +77,7 @@ fn check_metrics_and_reload() {
     .unwrap();
     let url = format!("http://{}/v1/check", r.http);
     for i in 0..3 {
-        let (status, head, body) = curl("POST", &url, Some(&check_body("7")));
+        let (status, head, body) = curl_head("POST", &url, Some(&check_body("7")));
         assert_eq!(status, 200, "{i}: {body}");
         assert!(head.contains("ratelimit-limit: 3"), "{head}");
         assert!(
@@ -112,7 +87,7 @@ fn check_metrics_and_reload() {
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();
         assert_eq!(v["allowed"], true);
     }
-    let (status, head, body) = curl("POST", &url, Some(&check_body("7")));
+    let (status, head, body) = curl_head("POST", &url, Some(&check_body("7")));
     assert_eq!(status, 429, "{body}");
     assert!(head.contains("retry-after: 1200"), "{head}");
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
@@ -121,7 +96,7 @@ fn check_metrics_and_reload() {
     let retry = v["retry_after_ms"].as_i64().unwrap();
     assert!((1_190_000..=1_200_000).contains(&retry), "{retry}");
     // Errors are JSON.
-    let (status, _, body) = curl("POST", &url, Some("{nope"));
+    let (status, _, body) = curl_head("POST", &url, Some("{nope"));
     assert_eq!(status, 400);
     assert!(
         serde_json::from_str::<serde_json::Value>(&body).unwrap()["error"]
@@ -129,16 +104,16 @@ fn check_metrics_and_reload() {
             .unwrap()
             .contains("invalid JSON")
     );
-    let (status, _, body) = curl("POST", &url, Some(r#"{"key_class":"planet","key":"x"}"#));
+    let (status, _, body) = curl_head("POST", &url, Some(r#"{"key_class":"planet","key":"x"}"#));
     assert_eq!(status, 400, "{body}");
     let big = format!(
         r#"{{"key_class":"customer","key":"{}"}}"#,
         "9".repeat(70_000)
     );
-    let (status, _, body) = curl("POST", &url, Some(&big));
+    let (status, _, body) = curl_head("POST", &url, Some(&big));
     assert_eq!(status, 413, "{body}");
     assert!(body.contains("\"error\""), "{body}");
-    let (status, _, _) = curl("GET", &format!("http://{}/healthz", r.http), None);
+    let (status, _, _) = curl_head("GET", &format!("http://{}/healthz", r.http), None);
     assert_eq!(status, 200);
 
     let m = metrics(&r);
@@ -162,7 +137,7 @@ fn check_metrics_and_reload() {
 
     // A broken file: refused with file:line:column, counted, the old rules stay.
     std::fs::write(&rules, RULES.replace("limit = 3", "limit = \"three\"")).unwrap();
-    let (status, _, body) = curl("POST", &format!("http://{}/v1/reload", r.http), None);
+    let (status, _, body) = curl_head("POST", &format!("http://{}/v1/reload", r.http), None);
     assert_eq!(status, 422, "{body}");
     let msg = serde_json::from_str::<serde_json::Value>(&body).unwrap()["error"]
         .as_str()
@@ -170,7 +145,7 @@ fn check_metrics_and_reload() {
         .to_string();
     assert!(msg.starts_with(&format!("{}:5:", rules.display())), "{msg}");
     assert_eq!(
-        curl("POST", &url, Some(&check_body("7"))).0,
+        curl_head("POST", &url, Some(&check_body("7"))).0,
         429,
         "old rules kept, and the key's state"
     );
@@ -191,7 +166,7 @@ fn check_metrics_and_reload() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let (status, head, _) = curl("POST", &url, Some(&check_body("8")));
+    let (status, head, _) = curl_head("POST", &url, Some(&check_body("8")));
     assert_eq!(status, 200);
     assert!(head.contains("ratelimit-limit: 5"), "{head}");
     stop(r);

@@ -7,9 +7,11 @@
 
 #[path = "../../redis/tests/common/mod.rs"]
 mod common;
+#[path = "common/mod.rs"]
+mod web;
+use web::curl;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 use turnstile_server::{start, Running, ServeArgs, ServeError};
 
@@ -53,31 +55,6 @@ fn resp(r: &Running) -> redis::Connection {
     let con = c.get_connection().unwrap();
     con.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     con
-}
-
-fn curl(method: &str, url: &str, body: Option<&str>) -> (u16, String) {
-    let mut c = Command::new("curl");
-    c.args([
-        "-s",
-        "-i",
-        "-X",
-        method,
-        url,
-        "-H",
-        "content-type: application/json",
-    ]);
-    if let Some(b) = body {
-        c.args(["--data-binary", b]);
-    }
-    let o = c.output().expect("curl runs");
-    let text = String::from_utf8_lossy(&o.stdout).to_string();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    (status, body.to_string())
 }
 
 fn metric(r: &Running, line_start: &str) -> Option<f64> {
