@@ -179,14 +179,26 @@ pub(crate) fn final_snapshot(s: &Shared) -> Result<(), ServeError> {
     snapshot(s).map_err(ServeError::Other)
 }
 
-/// Starts the control thread.
-pub(crate) fn spawn(shared: &Arc<Shared>) -> Result<std::thread::JoinHandle<()>, ServeError> {
+/// The control thread's runtime and signal handlers, made before any listener accepts: a
+/// client that connects and at once signals the server (a supervisor's SIGTERM right after its
+/// readiness probe) must find the handlers installed, not the default action that kills the
+/// process without its shutdown snapshot.
+pub(crate) struct Prepared {
+    rt: tokio::runtime::Runtime,
+    #[cfg(unix)]
+    sigs: (
+        tokio::signal::unix::Signal,
+        tokio::signal::unix::Signal,
+        tokio::signal::unix::Signal,
+    ),
+}
+
+/// Installs the signal handlers (SIGTERM, SIGINT, SIGHUP) on the control thread's runtime.
+pub(crate) fn prepare() -> Result<Prepared, ServeError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(ServeError::Runtime)?;
-    // Signal handlers are installed before `start` returns, so that a signal sent right after
-    // is not missed.
     #[cfg(unix)]
     let sigs = {
         use tokio::signal::unix::{signal, SignalKind};
@@ -198,6 +210,23 @@ pub(crate) fn spawn(shared: &Arc<Shared>) -> Result<std::thread::JoinHandle<()>,
             mk(SignalKind::hangup())?,
         )
     };
+    Ok(Prepared {
+        rt,
+        #[cfg(unix)]
+        sigs,
+    })
+}
+
+/// Starts the control thread on what [`prepare`] made.
+pub(crate) fn spawn(
+    shared: &Arc<Shared>,
+    prepared: Prepared,
+) -> Result<std::thread::JoinHandle<()>, ServeError> {
+    let Prepared {
+        rt,
+        #[cfg(unix)]
+        sigs,
+    } = prepared;
     let s = shared.clone();
     std::thread::Builder::new()
         .name("turnstile-control".into())

@@ -366,12 +366,14 @@ pub fn start(args: ServeArgs) -> Result<Running, ServeError> {
         workers_done: AtomicBool::new(false),
         args,
     });
+    // Signal handlers first: a signal that follows the first accepted connection is handled.
+    let prepared = control::prepare()?;
     let (resp, http, mut threads) = workers::spawn(&shared, workers)?;
     let mut grpc = None;
     let started = extra::spawn(&shared).and_then(|(t, g)| {
         threads.extend(t);
         grpc = g;
-        control::spawn(&shared)
+        control::spawn(&shared, prepared)
     });
     let control = match started {
         Ok(c) => c,
