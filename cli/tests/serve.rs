@@ -248,6 +248,119 @@ fn serve_answers_redis_cli_and_curl_and_keeps_state_across_a_restart() {
     s.stop();
 }
 
+/// curl with a JSON body: (status, head in lower case, body).
+fn post(http: u16, path: &str, body: &str) -> (u16, String, String) {
+    let o = Command::new("curl")
+        .args([
+            "-s",
+            "-i",
+            "-m",
+            "10",
+            "-H",
+            "content-type: application/json",
+        ])
+        .args(["--data-binary", body])
+        .arg(format!("http://127.0.0.1:{http}{path}"))
+        .output()
+        .expect("curl runs");
+    let text = String::from_utf8_lossy(&o.stdout).to_string();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok());
+    (
+        status.unwrap_or(0),
+        head.to_ascii_lowercase(),
+        body.to_string(),
+    )
+}
+
+/// The header `name`'s value in a lower-cased head.
+fn header(head: &str, name: &str) -> Option<u64> {
+    head.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':')?.trim().parse().ok())
+}
+
+/// What a pipelining client sends: many commands in one write, read back in order. The
+/// server parses such a read ahead and prefetches its CL.THROTTLE keys before running them;
+/// the answers must be exactly those of the commands one by one, a malformed command in the
+/// middle answered with its error and the rest still run. Then POST /v1/check with curl on the
+/// example rules: headers and JSON of an admission and of a denial, a key written with a JSON
+/// escape being the same customer, and a bad priority refused with a message.
+#[test]
+fn serve_answers_a_pipeline_in_order_and_v1_check_with_its_headers() {
+    let rules = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/rules.toml");
+    let s = Server::start(&["--rules", rules]);
+    let mut c = s.connect();
+    let mut batch = Vec::new();
+    let cmd = |parts: &[&str]| {
+        let mut v = format!("*{}\r\n", parts.len()).into_bytes();
+        for p in parts {
+            v.extend_from_slice(format!("${}\r\n{p}\r\n", p.len()).as_bytes());
+        }
+        v
+    };
+    // Two keys interleaved, burst 2 (3 at once), then one with a bad period, then PING.
+    for _ in 0..5 {
+        batch.extend(cmd(&["CL.THROTTLE", "pipe:a", "2", "1", "3600"]));
+        batch.extend(cmd(&["CL.THROTTLE", "pipe:b", "2", "1", "3600", "2"]));
+    }
+    batch.extend(cmd(&["CL.THROTTLE", "pipe:c", "2", "x", "3600"]));
+    batch.extend(cmd(&["PING"]));
+    c.w.write_all(&batch).unwrap();
+    for i in 0..5i64 {
+        let a = c.reply();
+        assert_eq!(a[0], i64::from(i >= 3), "pipe:a request {i}: {a:?}");
+        assert_eq!(a[2], (2 - i).max(0), "pipe:a remaining after {i}: {a:?}");
+        let b = c.reply();
+        // Costs of 2 against 3: admitted once, then denied (1 left, not enough).
+        assert_eq!(b[0], i64::from(i >= 1), "pipe:b request {i}: {b:?}");
+        assert_eq!(b[2], 1, "pipe:b remaining: {b:?}");
+    }
+    let err = c.line();
+    assert!(err.starts_with("-ERR"), "the bad command's error: {err}");
+    assert_eq!(c.line(), "+PONG", "the commands after it still run");
+
+    let check = r#"{"key_class":"customer","key":"7","route":"/v1/items","method":"GET"}"#;
+    let (code, head, body) = post(s.http, "/v1/check", check);
+    assert_eq!(code, 200, "{head}{body}");
+    assert_eq!(header(&head, "ratelimit-limit"), Some(15), "{head}");
+    assert_eq!(header(&head, "ratelimit-remaining"), Some(14), "{head}");
+    assert!(head.contains("content-type: application/json"), "{head}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["allowed"], true, "{body}");
+    assert_eq!(v["outcome"], "Allowed", "{body}");
+    // An admission names no rule (a denial names the rule that denied).
+    assert_eq!(v["rule"], serde_json::Value::Null, "{body}");
+    assert_eq!(v["retry_after_ms"], serde_json::Value::Null, "{body}");
+    // `user:7` written with an escape is customer 7 too: spend its bucket that way.
+    let escaped = r#"{"key_class":"customer","key":"user\u003a7"}"#;
+    let denied = (0..60)
+        .map(|_| post(s.http, "/v1/check", escaped))
+        .find(|r| r.0 == 429)
+        .expect("customer 7 denied within 60 requests");
+    let (_, head, body) = denied;
+    assert!(
+        header(&head, "retry-after").is_some_and(|r| r >= 1),
+        "{head}"
+    );
+    assert_eq!(header(&head, "ratelimit-remaining"), Some(0), "{head}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["allowed"], false, "{body}");
+    assert_eq!(v["outcome"], "Limited", "{body}");
+    assert_eq!(v["rule"], "customer-hourly", "{body}");
+    assert!(
+        v["retry_after_ms"].as_u64().is_some_and(|r| r >= 1),
+        "{body}"
+    );
+    let (code, _, body) = post(
+        s.http,
+        "/v1/check",
+        r#"{"key_class":"customer","key":"8","priority":"bogus"}"#,
+    );
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("unknown priority `bogus`"), "{body}");
+    s.stop();
+}
+
 #[test]
 fn serve_refuses_bad_input_clearly() {
     let o = run(&["serve", "--resp", "nonsense"]);
