@@ -248,28 +248,16 @@ fn serve_answers_redis_cli_and_curl_and_keeps_state_across_a_restart() {
     s.stop();
 }
 
+// curl as the server's own tests run it.
+#[path = "../../server/tests/common/mod.rs"]
+mod web;
+
 /// curl with a JSON body: (status, head in lower case, body).
 fn post(http: u16, path: &str, body: &str) -> (u16, String, String) {
-    let o = Command::new("curl")
-        .args([
-            "-s",
-            "-i",
-            "-m",
-            "10",
-            "-H",
-            "content-type: application/json",
-        ])
-        .args(["--data-binary", body])
-        .arg(format!("http://127.0.0.1:{http}{path}"))
-        .output()
-        .expect("curl runs");
-    let text = String::from_utf8_lossy(&o.stdout).to_string();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok());
-    (
-        status.unwrap_or(0),
-        head.to_ascii_lowercase(),
-        body.to_string(),
+    web::curl_head(
+        "POST",
+        &format!("http://127.0.0.1:{http}{path}"),
+        Some(body),
     )
 }
 
