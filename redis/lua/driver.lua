@@ -1,4 +1,5 @@
--- driver.lua: the script's entry, after prelude.lua and the algorithms it uses.
+-- driver.lua: the script's entry, after fast.lua, prelude.lua and the algorithms it uses. It
+-- reads its arguments from A: ARGV, or the generic layout fast.lua fell through with.
 --
 -- KEYS: each limit's keys, in the order of the limits (every key of one call shares one
 --       {hash tag}: one Cluster slot).
@@ -13,31 +14,33 @@
 --        stamp (decimal ns, "" if none); refund: 0; release: the cells freed.
 -- Several limits are all-or-nothing exactly as turnstile::Limits::decide: every limit is
 -- evaluated first, then all record or none does (limits counting denials record those).
-local s, n
-if ARGV[1] == '' then
+local s, n = now_s, now_n -- read by fast.lua when it started and fell through
+if s then
+  -- the same instant
+elseif A[1] == '' then
   local t = redis.call('TIME')
   s, n = tonumber(t[1]), tonumber(t[2]) * 1000
 else
-  s, n = t_parse(ARGV[1])
+  s, n = t_parse(A[1])
 end
-local cost = tonumber(ARGV[2])
-SLACK = tonumber(ARGV[4])
+local cost = tonumber(A[2])
+SLACK = tonumber(A[4])
 local ls = {}
 local ai, ki = 6, 1
-for i = 1, tonumber(ARGV[5]) do
-  local alg = ALG[ARGV[ai]]
+for i = 1, tonumber(A[5]) do
+  local alg = ALG[A[ai]]
   local p = {}
-  for j = 1, alg.nargs do p[j] = tonumber(ARGV[ai + j]) end
+  for j = 1, alg.nargs do p[j] = tonumber(A[ai + j]) end
   ls[i] = {alg, ki, p}
   ai, ki = ai + 1 + alg.nargs, ki + alg.nkeys
 end
-if ARGV[3] == 'x' then return ls[1][1].release(ls[1][2], ls[1][3], s, n, ARGV[2]) end
-if ARGV[3] == 'a' then
+if A[3] == 'x' then return ls[1][1].release(ls[1][2], ls[1][3], s, n, A[2]) end
+if A[3] == 'a' then
   local d = ls[1][1].step(ls[1][2], ls[1][3], s, n, cost, true)
   d[7] = OUT.stamp or ''
   return d
 end
-if ARGV[3] == 'r' then
+if A[3] == 'r' then
   for i = 1, #ls do ls[i][1].refund(ls[i][2], ls[i][3], s, n, cost) end
   return 0
 end

@@ -109,8 +109,8 @@ impl RedisStore {
         now: Option<u64>,
     ) -> Result<(Decision, Option<String>), Error> {
         if !self.is_concurrency() {
-            let v = self.call(self.invocation(key, now, cost, "c")).await?;
-            return parse_full(v).map(|(d, _)| (d, None));
+            let v = self.call(self.check_invocation(key, now, cost)).await?;
+            return self.parse_check(v).map(|d| (d, None));
         }
         parse_full(self.call(self.invocation(key, now, cost, "a")).await?)
     }

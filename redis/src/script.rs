@@ -1,7 +1,8 @@
 //! The Lua scripts: one file per algorithm under `lua/`, composed per store into one script
 //! (a value: its SHA is computed once; `EVALSHA`, reloaded on `NOSCRIPT`).
 //!
-//! A store's script is `prelude.lua`, the files of the algorithms its limits use,
+//! A store's script is `fast.lua` (one fixed_window / token_bucket limit's check, before any
+//! helper is built), `prelude.lua`, the files of the algorithms its limits use,
 //! `limits.lua` (several limits all-or-nothing) and `driver.lua` (one key's call). The rules
 //! engine's script ([`compose_rules`]) is the prelude, every algorithm a rule may use,
 //! `limits.lua` and `rules.lua` (one request's matching rules in one call). Each file's header
@@ -13,6 +14,7 @@ use turnstile::{ConfigError, Limit, Limits};
 
 const PRELUDE: &str = include_str!("../lua/prelude.lua");
 const DRIVER: &str = include_str!("../lua/driver.lua");
+const FAST: &str = include_str!("../lua/fast.lua");
 const LIMITS: &str = include_str!("../lua/limits.lua");
 const RULES: &str = include_str!("../lua/rules.lua");
 const FIXED_WINDOW: &str = include_str!("../lua/fixed_window.lua");
@@ -142,7 +144,10 @@ pub(crate) fn compose(limits: &Limits) -> Result<(Script, Vec<LimitArgs>), Confi
         .iter()
         .map(limit_args)
         .collect::<Result<Vec<_>, _>>()?;
-    let mut src = String::from(PRELUDE);
+    // fast.lua first: its check of one fixed_window / token_bucket limit returns before the
+    // prelude's helpers are built; it declares the time driver.lua reuses.
+    let mut src = String::from(FAST);
+    src.push_str(PRELUDE);
     let mut add = |code: &str, text: &str| {
         if args.iter().any(|a| a.code == code) && !src.contains(text) {
             src.push_str(text);

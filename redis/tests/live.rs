@@ -170,6 +170,83 @@ fn keys_expire_when_idle_and_nothing_leaks() {
     });
 }
 
+/// A store of one fixed_window or token_bucket limit is answered by the script's fast path;
+/// at the server's time, a write to an open window keeps the TTL its first write set
+/// (`SET ... KEEPTTL`). Every key must still expire when its window ends (when the bucket is
+/// full again), to the millisecond: its PTTL is read with the server's clock and its value in
+/// one atomic call, and the expiry they give is compared with the window's end (the TAT):
+/// from 1 ms before (PTTL rounds down) to 2 ms after (the server's ms clock may have moved on
+/// between the script's TIME and its SET).
+#[test]
+fn single_limit_keys_expire_when_their_window_ends() {
+    let server = common::Server::start();
+    let rt = common::runtime();
+    rt.block_on(async {
+        let mut conn = redis::Client::open(server.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        // The key's absolute expiry in ms (the server's clock + PTTL) and its value.
+        let expiry = redis::Script::new(
+            "local p = redis.call('PTTL', KEYS[1]) local t = redis.call('TIME') \
+             return {p, t[1] * 1000 + math.floor(t[2] / 1000), redis.call('GET', KEYS[1])}",
+        );
+        async fn read(
+            s: &redis::Script,
+            conn: &mut redis::aio::MultiplexedConnection,
+            k: &str,
+        ) -> (i64, i64, String) {
+            let (pttl, now_ms, v): (i64, i64, String) =
+                s.key(k).invoke_async(conn).await.unwrap();
+            assert!(pttl >= 0, "{k}: PTTL {pttl}: no expiry");
+            (now_ms + pttl, now_ms, v)
+        }
+        // 250 ms divides a second: the fast path's window (300 ms would take the generic one).
+        let fixed = RedisStore::builder(limits(
+            Limit::fixed_window(1000, Duration::from_millis(250)).unwrap(),
+        ))
+        .timeout(Duration::from_secs(5))
+        .connect(&server.url())
+        .await
+        .unwrap();
+        // 10 tokens, one per 30 ms.
+        let tb = RedisStore::builder(limits(
+            Limit::token_bucket(10, 10, Duration::from_millis(300)).unwrap(),
+        ))
+        .timeout(Duration::from_secs(5))
+        .connect(&server.url())
+        .await
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let mut checks = 0;
+        while Instant::now() < deadline {
+            checks += 1;
+            let d = fixed.try_check("k", 1).await.unwrap();
+            assert_eq!(d.outcome, Outcome::Allowed);
+            let (at, now_ms, v) = read(&expiry, &mut conn, &fixed.redis_keys("k")[0]).await;
+            // The value is "<window start ns> <count>": the window ends 250 ms after it.
+            let start: i64 = v.split(' ').next().unwrap().parse().unwrap();
+            let end_ms = start / 1_000_000 + 250;
+            assert!(
+                (end_ms - 1..=end_ms + 2).contains(&at) && end_ms >= now_ms,
+                "fixed_window after {checks} checks: expires at {at} ms, its window ends at {end_ms} (now {now_ms})"
+            );
+            if tb.try_check("k", 1).await.unwrap().outcome == Outcome::Allowed {
+                // The value is the TAT in ns: the bucket is full then.
+                let (at, now_ms, v) = read(&expiry, &mut conn, &tb.redis_keys("k")[0]).await;
+                let tat_ms = (v.parse::<i64>().unwrap() + 999_999) / 1_000_000;
+                assert!(
+                    (tat_ms - 1..=tat_ms + 2).contains(&at),
+                    "token_bucket: expires at {at} ms, full at {tat_ms} (now {now_ms})"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(7)).await;
+        }
+        assert!(checks > 20, "{checks} checks in 2 s");
+    });
+}
+
 /// Runs `redis-cli` in the background (a command that blocks the server).
 fn background(port: u16, args: &[&str]) -> std::process::Child {
     Command::new("redis-cli")
