@@ -325,6 +325,19 @@ impl Codec for RawCodec {
 }
 
 async fn raw_call(addr: SocketAddr, body: Vec<u8>) -> Result<RateLimitResponse, tonic::Status> {
+    raw_call_to(
+        addr,
+        "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+        body,
+    )
+    .await
+}
+
+async fn raw_call_to(
+    addr: SocketAddr,
+    path: &'static str,
+    body: Vec<u8>,
+) -> Result<RateLimitResponse, tonic::Status> {
     let ch = tonic::transport::Endpoint::new(format!("http://{addr}"))
         .unwrap()
         .connect()
@@ -332,9 +345,7 @@ async fn raw_call(addr: SocketAddr, body: Vec<u8>) -> Result<RateLimitResponse, 
         .unwrap();
     let mut g = tonic::client::Grpc::new(ch).max_encoding_message_size(64 << 20);
     g.ready().await.unwrap();
-    let path = http::uri::PathAndQuery::from_static(
-        "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
-    );
+    let path = http::uri::PathAndQuery::from_static(path);
     g.unary(tonic::Request::new(body), path, RawCodec)
         .await
         .map(|r| r.into_inner())
@@ -386,6 +397,32 @@ async fn bad_input_gets_an_error_status() {
     let huge = req(0, &[&[("key2", &"w".repeat(5 << 20))]]).encode_to_vec();
     let s = raw_call(server.grpc, huge).await.unwrap_err();
     assert_eq!(s.code(), Code::OutOfRange, "{s:?}");
+    // Another method, another service: UNIMPLEMENTED, as gRPC servers answer.
+    for path in [
+        "/envoy.service.ratelimit.v3.RateLimitService/Nope",
+        "/grpc.health.v1.Health/Check",
+    ] {
+        let s = raw_call_to(
+            server.grpc,
+            path,
+            req(0, &[&[("key2", "x")]]).encode_to_vec(),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(s.code(), Code::Unimplemented, "{path}: {s:?}");
+    }
+    // HTTP/1 on the gRPC port: refused (the connection is closed), and the server lives on.
+    let mut h1 = tokio::net::TcpStream::connect(server.grpc).await.unwrap();
+    h1.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut sink = Vec::new();
+    let _ = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        h1.read_to_end(&mut sink),
+    )
+    .await;
+    assert!(!sink.starts_with(b"HTTP/1.1 200"), "{sink:?}");
     // The server still answers.
     let r = c
         .should_rate_limit(req(0, &[&[("key2", "after")]]))
