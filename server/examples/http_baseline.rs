@@ -5,6 +5,11 @@
 use axum::routing::post;
 use axum::Router;
 
+// The allocator of the turnstile binary (cli/src/main.rs): the comparison is of the servers,
+// not of their allocators.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     let mut a = std::env::args().skip(1);
     let addr: std::net::SocketAddr = a
