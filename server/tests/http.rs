@@ -113,6 +113,19 @@ fn check_metrics_and_reload() {
     let (status, _, body) = curl_head("POST", &url, Some(&big));
     assert_eq!(status, 413, "{body}");
     assert!(body.contains("\"error\""), "{body}");
+    // The same body chunked, without a Content-Length: the limit counts what arrives.
+    let o = std::process::Command::new("curl")
+        .args(["-s", "-m", "10", "-o", "/dev/null", "-w", "%{http_code}"])
+        .args([
+            "-H",
+            "Transfer-Encoding: chunked",
+            "--data-binary",
+            &big,
+            &url,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "413");
     let (status, _, _) = curl_head("GET", &format!("http://{}/healthz", r.http), None);
     assert_eq!(status, 200);
 
