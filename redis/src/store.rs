@@ -144,12 +144,8 @@ impl RedisStoreBuilder {
         }
         // fast.lua answers an admission of one fixed_window / token_bucket limit as
         // "<remaining> <reset_after>"; the limit it leaves out is this one.
-        let fast = match largs.as_slice() {
-            [a] if a.code == "fw" || a.code == "tb" => Some((
-                a.params[0],
-                a.code,
-                a.params.iter().map(u64::to_string).collect(),
-            )),
+        let fast_limit = match largs.as_slice() {
+            [a] if a.code == "fw" || a.code == "tb" => Some(a.params[0]),
             _ => None,
         };
         let suffixes = largs
@@ -171,7 +167,7 @@ impl RedisStoreBuilder {
         Ok(RedisStore {
             conn,
             script,
-            fast,
+            fast_limit,
             tail,
             suffixes,
             prefix: self.prefix,
@@ -198,8 +194,8 @@ pub struct RedisStore {
     conn: Conn,
     script: redis::Script,
     /// For one fixed_window / token_bucket limit, checked by fast.lua: the limit an admission
-    /// leaves out of its short reply, the algorithm's code and its parameters.
-    fast: Option<(u64, &'static str, Vec<String>)>,
+    /// leaves out of its short reply.
+    fast_limit: Option<u64>,
     /// ARGV from [5] on: the number of limits, then each one's code and parameters.
     tail: Vec<String>,
     /// Each limit's key suffix (`:<index><code>`).
@@ -311,16 +307,17 @@ impl RedisStore {
     /// A check of `cost`: fast.lua's short arguments when it answers this store's checks
     /// (five instead of nine: each argument costs the server about a GET), else driver.lua's.
     pub(crate) fn check_invocation(&self, key: &str, now: Option<u64>, cost: u64) -> redis::Cmd {
-        let Some((_, code, params)) = self.fast.as_ref().filter(|_| cost > 0) else {
+        if self.fast_limit.is_none() || cost == 0 {
             return self.invocation(key, now, cost, "c");
-        };
+        }
+        // `tail` is ["1", code, parameters...] for one limit.
         let mut c = redis::cmd("EVALSHA");
         c.arg(self.script.get_hash())
             .arg(1)
             .arg(format!("{}{{{key}}}{}", self.prefix, self.suffixes[0]))
-            .arg(*code)
+            .arg(&self.tail[1])
             .arg(cost)
-            .arg(params);
+            .arg(&self.tail[2..]);
         if let Some(n) = now {
             c.arg(n).arg(EXPLICIT_NOW_TTL_SLACK_MS);
         }
@@ -329,8 +326,8 @@ impl RedisStore {
 
     /// A check's reply: fast.lua's short admission or driver.lua's decision.
     pub(crate) fn parse_check(&self, v: Value) -> Result<Decision, Error> {
-        match (&v, &self.fast) {
-            (Value::BulkString(b), Some((limit, ..))) => parse_short(b, *limit)
+        match (&v, self.fast_limit) {
+            (Value::BulkString(b), Some(limit)) => parse_short(b, limit)
                 .ok_or_else(|| Error::Reply(format!("{:?}", String::from_utf8_lossy(b)))),
             _ => parse(v),
         }
