@@ -203,6 +203,40 @@ fn redis_matches_the_in_memory_store() {
         .unwrap();
 }
 
+/// A store of one fixed_window or token_bucket limit is checked by the script's fast path
+/// (`lua/fast.lua`): the same traces, on those stores alone, so that the default case count
+/// exercises it (among one to three limits of six algorithms, few cases reach it).
+#[test]
+fn the_fast_path_matches_the_in_memory_store() {
+    let server = common::Server::start();
+    let rt = common::runtime();
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(48);
+    let mut runner = TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let fast = one_limit().prop_filter("fixed_window or token_bucket", |l| {
+        matches!(l, Limit::FixedWindow(_) | Limit::TokenBucket(_))
+    });
+    let strategy = (
+        fast,
+        prop_oneof![Just(0u64), Just(1_763_900_000 * S), 0u64..1 << 62],
+        prop::collection::vec(op(), 1..60),
+    );
+    let case = std::sync::atomic::AtomicU64::new(1 << 32);
+    let url = server.url();
+    runner
+        .run(&strategy, |(limit, start, ops)| {
+            let c = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            rt.block_on(run_case(&url, c, vec![limit], start, ops))
+        })
+        .unwrap();
+}
+
 async fn run_case(
     url: &str,
     case: u64,
