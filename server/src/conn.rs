@@ -1,7 +1,7 @@
 //! A RESP connection: fill the input buffer, run every whole command in it (a pipeline is
 //! answered in one write), and close on a protocol error after replying it, as Redis does.
 
-use crate::metrics::C;
+use crate::metrics::{Tally, C};
 use crate::resp::{parse_command, Out, Parsed, Proto};
 use crate::throttle::{ArgError, LastStore};
 use crate::Shared;
@@ -40,6 +40,8 @@ struct State {
     name: Vec<u8>,
     id: u64,
     last: LastStore,
+    /// Counts since the last flush to the shared metrics (one per pipeline).
+    tally: Tally,
 }
 
 /// Whether to keep the connection after a command.
@@ -79,6 +81,7 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut sock: TcpStream, id: u64) {
         name: Vec::new(),
         id,
         last: LastStore::default(),
+        tally: Tally::default(),
     };
     let clock = DefaultClock::new();
     let idle = shared.args.idle_timeout;
@@ -89,25 +92,27 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut sock: TcpStream, id: u64) {
     loop {
         // Run every whole command buffered: those parsed ahead (a pipeline) first.
         look_ahead(&shared, &st, &inb, &mut ranges, &mut ahead);
+        // Time has passed since the last pipeline: its last clock reading is not this one's.
+        st.last.unmark();
         let mut next = 0;
         let mut start = 0;
         let mut flow = Flow::Go;
         while start < inb.len() {
             let parsed = match ahead.commands.get(next) {
-                Some(&(consumed, ref r)) => {
+                Some(&(consumed, ref r, id)) => {
                     next += 1;
-                    Ok((consumed, &ahead.ranges[r.clone()]))
+                    Ok((consumed, &ahead.ranges[r.clone()], id))
                 }
                 None => {
                     parse_command(&inb[start..], &shared.bounds, &mut ranges).map(|p| match p {
-                        Parsed::Incomplete => (0, &ranges[..0]),
-                        Parsed::Command { consumed } => (consumed, &ranges[..]),
+                        Parsed::Incomplete => (0, &ranges[..0], None),
+                        Parsed::Command { consumed } => (consumed, &ranges[..], None),
                     })
                 }
             };
             match parsed {
-                Ok((0, _)) => break,
-                Ok((consumed, ranges)) => {
+                Ok((0, _, _)) => break,
+                Ok((consumed, ranges, id)) => {
                     let args = Args {
                         buf: &inb[start..],
                         ranges,
@@ -116,7 +121,7 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut sock: TcpStream, id: u64) {
                     if args.len() == 0 {
                         continue;
                     }
-                    shared.metrics.add(C::Commands, 1);
+                    st.tally.add(C::Commands, 1);
                     let mut o = Out {
                         buf: &mut out,
                         proto: st.proto,
@@ -124,12 +129,13 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut sock: TcpStream, id: u64) {
                     // The rules commands with the counts in Redis: awaited here, on this
                     // worker's runtime (the other commands run without an await).
                     if let Some((redis, what)) = remote(&shared, &st, &args) {
+                        st.last.unmark();
                         let t0 = clock.now();
                         rules_on_redis(&shared, &redis, &args, &mut o, what).await;
                         shared.metrics.latency(clock.now().saturating_sub(t0));
                         continue;
                     }
-                    flow = command(&shared, &mut st, &args, &mut o, &clock);
+                    flow = command(&shared, &mut st, &args, id, &mut o, &clock);
                     if flow == Flow::Close {
                         break;
                     }
@@ -148,6 +154,8 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut sock: TcpStream, id: u64) {
             }
         }
         inb.drain(..start);
+        // Counted before the replies go out: a client that read one sees it counted.
+        shared.metrics.flush(&mut st.tally);
         if !out.is_empty() {
             // A client that stopped reading (closed or reset) does not stop its commands: every
             // command received in full is run and counted, as if its reply had been read.
@@ -202,11 +210,12 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut sock: TcpStream, id: u64) {
 /// before their commands run.
 const AHEAD: usize = 32;
 
-/// The commands of a pipeline parsed ahead of running them: each one's length in bytes and
-/// its arguments' ranges (relative to its own start) in `ranges`.
+/// The commands of a pipeline parsed ahead of running them: each one's length in bytes, its
+/// arguments' ranges (relative to its own start) in `ranges`, and for a `CL.THROTTLE` whose key
+/// was prefetched, the key's id.
 #[derive(Default)]
 struct Ahead {
-    commands: Vec<(usize, Range<usize>)>,
+    commands: Vec<(usize, Range<usize>, Option<u64>)>,
     ranges: Vec<Range<usize>>,
 }
 
@@ -239,22 +248,24 @@ fn look_ahead(
         }
         let from = ahead.ranges.len();
         ahead.ranges.extend_from_slice(scratch);
-        ahead.commands.push((consumed, from..ahead.ranges.len()));
+        ahead
+            .commands
+            .push((consumed, from..ahead.ranges.len(), None));
         start += consumed;
     }
     if !st.authed {
         return;
     }
     let mut start = 0;
-    for (consumed, r) in &ahead.commands {
+    for (consumed, r, id) in &mut ahead.commands {
         let a = Args {
             buf: &inb[start..],
             ranges: &ahead.ranges[r.clone()],
         };
         if a.len() >= 5 && named(a.get(0), "CL.THROTTLE") {
-            st.last.prefetch(&[a.get(1), a.get(2), a.get(3), a.get(4)]);
+            *id = st.last.prefetch(&[a.get(1), a.get(2), a.get(3), a.get(4)]);
         }
-        start += consumed;
+        start += *consumed;
     }
 }
 
@@ -285,11 +296,13 @@ fn allowed_unauthenticated(a: &Args<'_>) -> bool {
     a.is(0, "AUTH") || a.is(0, "HELLO") || a.is(0, "QUIT")
 }
 
-/// Runs one command, appending its reply.
+/// Runs one command, appending its reply; `id` is the key id [`look_ahead`] computed for a
+/// `CL.THROTTLE`.
 fn command(
     shared: &Shared,
     st: &mut State,
     a: &Args<'_>,
+    id: Option<u64>,
     o: &mut Out<'_>,
     clock: &DefaultClock,
 ) -> Flow {
@@ -300,12 +313,15 @@ fn command(
     let name = a.get(0);
     let n = a.len();
     let up = |s: &str| named(name, s);
-    if up("CL.THROTTLE") {
+    let throttle = up("CL.THROTTLE");
+    if !throttle {
+        st.last.unmark();
+    }
+    if throttle {
         if n != 5 && n != 6 {
             wrong_args(o, name);
             return Flow::Go;
         }
-        let t0 = clock.now();
         let args: [&[u8]; 5] = [
             a.get(1),
             a.get(2),
@@ -313,9 +329,9 @@ fn command(
             a.get(4),
             if n == 6 { a.get(5) } else { b"1" },
         ];
-        match st.last.throttle(&shared.throttles, &args) {
-            Ok(c) => {
-                shared.metrics.add(
+        match st.last.throttle(&shared.throttles, &args, id) {
+            Ok((c, t0)) => {
+                st.tally.add(
                     if c.limited == 1 {
                         C::ThrottleLimited
                     } else {
@@ -324,10 +340,12 @@ fn command(
                     1,
                 );
                 o.ints(&c.as_array());
+                let ns = st.last.stop(t0);
+                st.tally.latency(ns);
             }
+            // Refused before reaching a store: nothing was checked, nothing timed.
             Err(e) => o.error(&e.to_string()),
         }
-        shared.metrics.latency(clock.now().saturating_sub(t0));
     } else if up("TURNSTILE.CHECK") || up("TURNSTILE.PEEK") || up("TURNSTILE.REFUND") {
         let what = if up("TURNSTILE.PEEK") {
             Rules::Peek

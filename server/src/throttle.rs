@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use turnstile::algo::token_bucket;
 use turnstile::keyed::{FullPolicy, Store, StoreBuilder};
-use turnstile::{Decision, Limit, Limits, Outcome};
+use turnstile::{Clock, Decision, Limit, Limits, Nanos, Outcome};
 
 /// The parameters that select a store.
 pub type Params = (i64, i64, i64);
@@ -265,30 +265,56 @@ impl Throttles {
     }
 }
 
-/// A connection's cache of the store it used last.
+/// A connection's cache of the store it used last, and the reading of that store's clock
+/// that ended its last check.
 #[derive(Default)]
-pub struct LastStore(Option<(Params, Arc<Store>)>);
+pub struct LastStore {
+    last: Option<(Params, Arc<Store>)>,
+    /// The store's clock when its last `CL.THROTTLE` ended, if nothing else ran since: the next
+    /// one starts there, so that a run of pipelined `CL.THROTTLE`s reads the clock once per
+    /// command (the end of one is the start of the next, for its check and its latency)
+    /// instead of three times (a latency bracket and the check's own reading; each `rdtsc`
+    /// about 1 % of a pipelined command's time, docs/service.md).
+    mark: Option<Nanos>,
+}
 
 impl LastStore {
     /// Prefetches the key of a `CL.THROTTLE` (its arguments after the name) if its parameters
     /// are this connection's last store's: a hint for a command about to run (see
-    /// [`Store::prefetch`]). Creates nothing, parses no more than the three parameters, and
-    /// ignores a malformed command (its run answers the error).
-    pub fn prefetch(&self, args: &[&[u8]]) {
-        let Some((lp, store)) = &self.0 else { return };
+    /// [`Store::prefetch`]). Returns the key's id in that store, for [`LastStore::throttle`]
+    /// (which then does not hash the key again). Creates nothing, parses no more than the
+    /// three parameters, and ignores a malformed command (its run answers the error).
+    pub fn prefetch(&self, args: &[&[u8]]) -> Option<u64> {
+        let (lp, store) = self.last.as_ref()?;
         if args.len() < 4 {
-            return;
+            return None;
         }
         let p = (parse_i64(args[1]), parse_i64(args[2]), parse_i64(args[3]));
-        if let (Ok(a), Ok(b), Ok(c)) = p {
-            if (a, b, c) == *lp {
-                store.prefetch(args[0]);
+        match p {
+            (Ok(a), Ok(b), Ok(c)) if (a, b, c) == *lp => {
+                let id = store.hasher().bytes(args[0]);
+                store.prefetch(&id);
+                Some(id)
             }
+            _ => None,
         }
     }
 
-    /// `CL.THROTTLE` with its arguments after the command name.
-    pub fn throttle(&mut self, t: &Throttles, args: &[&[u8]]) -> Result<Cell, ArgError> {
+    /// Something other than a `CL.THROTTLE` ran: the next one reads the clock afresh.
+    #[inline]
+    pub fn unmark(&mut self) {
+        self.mark = None;
+    }
+
+    /// `CL.THROTTLE` with its arguments after the command name; `id`, if given, is the key's
+    /// id as [`LastStore::prefetch`] returned it. Also returns the store's clock when the
+    /// check started, for [`LastStore::stop`].
+    pub fn throttle(
+        &mut self,
+        t: &Throttles,
+        args: &[&[u8]],
+        id: Option<u64>,
+    ) -> Result<(Cell, Nanos), ArgError> {
         let p = (
             parse_i64(args[1])?,
             parse_i64(args[2])?,
@@ -301,16 +327,33 @@ impl LastStore {
         if quantity < 0 {
             return Err(ArgError::NotPositive);
         }
-        let store = match &self.0 {
+        let e = emission_ns(p.1, p.2)?;
+        let store = match &self.last {
             Some((lp, s)) if *lp == p => s,
             _ => {
                 let s = t.store(p)?;
-                &self.0.insert((p, s)).1
+                self.mark = None;
+                &self.last.insert((p, s)).1
             }
         };
-        let d = store.check(args[0], quantity as u64);
-        let e = emission_ns(p.1, p.2)?;
-        Ok(reply(&d, p.0, e))
+        // Ids depend only on the hash seed, which every CL.THROTTLE store shares
+        // (`Throttles::new`): an id computed with another store's hasher is this store's too.
+        let id = id.unwrap_or_else(|| store.hasher().bytes(args[0]));
+        let now = self.mark.take().unwrap_or_else(|| store.clock().now());
+        let d = store.check_at(&id, quantity as u64, now);
+        Ok((reply(&d, p.0, e), now))
+    }
+
+    /// Ends the `CL.THROTTLE` that [`LastStore::throttle`] started at `start`: its time in ns
+    /// (the latency histogram's), by the same store's clock, whose reading starts the next.
+    #[inline]
+    pub fn stop(&mut self, start: Nanos) -> u64 {
+        let Some((_, store)) = &self.last else {
+            return 0;
+        };
+        let end = store.clock().now();
+        self.mark = Some(end);
+        end.saturating_sub(start)
     }
 }
 

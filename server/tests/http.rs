@@ -190,6 +190,8 @@ fn redis_crate_pipelined() {
     let r = start(args(|_| {})).unwrap();
     let client = redis::Client::open(format!("redis://{}/", r.resp)).unwrap();
     let mut con = client.get_connection().unwrap();
+    // What the client sent on connecting (CLIENT SETINFO) is counted too.
+    let before = sample(&metrics(&r), "turnstile_resp_commands_total", "", "");
     let p = (9i64, 1i64, 3600i64);
     let store = Store::builder(Limits::new(vec![limit_of(p).unwrap()]).unwrap())
         .capacity(1000)
@@ -211,6 +213,37 @@ fn redis_crate_pipelined() {
     assert_eq!(got, want);
     let pong: String = redis::cmd("PING").query(&mut con).unwrap();
     assert_eq!(pong, "PONG");
+    // Counted per pipeline, before the replies are sent: every command read is in /metrics.
+    let m = metrics(&r);
+    let limited = want.iter().filter(|w| w[0] == 1).count() as f64;
+    assert!(limited > 0.0 && limited < 200.0);
+    assert_eq!(
+        sample(&m, "turnstile_throttle_total", "result", "limited"),
+        limited
+    );
+    assert_eq!(
+        sample(&m, "turnstile_throttle_total", "result", "allowed"),
+        200.0 - limited
+    );
+    assert_eq!(
+        sample(&m, "turnstile_resp_commands_total", "", "") - before,
+        201.0
+    );
+    // One latency observation per CL.THROTTLE, in the histogram's +Inf bucket and its count.
+    let hist = m
+        .samples
+        .iter()
+        .find_map(|x| match (&x.metric[..], &x.value) {
+            ("turnstile_check_seconds", prometheus_parse::Value::Histogram(h)) => Some(h.clone()),
+            _ => None,
+        })
+        .expect("turnstile_check_seconds histogram");
+    let inf = hist.iter().find(|b| b.less_than.is_infinite()).unwrap();
+    assert_eq!(inf.count, 200.0);
+    assert!(
+        hist.windows(2).all(|w| w[0].count <= w[1].count),
+        "{hist:?}"
+    );
     stop(r);
 }
 
