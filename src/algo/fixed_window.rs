@@ -116,7 +116,10 @@ fn clamp(t: u128) -> u64 {
 }
 
 /// The transition: `(new_state, decision)` for a request of `cost` at `now`. Cost 0 peeks.
-#[inline]
+// Always inlined, in other crates too: a call returns the 56-byte `Decision` through memory,
+// and the caller's wide reload of it stalls on store forwarding (a server's `CL.THROTTLE`,
+// where the compiler chose the call: docs/service.md).
+#[inline(always)]
 pub fn decide(s: u64, now: u64, p: &Params, cost: u64) -> (u64, Decision) {
     let (idx, count, ends_in) = current(s, now, p);
     let reset = |c: u64| if c == 0 { 0 } else { clamp(ends_in) };

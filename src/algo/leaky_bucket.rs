@@ -103,7 +103,10 @@ impl Params {
 
 /// The transition. Cost 0 peeks. (A request that cannot be admitted before the TAT's range
 /// ends, 2^63 ns, is `NeverFits`: see `token_bucket`.)
-#[inline]
+// Always inlined, in other crates too: a call returns the 56-byte `Decision` through memory,
+// and the caller's wide reload of it stalls on store forwarding (a server's `CL.THROTTLE`,
+// where the compiler chose the call: docs/service.md).
+#[inline(always)]
 pub fn decide(tat: u64, now: u64, p: &Params, cost: u64) -> (u64, Decision) {
     let cap = p.capacity();
     let backlog = tat.saturating_sub(now);

@@ -191,7 +191,10 @@ fn first_elapsed_fitting(prev: u64, w: u64, a: u64) -> u64 {
 }
 
 /// The transition. Cost 0 peeks.
-#[inline]
+// Always inlined, in other crates too: a call returns the 56-byte `Decision` through memory,
+// and the caller's wide reload of it stalls on store forwarding (a server's `CL.THROTTLE`,
+// where the compiler chose the call: docs/service.md).
+#[inline(always)]
 pub fn decide(s: u64, now: u64, p: &Params, cost: u64) -> (u64, Decision) {
     let w = p.window;
     let v = view(s, now, p);

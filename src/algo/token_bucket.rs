@@ -148,7 +148,10 @@ impl Gcra {
 }
 
 /// The transition. Cost 0 peeks.
-#[inline]
+// Always inlined, in other crates too: a call returns the 56-byte `Decision` through memory,
+// and the caller's wide reload of it stalls on store forwarding (a server's `CL.THROTTLE`,
+// where the compiler chose the call: docs/service.md).
+#[inline(always)]
 pub fn decide(tat: u64, now: u64, p: &Params, cost: u64) -> (u64, Decision) {
     let backlog = tat.saturating_sub(now);
     let g = Gcra::new(tat, now, p.interval, p.tau);
