@@ -60,12 +60,15 @@ per_cpu() {
 rb() {
     local label=$1 port=$2 n=$3 p=$4 pid=$5
     shift 5
-    local c0 c1
+    local c0 c1 client
     c0=$(cpu "$pid")
-    taskset -c 1 redis-benchmark -p "$port" -n "$n" -r "$KEYS" -P "$p" -c 50 --csv "$@" >"$TMP/rb.out"
+    # The client's own CPU time too (bash's `time`: user and system seconds): a client at
+    # 100 % of its core, not the server, is then what limits requests/s.
+    client=$( { TIMEFORMAT='%U %S'; time taskset -c 1 redis-benchmark -p "$port" -n "$n" -r "$KEYS" -P "$p" -c 50 --csv "$@" >"$TMP/rb.out"; } 2>&1 )
     c1=$(cpu "$pid")
-    awk -F'","' -v l="$label" -v p="$p" -v n="$n" -v c="$(( c1 - c0 ))" -v t="$TICK" \
-        'NR==2 {gsub(/"/,"",$2); gsub(/"/,"",$7); cpu = c / t; printf "%-40s -P %-2s %12.0f req/s   p99 %s ms   %s req per server CPU-s\n", l, p, $2, $7, (cpu > 0 ? sprintf("%.0f", n / cpu) : "n/a")}' \
+    awk -F'","' -v l="$label" -v p="$p" -v n="$n" -v c="$(( c1 - c0 ))" -v t="$TICK" -v cl="$client" \
+        'NR==2 {gsub(/"/,"",$2); gsub(/"/,"",$7); cpu = c / t; split(cl, u, " "); secs = n / $2;
+            printf "%-40s -P %-2s %12.0f req/s   p99 %s ms   %s req per server CPU-s   server %.0f %%, client %.0f %% on CPU\n", l, p, $2, $7, (cpu > 0 ? sprintf("%.0f", n / cpu) : "n/a"), 100 * cpu / secs, 100 * (u[1] + u[2]) / secs}' \
         "$TMP/rb.out" | tee -a "$TMP/results"
 }
 

@@ -48,7 +48,11 @@ wrk_mode() {
         echo "port $PORT did not open" >&2
         exit 1
     }
-    # One wrk run against the server started with "$@"; prints requests/s.
+    # One wrk run against the server started with "$@"; prints requests/s and requests per
+    # second of the server's own CPU time (user + system, /proc/PID/stat): the second holds
+    # when the client on the other core, not the server, is what limits requests/s.
+    local tick
+    tick=$(getconf CLK_TCK)
     run() {
         taskset -c 0 "$hello" --addr "127.0.0.1:$PORT" "$@" 2>/dev/null &
         PID=$!
@@ -60,11 +64,15 @@ wrk_mode() {
         *--layer*) grep -qi '^ratelimit:' <<<"$head" || { echo "no RateLimit header" >&2; exit 1; } ;;
         *) ! grep -qi '^ratelimit' <<<"$head" || { echo "unexpected RateLimit header" >&2; exit 1; } ;;
         esac
+        local c0 c1
+        c0=$(awk '{print $14 + $15}' "/proc/$PID/stat")
         taskset -c 1 wrk -t1 -c"$CONNS" -d"${WRK_SECS}s" "http://127.0.0.1:$PORT/" >"$TMP/wrk.out"
+        c1=$(awk '{print $14 + $15}' "/proc/$PID/stat")
         kill "$PID"
         wait "$PID" 2>/dev/null || true
         PID=""
-        awk '/Requests\/sec/ {print $2}' "$TMP/wrk.out"
+        awk -v c=$((c1 - c0)) -v t="$tick" '/requests in/ {n = $1} /Requests\/sec/ {r = $2}
+            END {printf "%s %.0f\n", r, (c > 0 ? n * t / c : 0)}' "$TMP/wrk.out"
         if grep -q 'Non-2xx' "$TMP/wrk.out"; then
             echo "non-2xx answers: $(grep 'Non-2xx' "$TMP/wrk.out")" >&2
             exit 1
@@ -72,17 +80,20 @@ wrk_mode() {
     }
     load before
     echo "axum hello world, wrk -t1 -c$CONNS -d${WRK_SECS}s, server on core 0, wrk on core 1"
-    printf "%-6s %14s %14s %7s\n" round without "with layer" ratio
-    local ratios=()
+    echo "req/s, and requests per server CPU-second (cpu-s)"
+    printf "%-6s %14s %14s %7s %14s %14s %7s\n" round without "with layer" ratio "cpu-s without" "cpu-s with" ratio
+    local ratios=() cratios=()
+    median() { sort -n | awk '{v[NR]=$1} END {print (NR % 2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
     for r in $(seq 1 "$ROUNDS"); do
         local a b
-        a=$(run)
-        b=$(run --layer)
+        read -r a ac <<<"$(run)"
+        read -r b bc <<<"$(run --layer)"
         ratios+=("$(awk -v a="$a" -v b="$b" 'BEGIN {printf "%.3f", b / a}')")
-        printf "%-6s %14.0f %14.0f %7s\n" "$r" "$a" "$b" "${ratios[-1]}"
+        cratios+=("$(awk -v a="$ac" -v b="$bc" 'BEGIN {printf "%.3f", (a > 0 ? b / a : 0)}')")
+        printf "%-6s %14.0f %14.0f %7s %14.0f %14.0f %7s\n" "$r" "$a" "$b" "${ratios[-1]}" "$ac" "$bc" "${cratios[-1]}"
     done
-    printf "median ratio (with / without): %s\n" \
-        "$(printf '%s\n' "${ratios[@]}" | sort -n | awk '{v[NR]=$1} END {print (NR % 2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}')"
+    printf "median ratio (with / without): %s req/s, %s per server CPU-second\n" \
+        "$(printf '%s\n' "${ratios[@]}" | median)" "$(printf '%s\n' "${cratios[@]}" | median)"
     load after
 }
 
