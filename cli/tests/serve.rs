@@ -547,3 +547,132 @@ fn kill_9_during_load_restarts_from_the_last_snapshot() {
         "{err}"
     );
 }
+
+/// A protobuf length-delimited field: tag, length, bytes.
+fn pb_field(out: &mut Vec<u8>, field: u8, bytes: &[u8]) {
+    out.push(field << 3 | 2);
+    assert!(bytes.len() < 128, "one-byte lengths only");
+    out.push(bytes.len() as u8);
+    out.extend_from_slice(bytes);
+}
+
+/// Envoy's `RateLimitRequest { domain, descriptors: [{ entries: [{ key, value }] }] }`
+/// (envoy.service.ratelimit.v3), encoded by hand, in a gRPC frame (uncompressed, 4-byte
+/// big-endian length).
+fn should_rate_limit_frame(domain: &str, key: &str, value: &str) -> Vec<u8> {
+    let mut entry = Vec::new();
+    pb_field(&mut entry, 1, key.as_bytes());
+    pb_field(&mut entry, 2, value.as_bytes());
+    let mut descriptor = Vec::new();
+    pb_field(&mut descriptor, 1, &entry);
+    let mut req = Vec::new();
+    pb_field(&mut req, 1, domain.as_bytes());
+    pb_field(&mut req, 2, &descriptor);
+    let mut frame = vec![0u8];
+    frame.extend_from_slice(&(req.len() as u32).to_be_bytes());
+    frame.extend_from_slice(&req);
+    frame
+}
+
+/// One gRPC call with curl over HTTP/2 (prior knowledge, as Envoy speaks to a rate limit
+/// service): the response body and the headers and trailers as curl prints them.
+fn grpc_call(port: u16, method: &str, frame: &[u8]) -> (Vec<u8>, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let head = dir.path().join("head");
+    let mut child = Command::new("curl")
+        .args(["-sS", "-m", "10", "--http2-prior-knowledge", "-X", "POST"])
+        .args(["-H", "content-type: application/grpc", "-H", "te: trailers"])
+        .args([
+            "--data-binary",
+            "@-",
+            "-D",
+            head.to_str().unwrap(),
+            "-o",
+            "-",
+        ])
+        .arg(format!("http://127.0.0.1:{port}/{method}"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("curl runs");
+    child.stdin.take().unwrap().write_all(frame).unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(
+        o.status.success(),
+        "curl: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let head = std::fs::read_to_string(head).unwrap();
+    (o.stdout, head)
+}
+
+/// `RateLimitResponse.overall_code` (field 1; OK = 1, OVER_LIMIT = 2) of a one-frame gRPC
+/// response body.
+fn overall_code(body: &[u8]) -> u8 {
+    assert!(
+        body.len() >= 7 && body[0] == 0,
+        "not one gRPC frame: {body:?}"
+    );
+    let len = u32::from_be_bytes(body[1..5].try_into().unwrap()) as usize;
+    assert_eq!(body.len(), 5 + len, "{body:?}");
+    assert_eq!(body[5], 1 << 3, "overall_code first: {body:?}");
+    body[6]
+}
+
+/// Envoy's rate limit service as Envoy reaches it: ShouldRateLimit over gRPC (HTTP/2 without
+/// TLS) to the `turnstile serve` binary started with `--envoy-config` and `--grpc`, from
+/// curl: two calls within a limit of 2 per hour are OK, the third is OVER_LIMIT; an unknown
+/// method is UNIMPLEMENTED.
+#[test]
+fn serve_answers_envoy_should_rate_limit_over_grpc() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("envoy.yaml");
+    std::fs::write(
+        &cfg,
+        "domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: hour, requests_per_unit: 2}\n",
+    )
+    .unwrap();
+    let grpc = free_port();
+    let s = Server::start(&[
+        "--envoy-config",
+        cfg.to_str().unwrap(),
+        "--grpc",
+        &format!("127.0.0.1:{grpc}"),
+    ]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while TcpStream::connect(("127.0.0.1", grpc)).is_err() {
+        assert!(Instant::now() < deadline, "gRPC not listening after 30 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    const METHOD: &str = "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+    let frame = should_rate_limit_frame("edge", "api_key", "k1");
+    let mut codes = Vec::new();
+    for _ in 0..3 {
+        let (body, head) = grpc_call(grpc, METHOD, &frame);
+        assert!(head.starts_with("HTTP/2 200"), "{head}");
+        assert!(head.contains("grpc-status: 0"), "{head}");
+        codes.push(overall_code(&body));
+    }
+    assert_eq!(codes, [1, 1, 2], "OK, OK, OVER_LIMIT");
+    // Another key has its own count; another domain matches no rule (OK).
+    let (body, _) = grpc_call(
+        grpc,
+        METHOD,
+        &should_rate_limit_frame("edge", "api_key", "k2"),
+    );
+    assert_eq!(overall_code(&body), 1);
+    let (body, _) = grpc_call(
+        grpc,
+        METHOD,
+        &should_rate_limit_frame("other", "api_key", "k1"),
+    );
+    assert_eq!(overall_code(&body), 1);
+    let (_, head) = grpc_call(
+        grpc,
+        "envoy.service.ratelimit.v3.RateLimitService/Nope",
+        &frame,
+    );
+    assert!(head.contains("grpc-status: 12"), "UNIMPLEMENTED: {head}");
+    s.stop();
+}
