@@ -65,14 +65,19 @@ impl Tally {
 
     #[inline]
     pub(crate) fn latency(&mut self, ns: u64) {
-        let b = BOUNDS_NS
-            .iter()
-            .position(|&b| ns <= b)
-            .unwrap_or(BOUNDS_NS.len());
-        self.hist[b] += 1;
+        self.hist[bucket(ns)] += 1;
         self.sum_ns += ns;
         self.dirty = true;
     }
+}
+
+/// The latency histogram's bucket of `ns`.
+#[inline]
+fn bucket(ns: u64) -> usize {
+    BOUNDS_NS
+        .iter()
+        .position(|&b| ns <= b)
+        .unwrap_or(BOUNDS_NS.len())
 }
 
 thread_local! {
@@ -164,12 +169,8 @@ impl Metrics {
     #[inline]
     pub(crate) fn latency(&self, ns: u64) {
         let w = self.mine();
-        let b = BOUNDS_NS
-            .iter()
-            .position(|&b| ns <= b)
-            .unwrap_or(BOUNDS_NS.len());
         // Relaxed: statistics.
-        w.hist[b].fetch_add(1, Ordering::Relaxed);
+        w.hist[bucket(ns)].fetch_add(1, Ordering::Relaxed);
         w.sum_ns.fetch_add(ns, Ordering::Relaxed);
     }
 
