@@ -169,8 +169,14 @@ fn units(l: &Limit) -> u64 {
     }
 }
 
-#[test]
-fn redis_matches_the_in_memory_store() {
+/// Runs the traces of `limits` (with the start times and operations below) against a real
+/// redis-server and the in-memory store, `PROPTEST_CASES` cases (default 48); each case's
+/// keys are numbered from `first_case`, so that two runs on one server never share a key.
+fn run_traces(
+    limits: impl Strategy<Value = Vec<Limit>>,
+    starts: impl Strategy<Value = u64>,
+    first_case: u64,
+) {
     let server = common::Server::start();
     let rt = common::runtime();
     let cases = std::env::var("PROPTEST_CASES")
@@ -182,18 +188,8 @@ fn redis_matches_the_in_memory_store() {
         failure_persistence: None,
         ..Config::default()
     });
-    let starts = prop_oneof![
-        Just(0u64),
-        Just(1_763_900_000 * S),
-        Just(1u64 << 62),
-        0u64..1 << 62
-    ];
-    let strategy = (
-        prop::collection::vec(one_limit(), 1..=3),
-        starts,
-        prop::collection::vec(op(), 1..60),
-    );
-    let case = std::sync::atomic::AtomicU64::new(0);
+    let strategy = (limits, starts, prop::collection::vec(op(), 1..60));
+    let case = std::sync::atomic::AtomicU64::new(first_case);
     let url = server.url();
     runner
         .run(&strategy, |(limits, start, ops)| {
@@ -203,38 +199,27 @@ fn redis_matches_the_in_memory_store() {
         .unwrap();
 }
 
+#[test]
+fn redis_matches_the_in_memory_store() {
+    let starts = prop_oneof![
+        Just(0u64),
+        Just(1_763_900_000 * S),
+        Just(1u64 << 62),
+        0u64..1 << 62
+    ];
+    run_traces(prop::collection::vec(one_limit(), 1..=3), starts, 0);
+}
+
 /// A store of one fixed_window or token_bucket limit is checked by the script's fast path
 /// (`lua/fast.lua`): the same traces, on those stores alone, so that the default case count
 /// exercises it (among one to three limits of six algorithms, few cases reach it).
 #[test]
 fn the_fast_path_matches_the_in_memory_store() {
-    let server = common::Server::start();
-    let rt = common::runtime();
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(48);
-    let mut runner = TestRunner::new(Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
-    });
     let fast = one_limit().prop_filter("fixed_window or token_bucket", |l| {
         matches!(l, Limit::FixedWindow(_) | Limit::TokenBucket(_))
     });
-    let strategy = (
-        fast,
-        prop_oneof![Just(0u64), Just(1_763_900_000 * S), 0u64..1 << 62],
-        prop::collection::vec(op(), 1..60),
-    );
-    let case = std::sync::atomic::AtomicU64::new(1 << 32);
-    let url = server.url();
-    runner
-        .run(&strategy, |(limit, start, ops)| {
-            let c = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            rt.block_on(run_case(&url, c, vec![limit], start, ops))
-        })
-        .unwrap();
+    let starts = prop_oneof![Just(0u64), Just(1_763_900_000 * S), 0u64..1 << 62];
+    run_traces(fast.prop_map(|l| vec![l]), starts, 1 << 32);
 }
 
 async fn run_case(
