@@ -306,6 +306,18 @@ fn serve_answers_a_pipeline_in_order_and_v1_check_with_its_headers() {
     let err = c.line();
     assert!(err.starts_with("-ERR"), "the bad command's error: {err}");
     assert_eq!(c.line(), "+PONG", "the commands after it still run");
+    // Counted per pipeline, before its replies were written: all of it is in /metrics now.
+    // pipe:a 3 allowed, 2 limited; pipe:b 1 and 4; the bad command reached no store (untimed).
+    assert_eq!(
+        s.metric("turnstile_throttle_total{result=\"allowed\"}"),
+        4.0
+    );
+    assert_eq!(
+        s.metric("turnstile_throttle_total{result=\"limited\"}"),
+        6.0
+    );
+    assert_eq!(s.metric("turnstile_check_seconds_count"), 10.0);
+    assert_eq!(s.metric("turnstile_resp_commands_total"), 12.0);
 
     let check = r#"{"key_class":"customer","key":"7","route":"/v1/items","method":"GET"}"#;
     let (code, head, body) = post(s.http, "/v1/check", check);
