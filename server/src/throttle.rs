@@ -336,8 +336,10 @@ impl LastStore {
                 &self.last.insert((p, s)).1
             }
         };
-        // Ids depend only on the hash seed, which every CL.THROTTLE store shares
-        // (`Throttles::new`): an id computed with another store's hasher is this store's too.
+        // `prefetch` gave an id only for a command whose parameters were its last store's, and
+        // a parameter set keeps its store for the process's life (`Throttles::store` never
+        // replaces one): the id was hashed by this very store. (Every store also shares one
+        // hash seed, `Throttles::new`.)
         let id = id.unwrap_or_else(|| store.hasher().bytes(args[0]));
         let now = self.mark.take().unwrap_or_else(|| store.clock().now());
         let d = store.check_at(&id, quantity as u64, now);
