@@ -587,28 +587,28 @@ fn should_rate_limit_frame(domain: &str, key: &str, value: &str) -> Vec<u8> {
 }
 
 /// One gRPC call with curl over HTTP/2 (prior knowledge, as Envoy speaks to a rate limit
-/// service): the response body and the headers and trailers as curl prints them.
+/// service): the response body and the headers and trailers as curl prints them. An empty
+/// `frame` sends no request body at all: the request's HEADERS frame ends its stream.
 fn grpc_call(port: u16, method: &str, frame: &[u8]) -> (Vec<u8>, String) {
     let dir = tempfile::tempdir().unwrap();
     let head = dir.path().join("head");
-    let mut child = Command::new("curl")
-        .args(["-sS", "-m", "10", "--http2-prior-knowledge", "-X", "POST"])
+    let mut cmd = Command::new("curl");
+    cmd.args(["-sS", "-m", "10", "--http2-prior-knowledge", "-X", "POST"])
         .args(["-H", "content-type: application/grpc", "-H", "te: trailers"])
-        .args([
-            "--data-binary",
-            "@-",
-            "-D",
-            head.to_str().unwrap(),
-            "-o",
-            "-",
-        ])
+        .args(["-D", head.to_str().unwrap(), "-o", "-"]);
+    if !frame.is_empty() {
+        cmd.args(["--data-binary", "@-"]);
+    }
+    let mut child = cmd
         .arg(format!("http://127.0.0.1:{port}/{method}"))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("curl runs");
-    child.stdin.take().unwrap().write_all(frame).unwrap();
+    if !frame.is_empty() {
+        child.stdin.take().unwrap().write_all(frame).unwrap();
+    }
     let o = child.wait_with_output().unwrap();
     assert!(
         o.status.success(),
@@ -680,10 +680,13 @@ fn serve_answers_envoy_should_rate_limit_over_grpc() {
         &should_rate_limit_frame("other", "api_key", "k1"),
     );
     assert_eq!(overall_code(&body), 1);
+    // Without a request body: the answer to an unknown method comes before the server reads
+    // one, and a body still in flight then meets the stream's reset (RST_STREAM NO_ERROR),
+    // which gRPC clients accept and curl reports as error 92, now and then.
     let (_, head) = grpc_call(
         grpc,
         "envoy.service.ratelimit.v3.RateLimitService/Nope",
-        &frame,
+        &[],
     );
     assert!(head.contains("grpc-status: 12"), "UNIMPLEMENTED: {head}");
     s.stop();
