@@ -167,14 +167,23 @@ impl From<&Decision> for Verdict {
     /// The outcome and its time: `retry_after_ns` of a denial, `delay_ns` of an admission.
     #[inline]
     fn from(d: &Decision) -> Self {
-        let time = if d.allowed() {
-            d.delay_ns.min(Self::TIME_MAX)
+        Verdict::of_parts(d.outcome, d.retry_after_ns, d.delay_ns)
+    }
+}
+
+impl Verdict {
+    /// The verdict of a decision given by the only fields it keeps (so that a caller need not
+    /// build the rest: `remaining`, `reset_after`).
+    #[inline]
+    pub(crate) fn of_parts(outcome: Outcome, retry_after_ns: Option<u64>, delay_ns: u64) -> Self {
+        let allowed = matches!(outcome, Outcome::Allowed | Outcome::Untracked);
+        let time = if allowed {
+            delay_ns.min(Self::TIME_MAX)
         } else {
             // 0 is "no retry": a retry time is stored plus one.
-            d.retry_after_ns
-                .map_or(0, |r| r.saturating_add(1).min(Self::TIME_MAX))
+            retry_after_ns.map_or(0, |r| r.saturating_add(1).min(Self::TIME_MAX))
         };
-        Verdict(Self::code(d.outcome) << Self::TIME_BITS | time)
+        Verdict(Self::code(outcome) << Self::TIME_BITS | time)
     }
 }
 

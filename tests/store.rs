@@ -402,13 +402,13 @@ fn ipv4_mapped_clients_are_their_ipv4_keys() {
 }
 
 /// `check_batch_at` must decide exactly as the same checks made one by one with `check_at`, in
-/// order: batches shorter and longer than its prefetch distance (8), empty ones, keys repeated
+/// order, and `check_batch_verdicts_at` answer their verdicts: batches shorter and longer than its prefetch distance (8), empty ones, keys repeated
 /// inside a batch (a later check of a key sees the earlier one's update), new keys inserted
 /// mid-batch, and time moving between batches; packed and arena-backed limits, and a store
 /// small enough to fill.
 #[test]
 fn check_batch_decides_as_sequential_checks() {
-    use turnstile::{Decision, ManualClock};
+    use turnstile::{Decision, ManualClock, Verdict};
     let limits = [
         Limit::token_bucket(5, 3, Duration::from_secs(1)).unwrap(),
         Limit::fixed_window(4, Duration::from_secs(1)).unwrap(),
@@ -427,7 +427,7 @@ fn check_batch_decides_as_sequential_checks() {
                     .build_with_clock(ManualClock::new(0))
                     .unwrap()
             };
-            let (batched, single) = (build(), build());
+            let (batched, single, verdicts) = (build(), build(), build());
             let mut x = 0x2545_f491_4f6c_dd1du64;
             let mut rnd = |n: u64| {
                 x ^= x << 13;
@@ -451,11 +451,19 @@ fn check_batch_decides_as_sequential_checks() {
                 };
                 let mut out = vec![blank; len];
                 batched.check_batch_at(&keys, cost, now, &mut out);
+                // Not the all-zero word of an admission: a verdict left unwritten shows.
+                let mut vs = vec![Verdict::from(&blank); len];
+                verdicts.check_batch_verdicts_at(&keys, cost, now, &mut vs);
                 for (i, k) in keys.iter().enumerate() {
                     let d = single.check_at(k, cost, now);
                     assert_eq!(
                         out[i], d,
                         "{l:?}, capacity {capacity}, round {round}, key {k} at {i} of {len}"
+                    );
+                    assert_eq!(
+                        vs[i],
+                        Verdict::from(&d),
+                        "verdict: {l:?}, capacity {capacity}, round {round}, key {k} at {i} of {len}"
                     );
                 }
                 checks += len;

@@ -69,6 +69,11 @@ trait Answer {
     fn of(d: &Decision) -> Self;
 }
 
+/// The last stage of a packed batch's ring: one key's check on the slot its tags point at.
+trait CheckSlot<'s, T> {
+    fn check(&mut self, slot: &'s AtomicU128, id: u64) -> T;
+}
+
 impl Answer for Decision {
     #[inline(always)]
     fn of(d: &Decision) -> Self {
@@ -83,14 +88,16 @@ impl Answer for Verdict {
         if d.outcome == Outcome::Allowed && d.delay_ns == 0 {
             Verdict::ALLOWED
         } else {
-            verdict_of(d)
+            // By value, the three fields a verdict keeps: a `&Decision` made the caller build
+            // the whole decision in memory, its `remaining` (a division) included.
+            verdict_of(d.outcome, d.retry_after_ns, d.delay_ns)
         }
     }
 }
 
 #[inline(never)]
-fn verdict_of(d: &Decision) -> Verdict {
-    Verdict::from(d)
+fn verdict_of(outcome: Outcome, retry_after_ns: Option<u64>, delay_ns: u64) -> Verdict {
+    Verdict::of_parts(outcome, retry_after_ns, delay_ns)
 }
 
 /// Slots filled per slot allocated, at capacity. Measured: see `docs/memory.md`.
@@ -516,11 +523,7 @@ impl<C: Clock> Store<C> {
     #[inline(always)]
     fn place_of(&self, id: u64) -> (usize, Loc) {
         let h = self.hasher.place(id);
-        let shard = if self.shard_bits == 0 {
-            0
-        } else {
-            (h >> (64 - self.shard_bits)) as usize
-        };
+        let shard = self.shard_index(h);
         // Every shard has the same number of buckets, kept here: no load from the shard
         // before its bucket address is known.
         let n = self.shard_buckets;
@@ -536,12 +539,23 @@ impl<C: Clock> Store<C> {
 
     /// The shard a key lives in (for routing requests to the thread that owns it).
     pub fn shard_of<K: Key + ?Sized>(&self, key: &K) -> usize {
-        let h = self.hasher.place(key.key_id(&self.hasher));
-        if self.shard_bits == 0 {
-            0
-        } else {
-            (h >> (64 - self.shard_bits)) as usize
-        }
+        self.shard_index(self.hasher.place(key.key_id(&self.hasher)))
+    }
+
+    /// The shard of placement hash `h`: its top `shard_bits` bits. Two shifts rather than a
+    /// test for `shard_bits == 0` (a shift by 64 is not defined): `(h >> 1) >> 63` is 0.
+    #[inline(always)]
+    fn shard_index(&self, h: u64) -> usize {
+        ((h >> 1) >> (63 - self.shard_bits)) as usize
+    }
+
+    /// Shard `i` of [`Store::shard_index`], without a bounds check on the batch path.
+    #[inline(always)]
+    fn shard_at(&self, i: usize) -> &Shard {
+        debug_assert!(i < self.shards.len());
+        // SAFETY: `shard_index` keeps `shard_bits` bits, and there are 2^shard_bits shards
+        // (the builder rounds the count up to a power of two and takes its trailing zeros).
+        unsafe { self.shards.get_unchecked(i) }
     }
 
     /// Touches every page of shard `i` from the calling thread (first-touch placement).
@@ -953,12 +967,34 @@ impl<C: Clock> Store<C> {
                     now,
                     out,
                 } = self;
-                store.batch_loop_tagged(keys, out, |slot, id| {
-                    match Shard::update_candidate(slot, id, p, now, cost) {
-                        Some(d) => T::of(&d),
-                        None => T::of(&store.batch_cold(p, id, now, cost)),
-                    }
-                })
+                store.batch_loop_tagged(
+                    keys,
+                    out,
+                    KeyCheck {
+                        store,
+                        p,
+                        now,
+                        cost,
+                    },
+                )
+            }
+        }
+        // A closure here was compiled out of line, called once per key (~20 instructions of
+        // call, spills and return per key in `bench --callgrind`): a struct whose method must
+        // inline keeps the key's check in the ring's loop.
+        struct KeyCheck<'a, C: Clock, P> {
+            store: &'a Store<C>,
+            p: &'a P,
+            now: Nanos,
+            cost: u64,
+        }
+        impl<'a, C: Clock, P: Packed, T: Answer> CheckSlot<'a, T> for KeyCheck<'_, C, P> {
+            #[inline(always)]
+            fn check(&mut self, slot: &'a AtomicU128, id: u64) -> T {
+                match Shard::update_candidate(slot, id, self.p, self.now, self.cost) {
+                    Some(d) => T::of(&d),
+                    None => T::of(&self.store.batch_cold(self.p, id, self.now, self.cost)),
+                }
             }
         }
         match &self.packed {
@@ -1029,30 +1065,56 @@ impl<C: Clock> Store<C> {
         &'s self,
         keys: &[K],
         out: &mut [T],
-        mut check: impl FnMut(&'s AtomicU128, u64) -> T,
+        mut check: impl CheckSlot<'s, T>,
     ) {
         const AHEAD: usize = 8;
         let n = keys.len();
         let mut placed = [(0u64, &*self.shards[0], Loc::default()); AHEAD];
         let mut found = [(0u64, self.shards[0].any_slot()); AHEAD];
-        for i in 0..n + 2 * AHEAD {
-            let r = i % AHEAD;
-            if i >= 2 * AHEAD {
-                let (id, slot) = found[r];
-                out[i - 2 * AHEAD] = check(slot, id);
-            }
-            if i >= AHEAD && i < n + AHEAD {
-                let (id, shard, home) = placed[r];
-                let slot = shard.candidate(home);
-                Shard::prefetch_slot(slot);
-                found[r] = (id, slot);
-            }
-            if i < n {
-                let id = keys[i].key_id(&self.hasher);
-                let (sh, home) = self.place_of(id);
-                let shard = &*self.shards[sh];
-                shard.prefetch_tags(home);
-                placed[r] = (id, shard, home);
+        // Step `i` checks key `i - 2 * AHEAD`, finds the slot of key `i - AHEAD` and places key
+        // `i`, in that order (each reads its ring entry before the next stage overwrites it).
+        macro_rules! step {
+            ($i:expr, $place:literal, $find:literal, $check:literal) => {{
+                let i: usize = $i;
+                let r = i % AHEAD;
+                if $check {
+                    let (id, slot) = found[r];
+                    out[i - 2 * AHEAD] = check.check(slot, id);
+                }
+                if $find {
+                    let (id, shard, home) = placed[r];
+                    let slot = shard.candidate(home);
+                    Shard::prefetch_slot(slot);
+                    found[r] = (id, slot);
+                }
+                if $place {
+                    let id = keys[i].key_id(&self.hasher);
+                    let (sh, home) = self.place_of(id);
+                    let shard = self.shard_at(sh);
+                    shard.prefetch_tags(home);
+                    placed[r] = (id, shard, home);
+                }
+            }};
+        }
+        // The steps run in spans over which the three stages' conditions (`i < n`,
+        // `AHEAD <= i < n + AHEAD`, `2 * AHEAD <= i`) are constant, each span a loop of its
+        // own: the span of a long batch, [2 * AHEAD, n), tests none of them (testing them on
+        // every step cost ~20 instructions per key, `bench --callgrind`).
+        let mut ends = [0, AHEAD, 2 * AHEAD, n, n + AHEAD, n + 2 * AHEAD];
+        ends.sort_unstable();
+        for w in ends.windows(2) {
+            let span = w[0]..w[1];
+            let lo = w[0];
+            match (lo < n, lo >= AHEAD && lo < n + AHEAD, lo >= 2 * AHEAD) {
+                (true, true, true) => span.for_each(|i| step!(i, true, true, true)),
+                (true, true, false) => span.for_each(|i| step!(i, true, true, false)),
+                (true, false, false) => span.for_each(|i| step!(i, true, false, false)),
+                (false, true, true) => span.for_each(|i| step!(i, false, true, true)),
+                (false, true, false) => span.for_each(|i| step!(i, false, true, false)),
+                (false, false, true) => span.for_each(|i| step!(i, false, false, true)),
+                // (true, false, true) cannot be: 2 * AHEAD <= i < n puts i in the middle
+                // range; (false, false, false) is a span of no work (n < AHEAD).
+                _ => {}
             }
         }
     }
