@@ -1069,6 +1069,7 @@ impl<C: Clock> Store<C> {
     ) {
         const AHEAD: usize = 8;
         let n = keys.len();
+        assert_eq!(out.len(), n);
         let mut placed = [(0u64, &*self.shards[0], Loc::default()); AHEAD];
         let mut found = [(0u64, self.shards[0].any_slot()); AHEAD];
         // Step `i` checks key `i - 2 * AHEAD`, finds the slot of key `i - AHEAD` and places key
@@ -1076,10 +1077,17 @@ impl<C: Clock> Store<C> {
         macro_rules! step {
             ($i:expr, $place:literal, $find:literal, $check:literal) => {{
                 let i: usize = $i;
-                let r = i % AHEAD;
+                step!(i, i % AHEAD, $place, $find, $check)
+            }};
+            ($i:expr, $r:expr, $place:literal, $find:literal, $check:literal) => {{
+                let i: usize = $i;
+                let r: usize = $r;
                 if $check {
                     let (id, slot) = found[r];
-                    out[i - 2 * AHEAD] = check.check(slot, id);
+                    debug_assert!(i - 2 * AHEAD < out.len());
+                    // SAFETY: a step checks only in spans within [2 * AHEAD, n + 2 * AHEAD),
+                    // and `out` holds n answers (asserted above).
+                    unsafe { *out.get_unchecked_mut(i - 2 * AHEAD) = check.check(slot, id) };
                 }
                 if $find {
                     let (id, shard, home) = placed[r];
@@ -1088,7 +1096,9 @@ impl<C: Clock> Store<C> {
                     found[r] = (id, slot);
                 }
                 if $place {
-                    let id = keys[i].key_id(&self.hasher);
+                    debug_assert!(i < n);
+                    // SAFETY: a step places only in spans within [0, n).
+                    let id = unsafe { keys.get_unchecked(i) }.key_id(&self.hasher);
                     let (sh, home) = self.place_of(id);
                     let shard = self.shard_at(sh);
                     shard.prefetch_tags(home);
@@ -1106,7 +1116,24 @@ impl<C: Clock> Store<C> {
             let span = w[0]..w[1];
             let lo = w[0];
             match (lo < n, lo >= AHEAD && lo < n + AHEAD, lo >= 2 * AHEAD) {
-                (true, true, true) => span.for_each(|i| step!(i, true, true, true)),
+                (true, true, true) => {
+                    // Unrolled by AHEAD from 2 * AHEAD (the span's start): each step's ring
+                    // entry is a constant offset.
+                    debug_assert_eq!(lo % AHEAD, 0);
+                    let mut i = lo;
+                    while i + AHEAD <= span.end {
+                        step!(i, 0, true, true, true);
+                        step!(i + 1, 1, true, true, true);
+                        step!(i + 2, 2, true, true, true);
+                        step!(i + 3, 3, true, true, true);
+                        step!(i + 4, 4, true, true, true);
+                        step!(i + 5, 5, true, true, true);
+                        step!(i + 6, 6, true, true, true);
+                        step!(i + 7, 7, true, true, true);
+                        i += AHEAD;
+                    }
+                    (i..span.end).for_each(|i| step!(i, true, true, true))
+                }
                 (true, true, false) => span.for_each(|i| step!(i, true, true, false)),
                 (true, false, false) => span.for_each(|i| step!(i, true, false, false)),
                 (false, true, true) => span.for_each(|i| step!(i, false, true, true)),
