@@ -402,10 +402,10 @@ fn ipv4_mapped_clients_are_their_ipv4_keys() {
 }
 
 /// `check_batch_at` must decide exactly as the same checks made one by one with `check_at`, in
-/// order, and `check_batch_verdicts_at` answer their verdicts: batches shorter and longer than its prefetch distance (8), empty ones, keys repeated
-/// inside a batch (a later check of a key sees the earlier one's update), new keys inserted
-/// mid-batch, and time moving between batches; packed and arena-backed limits, and a store
-/// small enough to fill.
+/// order, and `check_batch_verdicts_at` answer their verdicts: batches shorter and longer than
+/// its pipeline (2 × 4 keys), empty ones, keys repeated inside a batch (a later check of a key
+/// sees the earlier one's update), new keys inserted mid-batch, and time moving between
+/// batches; packed and arena-backed limits, and a store small enough to fill.
 #[test]
 fn check_batch_decides_as_sequential_checks() {
     use turnstile::{Decision, ManualClock, Verdict};
