@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # turnstile-tower's benchmarks (docs/tower.md), each in one run, side by side:
 #
-#   tower/bench.sh [wrk]       axum hello world (tower/examples/hello.rs) with and without the
-#                              layer under wrk, server on core 0, wrk on core 1, ROUNDS rounds
-#                              interleaved (without, with, without, ...); prints req/s per round,
-#                              the ratio per round and the median ratio
+#   tower/bench.sh [wrk]       axum hello world (tower/examples/hello.rs) without the layer, with
+#                              it by Router::layer and with it around the router, under wrk,
+#                              server on core 0, wrk on core 1, ROUNDS rounds interleaved;
+#                              prints req/s per round, the ratios per round and their medians
+#                              (HEADERS=none: the layer without its rate-limit headers)
 #   tower/bench.sh callgrind   instructions per request (valgrind --tool=callgrind) of no layer,
 #                              turnstile and tower_governor, with and without their rate-limit
 #                              headers (benches/layer.rs); exact and repeatable on a loaded machine
@@ -15,7 +16,7 @@
 #                              interleaved (median round of each), server-free, pinned to core 1
 #   tower/bench.sh criterion   cargo bench -p turnstile-tower --bench layer (time per request)
 #
-#   ROUNDS=5 WRK_SECS=10 CONNS=50 tower/bench.sh wrk
+#   ROUNDS=5 WRK_SECS=10 CONNS=50 HEADERS=ietf tower/bench.sh wrk
 #   KEYS="1k 1M" REQUESTS=20000 tower/bench.sh callgrind
 #
 # Needs wrk and valgrind (apt-get install -y wrk valgrind). Every run is bounded (wrk -d, a
@@ -27,6 +28,7 @@ MODE=${1:-wrk}
 ROUNDS=${ROUNDS:-5}
 WRK_SECS=${WRK_SECS:-10}
 CONNS=${CONNS:-50}
+HEADERS=${HEADERS:-ietf}
 KEYS=${KEYS:-1k 1M}
 REQUESTS=${REQUESTS:-20000}
 ROUNDS_IN=${ROUNDS_IN:-400}
@@ -61,6 +63,7 @@ wrk_mode() {
         local head
         head=$(curl -sS -D - -o /dev/null "http://127.0.0.1:$PORT/")
         case "$*" in
+        *--no-headers*) ! grep -qi '^ratelimit' <<<"$head" || { echo "unexpected RateLimit header" >&2; exit 1; } ;;
         *--layer*) grep -qi '^ratelimit:' <<<"$head" || { echo "no RateLimit header" >&2; exit 1; } ;;
         *) ! grep -qi '^ratelimit' <<<"$head" || { echo "unexpected RateLimit header" >&2; exit 1; } ;;
         esac
@@ -80,20 +83,32 @@ wrk_mode() {
     }
     load before
     echo "axum hello world, wrk -t1 -c$CONNS -d${WRK_SECS}s, server on core 0, wrk on core 1"
-    echo "req/s, and requests per server CPU-second (cpu-s)"
-    printf "%-6s %14s %14s %7s %14s %14s %7s\n" round without "with layer" ratio "cpu-s without" "cpu-s with" ratio
-    local ratios=() cratios=()
+    echo "req/s, and requests per server CPU-second (cpu-s); the layer by Router::layer"
+    echo "(inside) and around the router (outside), rate-limit headers: $HEADERS;"
+    echo "ratios against the run without the layer"
+    printf "%-6s %10s %10s %7s %10s %7s %11s %7s %7s\n" round without inside ratio outside ratio \
+        "cpu-s w/o" inside outside
+    local ratios=() cratios=() oratios=() ocratios=()
     median() { sort -n | awk '{v[NR]=$1} END {print (NR % 2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
+    ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.3f", (a > 0 ? b / a : 0)}'; }
+    local h=()
+    [ "$HEADERS" = none ] && h=(--no-headers)
     for r in $(seq 1 "$ROUNDS"); do
-        local a b
+        local a ac b bc o oc
         read -r a ac <<<"$(run)"
-        read -r b bc <<<"$(run --layer)"
-        ratios+=("$(awk -v a="$a" -v b="$b" 'BEGIN {printf "%.3f", b / a}')")
-        cratios+=("$(awk -v a="$ac" -v b="$bc" 'BEGIN {printf "%.3f", (a > 0 ? b / a : 0)}')")
-        printf "%-6s %14.0f %14.0f %7s %14.0f %14.0f %7s\n" "$r" "$a" "$b" "${ratios[-1]}" "$ac" "$bc" "${cratios[-1]}"
+        read -r b bc <<<"$(run --layer "${h[@]}")"
+        read -r o oc <<<"$(run --layer-outside "${h[@]}")"
+        ratios+=("$(ratio "$a" "$b")")
+        cratios+=("$(ratio "$ac" "$bc")")
+        oratios+=("$(ratio "$a" "$o")")
+        ocratios+=("$(ratio "$ac" "$oc")")
+        printf "%-6s %10.0f %10.0f %7s %10.0f %7s %11.0f %7s %7s\n" "$r" "$a" "$b" "${ratios[-1]}" \
+            "$o" "${oratios[-1]}" "$ac" "${cratios[-1]}" "${ocratios[-1]}"
     done
-    printf "median ratio (with / without): %s req/s, %s per server CPU-second\n" \
+    printf "median ratio, inside: %s req/s, %s per server CPU-second\n" \
         "$(printf '%s\n' "${ratios[@]}" | median)" "$(printf '%s\n' "${cratios[@]}" | median)"
+    printf "median ratio, outside: %s req/s, %s per server CPU-second\n" \
+        "$(printf '%s\n' "${oratios[@]}" | median)" "$(printf '%s\n' "${ocratios[@]}" | median)"
     load after
 }
 
@@ -133,7 +148,7 @@ server_mode() {
     load before
     echo "hello server under callgrind, wrk -t1 -c10: user-space instructions per request"
     local l
-    for l in "" --layer; do
+    for l in "" --layer --layer-outside; do
         valgrind --tool=callgrind --callgrind-out-file="$TMP/srv.out" \
             target/release/examples/hello --addr "127.0.0.1:$PORT" $l 2>"$TMP/srv.err" &
         PID=$!
