@@ -29,6 +29,10 @@ ROUNDS=${ROUNDS:-5}
 WRK_SECS=${WRK_SECS:-10}
 CONNS=${CONNS:-50}
 HEADERS=${HEADERS:-ietf}
+case "$HEADERS" in
+ietf | none) ;;
+*) echo "HEADERS=$HEADERS: use ietf (the default) or none" >&2; exit 2 ;;
+esac
 KEYS=${KEYS:-1k 1M}
 REQUESTS=${REQUESTS:-20000}
 ROUNDS_IN=${ROUNDS_IN:-400}
