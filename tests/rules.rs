@@ -1105,7 +1105,8 @@ proptest! {
     /// `check` (pre-filtered lists, the one-rule path, no method parse where none is
     /// needed), through the engine and through a `LocalEngine`, decides every request exactly
     /// as `explain` (every candidate, each one's mask tested, the method always parsed), on
-    /// three engines fed the same requests; the rules' counters agree too.
+    /// four engines fed the same requests; the rules' counters agree too. `try_admit_owned`
+    /// names the rule that denied as `explain` does.
     #[test]
     fn fast_paths_decide_as_the_general_path(
         rules in proptest::collection::vec(any::<[u8; 8]>(), 1..7),
@@ -1128,21 +1129,30 @@ proptest! {
                 .build_with_clock(clock.clone())
                 .unwrap()
         };
-        let (fast, local, general) = (make(), make(), make());
+        let (fast, local, general, named) = (make(), make(), make(), make());
         if busy {
-            for e in [&fast, &local, &general] {
+            for e in [&fast, &local, &general, &named] {
                 e.report_utilization(0.6);
             }
         }
         let mut l = local.local();
         for g in &reqs {
             let q = arbitrary_request(g);
-            let want = general.explain(&q).decision;
+            let v = general.explain(&q);
+            let want = v.decision;
             prop_assert_eq!(fast.check(&q), want, "check of {:?}", q);
             prop_assert_eq!(l.check(&q), want, "LocalEngine check of {:?}", q);
+            match named.try_admit_owned(&q) {
+                Ok(p) => prop_assert_eq!(*p.decision(), want, "try_admit_owned of {:?}", q),
+                Err(r) => {
+                    prop_assert_eq!(r.decision, want, "try_admit_owned of {:?}", q);
+                    prop_assert_eq!(r.rule, v.rule, "the rule that denied {:?}", q);
+                }
+            }
         }
         for n in general.rule_names() {
             prop_assert_eq!(fast.rule_stats(&n), general.rule_stats(&n), "rule {}", n);
+            prop_assert_eq!(named.rule_stats(&n), general.rule_stats(&n), "rule {}", n);
             prop_assert_eq!(local.rule_stats(&n), general.rule_stats(&n), "rule {}", n);
         }
     }

@@ -72,6 +72,28 @@ enum Step {
 
 impl Track for Quiet {}
 
+/// Notes the rule that denied, on every path, the fast ones included ([`Engine::try_admit_owned`]).
+#[derive(Default)]
+struct Denier {
+    rule: Option<u32>,
+}
+
+impl Track for Denier {
+    fn denied(&mut self, rule: u32) {
+        self.rule = Some(rule);
+    }
+}
+
+/// A request [`Engine::try_admit_owned`] refused: the decision, and the rule that denied it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Refusal {
+    /// The decision.
+    pub decision: Decision,
+    /// The enforcing rule that denied; `None` when no rule did (shed by priority, before any
+    /// rule).
+    pub rule: Option<Arc<str>>,
+}
+
 impl Track for Why {
     const GENERAL: bool = true;
     fn shed(&mut self) {
@@ -448,6 +470,26 @@ impl<C: Clock> Engine<C> {
         Ok(self.owned(d))
     }
 
+    /// [`Engine::admit_owned`], also saying which rule denied a refused request (as
+    /// [`Engine::explain`] does, but on the same fast paths as [`Engine::check`]): what a
+    /// server names in its refusal. An admission costs what `admit_owned`'s does; a denial,
+    /// one more reference count on the rule's name.
+    pub fn try_admit_owned(&self, req: &Request<'_>) -> Result<OwnedInFlight, Refusal> {
+        let c = self.current.load();
+        let mut why = Denier::default();
+        let decision = self.eval_in(&c, req, self.clock.now(), &mut why);
+        if !decision.allowed() {
+            return Err(Refusal {
+                decision,
+                rule: why
+                    .rule
+                    .and_then(|i| c.rules.get(i as usize))
+                    .map(|r| r.name.clone()),
+            });
+        }
+        Ok(self.owned(decision))
+    }
+
     /// [`Engine::enter`], with an owned guard.
     pub fn enter_owned(&self) -> OwnedInFlight {
         self.owned(UNLIMITED)
@@ -643,7 +685,7 @@ impl<C: Clock> Engine<C> {
         } else {
             // One rule: its index straight from the route's entry (no list to reach).
             if let Some(rule) = cands.single(sel) {
-                return self.single(c, rule, req, now, load, sel);
+                return self.single(c, rule, req, now, load, sel, why);
             }
             let p = cands.picked(sel);
             (&*p.enforce, &*p.shadow)
@@ -679,7 +721,8 @@ impl<C: Clock> Engine<C> {
     /// The check when exactly one enforcing rule, and no shadow rule, can apply to the
     /// request (`Picked::single`): no loop, no refund, no pool bookkeeping.
     #[inline(always)]
-    fn single(
+    #[allow(clippy::too_many_arguments)]
+    fn single<T: Track>(
         &self,
         c: &Compiled<C>,
         rule: u32,
@@ -687,6 +730,7 @@ impl<C: Clock> Engine<C> {
         now: Nanos,
         load: f64,
         sel: u32,
+        why: &mut T,
     ) -> Decision {
         let r = &c.rules[rule as usize];
         let Some(id) = r.plan.id(req, &self.hasher) else {
@@ -702,6 +746,7 @@ impl<C: Clock> Engine<C> {
                 Ok((d, _)) => d,
                 Err(d) => {
                     self.deny(c, req, &[], now, &[], sel, rule);
+                    why.denied(rule);
                     return d;
                 }
             }

@@ -50,6 +50,9 @@ pub struct Denial<'a> {
     pub shed: bool,
     /// The policy's name.
     pub policy: &'a str,
+    /// The rule that denied, where the limit says (a rules engine's): the violated policy
+    /// the problem document names instead of `policy`.
+    pub rule: Option<&'a str>,
 }
 
 impl Denial<'_> {
@@ -82,7 +85,7 @@ pub fn problem_json(d: &Denial<'_>) -> String {
         "detail": d.detail(),
     });
     if !d.shed {
-        v["violated-policies"] = serde_json::json!([d.policy]);
+        v["violated-policies"] = serde_json::json!([d.rule.unwrap_or(d.policy)]);
     }
     if let Some(s) = d.retry_after {
         v["retry_after"] = s.into();
@@ -239,6 +242,7 @@ mod tests {
             retry_after: retry_after_secs(&refused),
             shed: false,
             policy: "default",
+            rule: None,
         };
         let body = BodyStyle::Custom(Arc::new(|_: &Denial<'_>| {
             let mut r = Response::new(Bytes::from_static(b"slow down"));
@@ -269,6 +273,7 @@ mod tests {
                 retry_after: retry_after_secs(&refused),
                 shed: false,
                 policy: "default",
+                rule: None,
             };
             let r = grpc_denial(&denial, &HeaderStyle::None, &Policy::default());
             assert_eq!(

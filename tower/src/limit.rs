@@ -44,6 +44,9 @@ pub enum Check<P = OwnedInFlight> {
         decision: Decision,
         /// Shed by priority load shedding rather than by a limit.
         shed: bool,
+        /// The rule that denied, where the limit knows it (a rules engine): the refusal
+        /// names it as the violated policy, and observers see it.
+        rule: Option<Arc<str>>,
     },
     /// Passed on unchecked ([`NoKey::PassThrough`]).
     Unchecked,
@@ -60,8 +63,10 @@ pub trait Limit: Send + Sync + 'static {
     type Permit: Send + 'static;
     /// Checks the request whose head is `parts`.
     fn check(&self, parts: &Parts, no_key: NoKey) -> Check<Self::Permit>;
-    /// Gives back `cost` taken from key id `id` (a shaped request cancelled while it waited).
-    fn refund(&self, _id: u64, _cost: u64) {}
+    /// Gives back what an admission took: `id` and `cost` are those its
+    /// [`Check::Admitted`] said to refund, and `parts` the head of the request as it was
+    /// checked (a shaped request cancelled while it waited).
+    fn refund(&self, _parts: &Parts, _id: u64, _cost: u64) {}
     /// The key class, for observers.
     fn class(&self) -> &'static str;
 }
@@ -106,6 +111,7 @@ fn store_check(d: Decision, id: u64, cost: u64) -> Check<()> {
         Check::Denied {
             decision: d,
             shed: d.outcome == Outcome::StoreFull,
+            rule: None,
         }
     }
 }
@@ -124,7 +130,7 @@ impl<K: KeyExtractor, C: Clock + 'static> Limit for StoreLimit<K, C> {
         };
         store_check(self.store.check(&id, self.cost), id, self.cost)
     }
-    fn refund(&self, id: u64, cost: u64) {
+    fn refund(&self, _parts: &Parts, id: u64, cost: u64) {
         self.store.refund(&id, cost);
     }
     fn class(&self) -> &'static str {
@@ -268,26 +274,45 @@ impl<D: Describe, C: Clock + 'static> Limit for EngineLimit<D, C> {
             None => match no_key {
                 NoKey::Error => return Check::NoKey,
                 NoKey::PassThrough => return Check::Unchecked,
-                NoKey::Anonymous => Request::new()
-                    .route(route(parts))
-                    .method(parts.method.as_str()),
+                NoKey::Anonymous => anonymous(parts),
             },
         };
-        match self.engine.admit_owned(&req) {
+        match self.engine.try_admit_owned(&req) {
             Ok(p) => Check::Admitted {
                 decision: *p.decision(),
                 permit: Some(p),
-                refund: None,
+                // The engine refunds a request, not a key: `refund` describes it again
+                // from the same head (the id is not used).
+                refund: Some((0, req.cost)),
             },
-            Err(d) => Check::Denied {
-                shed: is_shed(&d) || d.outcome == Outcome::StoreFull,
-                decision: d,
+            Err(r) => Check::Denied {
+                shed: is_shed(&r.decision) || r.decision.outcome == Outcome::StoreFull,
+                decision: r.decision,
+                rule: r.rule,
             },
         }
+    }
+    /// Gives an admitted request back to every rule that took it ([`Engine::refund`]),
+    /// described again from the same head, so it reaches the same rules and keys. A head the
+    /// describer gives no request for was admitted as the anonymous request
+    /// ([`NoKey::Anonymous`]: with any other answer there is nothing to refund).
+    fn refund(&self, parts: &Parts, _id: u64, _cost: u64) {
+        let req = self
+            .describe
+            .describe(parts)
+            .unwrap_or_else(|| anonymous(parts));
+        self.engine.refund(&req);
     }
     fn class(&self) -> &'static str {
         "rules"
     }
+}
+
+/// The request of a head with no key, under [`NoKey::Anonymous`]: its route and method only.
+fn anonymous(parts: &Parts) -> Request<'_> {
+    Request::new()
+        .route(route(parts))
+        .method(parts.method.as_str())
 }
 
 /// Whole seconds, rounded up.

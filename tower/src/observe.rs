@@ -47,13 +47,15 @@ pub struct Event<'a> {
     pub class: &'static str,
     /// Whether the request was gRPC.
     pub grpc: bool,
+    /// The rule that denied a refused request, where the limit says (a rules engine's).
+    pub rule: Option<&'a str>,
 }
 
 /// A decision callback.
 pub type Observer = Arc<dyn Fn(&Event<'_>) + Send + Sync>;
 
 /// An observer that emits one `tracing` event per decision, with fields `answer`, `class`,
-/// `limit`, `remaining`, `retry_after_ns`, `grpc`.
+/// `limit`, `remaining`, `retry_after_ns`, `grpc`, and `rule` when a refusal names one.
 #[cfg(feature = "tracing")]
 pub fn tracing_observer() -> impl Fn(&Event<'_>) + Send + Sync + 'static {
     |e: &Event<'_>| {
@@ -68,7 +70,8 @@ pub fn tracing_observer() -> impl Fn(&Event<'_>) + Send + Sync + 'static {
                 limit, remaining, retry_after_ns = retry, grpc = e.grpc, "rate limit decision");
         } else {
             tracing::info!(target: "turnstile_tower", answer = e.answer.name(), class = e.class,
-                limit, remaining, retry_after_ns = retry, grpc = e.grpc, "rate limit decision");
+                limit, remaining, retry_after_ns = retry, grpc = e.grpc, rule = e.rule,
+                "rate limit decision");
         }
     }
 }

@@ -132,6 +132,7 @@ impl Limit for Decided {
                         decision: *decision,
                         // Redis away and the policy closed: 503, as a full in-memory store.
                         shed: decision.outcome == Outcome::StoreFull,
+                        rule: None,
                     }
                 }
             }
@@ -141,7 +142,7 @@ impl Limit for Decided {
     }
     /// A shaped request cancelled while it waited: its cost goes back to Redis (in the
     /// background: `Drop` cannot await).
-    fn refund(&self, id: u64, cost: u64) {
+    fn refund(&self, _parts: &Parts, id: u64, cost: u64) {
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let store = Arc::clone(&self.store);
             rt.spawn(async move {

@@ -154,18 +154,25 @@ impl<S: Clone, L> Clone for RateLimit<S, L> {
 }
 
 impl<S, L: Limit> RateLimit<S, L> {
-    fn observe(&self, answer: Answer, decision: Option<&Decision>, grpc: bool) {
+    fn observe(&self, answer: Answer, decision: Option<&Decision>, grpc: bool, rule: Option<&str>) {
         if let Some(o) = &self.cfg.observer {
             o(&Event {
                 answer,
                 decision,
                 class: self.cfg.limit.class(),
                 grpc,
+                rule,
             });
         }
     }
 
-    fn refuse<F, ReqB>(&self, decision: &Decision, shed: bool, grpc: bool) -> State<F, S, ReqB, L> {
+    fn refuse<F, ReqB>(
+        &self,
+        decision: &Decision,
+        shed: bool,
+        grpc: bool,
+        rule: Option<&str>,
+    ) -> State<F, S, ReqB, L> {
         let denial = Denial {
             status: if shed {
                 StatusCode::SERVICE_UNAVAILABLE
@@ -176,6 +183,7 @@ impl<S, L: Limit> RateLimit<S, L> {
             retry_after: retry_after_secs(decision),
             shed,
             policy: self.cfg.policy.name(),
+            rule,
         };
         let res = if grpc {
             grpc_denial(&denial, &self.cfg.headers, &self.cfg.policy)
@@ -207,7 +215,6 @@ where
         let grpc = (self.cfg.observer.is_some()
             || matches!(check, Check::Denied { .. } | Check::NoKey))
             && is_grpc(&parts.headers);
-        let req = Request::from_parts(parts, body);
         let (state, headers) = match check {
             Check::Admitted {
                 decision,
@@ -217,11 +224,11 @@ where
                 let headers = RateHeaders::new(&self.cfg.headers, &self.cfg.policy, &decision);
                 let delay = bounded_delay(&decision, self.cfg.max_delay);
                 if delay.is_zero() {
-                    self.observe(Answer::Admitted, Some(&decision), grpc);
-                    let fut = self.inner.call(req);
+                    self.observe(Answer::Admitted, Some(&decision), grpc, None);
+                    let fut = self.inner.call(Request::from_parts(parts, body));
                     (State::Inner { fut, permit }, headers)
                 } else {
-                    self.observe(Answer::Delayed, Some(&decision), grpc);
+                    self.observe(Answer::Delayed, Some(&decision), grpc, None);
                     // The inner service was made ready by `poll_ready`; that instance waits
                     // with the request, a clone takes its place here.
                     let clone = self.inner.clone();
@@ -231,32 +238,34 @@ where
                     let wait = Box::pin(Wait {
                         sleep: tokio::time::sleep(delay),
                         svc: Some(svc),
-                        req: Some(req),
+                        body: Some(body),
                         permit,
-                        refund: refund.map(|(id, cost)| Refund {
+                        held: Held {
                             cfg: Arc::clone(&self.cfg),
-                            id,
-                            cost,
-                        }),
+                            parts: Some(parts),
+                            refund,
+                        },
                     });
                     (State::Delayed { wait }, headers)
                 }
             }
-            Check::Denied { decision, shed } => {
-                self.observe(
-                    if shed { Answer::Shed } else { Answer::Limited },
-                    Some(&decision),
-                    grpc,
-                );
-                (self.refuse(&decision, shed, grpc), RateHeaders::None)
+            Check::Denied {
+                decision,
+                shed,
+                rule,
+            } => {
+                let rule = rule.as_deref();
+                let answer = if shed { Answer::Shed } else { Answer::Limited };
+                self.observe(answer, Some(&decision), grpc, rule);
+                (self.refuse(&decision, shed, grpc, rule), RateHeaders::None)
             }
             Check::Unchecked => {
-                self.observe(Answer::Unchecked, None, grpc);
-                let fut = self.inner.call(req);
+                self.observe(Answer::Unchecked, None, grpc, None);
+                let fut = self.inner.call(Request::from_parts(parts, body));
                 (State::Inner { fut, permit: None }, RateHeaders::None)
             }
             Check::NoKey => {
-                self.observe(Answer::NoKey, None, grpc);
+                self.observe(Answer::NoKey, None, grpc, None);
                 let res = Some(no_key_response());
                 (State::Ready { res }, RateHeaders::None)
             }
@@ -265,17 +274,21 @@ where
     }
 }
 
-/// Gives a shaped request's cost back if it is dropped while it waits.
-struct Refund<L: Limit> {
+/// The head of a shaped request while it waits: if it is dropped before the wait ends
+/// (the request cancelled), the limit gets the admission back (`Limit::refund`, given the
+/// head, which an engine describes again to reach the same rules).
+struct Held<L: Limit> {
     cfg: Arc<Config<L>>,
-    id: u64,
-    cost: u64,
+    parts: Option<http::request::Parts>,
+    refund: Option<(u64, u64)>,
 }
 
-impl<L: Limit> Drop for Refund<L> {
+impl<L: Limit> Drop for Held<L> {
     fn drop(&mut self) {
-        if self.cost > 0 {
-            self.cfg.limit.refund(self.id, self.cost);
+        if let (Some(parts), Some((id, cost))) = (&self.parts, self.refund) {
+            if cost > 0 {
+                self.cfg.limit.refund(parts, id, cost);
+            }
         }
     }
 }
@@ -286,9 +299,9 @@ pin_project! {
         #[pin]
         sleep: tokio::time::Sleep,
         svc: Option<S>,
-        req: Option<Request<ReqB>>,
+        body: Option<ReqB>,
         permit: Option<L::Permit>,
-        refund: Option<Refund<L>>,
+        held: Held<L>,
     }
 }
 
@@ -332,12 +345,11 @@ where
                     ready!(w.sleep.poll(cx));
                     let s = w.svc.as_mut().expect("polled after completion");
                     ready!(s.poll_ready(cx))?;
-                    if let Some(mut r) = w.refund.take() {
-                        // Waited out: the request goes on and keeps its cost.
-                        r.cost = 0;
-                    }
-                    let req = w.req.take().expect("polled after completion");
-                    let fut = s.call(req);
+                    // Waited out: the request goes on and keeps its cost (`Held` without its
+                    // head refunds nothing).
+                    let parts = w.held.parts.take().expect("polled after completion");
+                    let body = w.body.take().expect("polled after completion");
+                    let fut = s.call(Request::from_parts(parts, body));
                     let permit = w.permit.take();
                     this.state.set(State::Inner { fut, permit });
                 }

@@ -494,6 +494,63 @@ async fn a_cancelled_shaped_request_refunds_its_cost() {
     );
 }
 
+/// The same over a rules engine: a shaper rule's cancelled wait gives the request back to
+/// the engine (`Engine::refund`, the request described again from its head), so the next
+/// request of the key is delayed as long as the cancelled one was.
+#[tokio::test]
+async fn a_cancelled_shaped_request_refunds_its_cost_to_the_engine() {
+    let clock = Clock::new(ManualClock::new(0));
+    let e = engine(
+        r#"
+[[rule]]
+name = "shaper"
+key = "ip"
+limits = [{ algorithm = "leaky_bucket", limit = 1, window = "1h", burst = 10, delay = 0 }]
+"#,
+        &clock,
+    );
+    let (seen, rec) = recorder();
+    let layer = RateLimitLayer::builder(EngineLimit::new(e.clone(), Describer::new()))
+        .max_delay(Duration::from_secs(7200))
+        .on_decision(rec)
+        .build();
+    let addr = serve(hello().layer(layer)).await;
+    let url = format!("http://{addr}/");
+    assert_eq!(reqwest::get(&url).await.unwrap().status(), 200);
+    let c = reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    for _ in 0..3 {
+        assert!(c.get(&url).send().await.unwrap_err().is_timeout());
+        // The server sees the disconnect asynchronously: wait for the permit to go (it is
+        // dropped with the refund), bounded.
+        for _ in 0..2000 {
+            if e.in_flight() == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert_eq!(e.in_flight(), 0, "the cancelled wait is gone");
+    }
+    let seen = seen.lock().unwrap().clone();
+    let delays: Vec<_> = seen
+        .iter()
+        .map(|(a, d)| (*a, d.unwrap().delay_ns))
+        .collect();
+    let hour = 3_600_000_000_000;
+    assert_eq!(
+        delays,
+        [
+            (Answer::Admitted, 0),
+            (Answer::Delayed, hour),
+            (Answer::Delayed, hour),
+            (Answer::Delayed, hour)
+        ],
+        "each cancelled wait gave its cost back"
+    );
+}
+
 /// Under `route_layer`, the key is the matched route template and the method: two ids of
 /// one route share a counter, another method or route does not.
 #[tokio::test]
@@ -639,6 +696,71 @@ limits = [{ algorithm = "fixed_window", limit = 2, window = "1m" }]
     assert_eq!(codes, [200, 200, 429, 200]);
     assert_eq!(e.rule_keys("root"), Some(2));
     let _ = Outcome::Allowed;
+}
+
+/// A refusal names the rule that denied it: the problem document's violated policy (not the
+/// layer's policy name) and the observer's event, over the engine's one-rule fast path and
+/// its general path alike.
+#[tokio::test]
+async fn a_refusal_names_the_rule_that_denied() {
+    let clock = Clock::new(ManualClock::new(0));
+    let e = engine(
+        r#"
+[[rule]]
+name = "per-ip"
+key = "ip"
+limits = [{ algorithm = "fixed_window", limit = 3, window = "1m" }]
+
+[[rule]]
+name = "reports"
+key = "ip"
+match = { route_prefix = "/report" }
+limits = [{ algorithm = "fixed_window", limit = 1, window = "1m" }]
+"#,
+        &clock,
+    );
+    let rules: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
+    let r2 = rules.clone();
+    let layer = RateLimitLayer::builder(EngineLimit::new(e, Describer::new()))
+        .policy(Policy::new("api", None).unwrap())
+        .on_decision(move |ev: &Event<'_>| {
+            if ev.answer == Answer::Limited {
+                r2.lock().unwrap().push(ev.rule.map(str::to_owned));
+            }
+        })
+        .build();
+    let app = Router::new()
+        .route("/", get(|| async { "hello" }))
+        .route("/report", get(|| async { "report" }))
+        .layer(layer);
+    let addr = serve(app).await;
+    let get = |path: &'static str| reqwest::get(format!("http://{addr}{path}"));
+    let violated = |body: &str| -> serde_json::Value {
+        serde_json::from_str::<serde_json::Value>(body).unwrap()["violated-policies"].clone()
+    };
+    // `/report`: both rules apply (the general path); the second is denied by "reports"
+    // (and "per-ip" is given its unit back: all or nothing).
+    assert_eq!(get("/report").await.unwrap().status(), 200);
+    let r = get("/report").await.unwrap();
+    assert_eq!(r.status(), 429);
+    assert_eq!(
+        violated(&r.text().await.unwrap()),
+        serde_json::json!(["reports"])
+    );
+    // `/`: only "per-ip" applies (the one-rule path): 2 more, then its refusal.
+    for _ in 0..2 {
+        assert_eq!(get("/").await.unwrap().status(), 200);
+    }
+    let r = get("/").await.unwrap();
+    assert_eq!(r.status(), 429);
+    assert_eq!(
+        violated(&r.text().await.unwrap()),
+        serde_json::json!(["per-ip"])
+    );
+    assert_eq!(
+        *rules.lock().unwrap(),
+        [Some("reports".to_owned()), Some("per-ip".to_owned())]
+    );
 }
 
 /// A tonic server behind the layer: a refused call is `RESOURCE_EXHAUSTED` with the retry
