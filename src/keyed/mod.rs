@@ -1120,12 +1120,13 @@ impl<C: Clock> Store<C> {
             let lo = w[0];
             match (lo < n, lo >= AHEAD && lo < n + AHEAD, lo >= 2 * AHEAD) {
                 (true, true, true) => {
-                    // Unrolled by AHEAD from 2 * AHEAD (the span's start): each step's ring
-                    // entry is a constant offset, right only if the span starts at a multiple
-                    // of AHEAD (checked once per batch).
-                    assert_eq!(lo, 2 * AHEAD);
+                    // Unrolled by AHEAD from 2 * AHEAD: each step's ring entry is a constant
+                    // offset, right because the span starts at a multiple of AHEAD. Of the
+                    // ends, only 2 * AHEAD lies in [2 * AHEAD, n), so this span always starts
+                    // there, and the loop starts from that constant.
+                    debug_assert_eq!(lo, 2 * AHEAD);
                     const { assert!(AHEAD == 4, "the loop below is unrolled by hand for 4") };
-                    let mut i = lo;
+                    let mut i = 2 * AHEAD;
                     while i + AHEAD <= span.end {
                         step!(i, 0, true, true, true);
                         step!(i + 1, 1, true, true, true);
