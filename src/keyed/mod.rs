@@ -1121,12 +1121,15 @@ impl<C: Clock> Store<C> {
             match (lo < n, lo >= AHEAD && lo < n + AHEAD, lo >= 2 * AHEAD) {
                 (true, true, true) => {
                     // Unrolled by AHEAD from 2 * AHEAD: each step's ring entry is a constant
-                    // offset, right because the span starts at a multiple of AHEAD. Of the
-                    // ends, only 2 * AHEAD lies in [2 * AHEAD, n), so this span always starts
-                    // there, and the loop starts from that constant.
-                    debug_assert_eq!(lo, 2 * AHEAD);
+                    // offset, right because the span starts at a multiple of AHEAD (of the
+                    // ends, only 2 * AHEAD lies in [2 * AHEAD, n)). Written as it is on
+                    // purpose: starting from the constant, or asserting `lo` in release
+                    // builds, compiled to as many instructions but a loop 4-5 ns per key
+                    // slower (23.4-25.2 -> 28.4-29.2 ns, `bench --keys 1000000`, three
+                    // alternating runs of each build).
+                    debug_assert_eq!(lo % AHEAD, 0);
                     const { assert!(AHEAD == 4, "the loop below is unrolled by hand for 4") };
-                    let mut i = 2 * AHEAD;
+                    let mut i = lo;
                     while i + AHEAD <= span.end {
                         step!(i, 0, true, true, true);
                         step!(i + 1, 1, true, true, true);
