@@ -239,12 +239,12 @@ where
                         sleep: tokio::time::sleep(delay),
                         svc: Some(svc),
                         body: Some(body),
-                        permit,
                         held: Held {
                             cfg: Arc::clone(&self.cfg),
                             parts: Some(parts),
                             refund,
                         },
+                        permit,
                     });
                     (State::Delayed { wait }, headers)
                 }
@@ -300,8 +300,10 @@ pin_project! {
         sleep: tokio::time::Sleep,
         svc: Option<S>,
         body: Option<ReqB>,
-        permit: Option<L::Permit>,
+        // Before `permit` (fields drop in order): a cancelled request is given back before
+        // it stops counting in flight, so whoever sees it gone sees its refund.
         held: Held<L>,
+        permit: Option<L::Permit>,
     }
 }
 
