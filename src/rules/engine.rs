@@ -34,6 +34,16 @@ pub struct Verdict {
     pub would_deny: u32,
 }
 
+/// A request [`Engine::try_admit_owned`] refused: the decision, and the rule that denied it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Refusal {
+    /// The decision.
+    pub decision: Decision,
+    /// The enforcing rule that denied; `None` when no rule did (shed by priority, before any
+    /// rule).
+    pub rule: Option<Arc<str>>,
+}
+
 /// What [`Engine::explain`] adds to a decision.
 #[derive(Default)]
 struct Why {
@@ -82,16 +92,6 @@ impl Track for Denier {
     fn denied(&mut self, rule: u32) {
         self.rule = Some(rule);
     }
-}
-
-/// A request [`Engine::try_admit_owned`] refused: the decision, and the rule that denied it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Refusal {
-    /// The decision.
-    pub decision: Decision,
-    /// The enforcing rule that denied; `None` when no rule did (shed by priority, before any
-    /// rule).
-    pub rule: Option<Arc<str>>,
 }
 
 impl Track for Why {
