@@ -35,7 +35,7 @@ pub struct Verdict {
 }
 
 /// A request [`Engine::try_admit_owned`] refused: the decision, and the rule that denied it.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Refusal {
     /// The decision.
     pub decision: Decision,
