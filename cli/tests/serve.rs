@@ -30,13 +30,18 @@ impl Server {
     /// Starts `turnstile serve` with `extra` flags and waits (at most 30 s) until both
     /// listeners accept.
     fn start(extra: &[&str]) -> Server {
+        Self::start_logging(extra, "warn")
+    }
+
+    /// [`Server::start`] with `RUST_LOG=log`.
+    fn start_logging(extra: &[&str], log: &str) -> Server {
         let (resp, http) = (free_port(), free_port());
         let child = Command::new(BIN)
             .args(["serve", "--workers", "2", "--throttle-keys", "10000"])
             .args(["--resp", &format!("127.0.0.1:{resp}")])
             .args(["--http", &format!("127.0.0.1:{http}")])
             .args(extra)
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", log)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -105,12 +110,9 @@ impl Server {
         loop {
             if let Some(st) = self.child.try_wait().unwrap() {
                 let mut err = String::new();
-                self.child
-                    .stderr
-                    .take()
-                    .unwrap()
-                    .read_to_string(&mut err)
-                    .unwrap();
+                if let Some(mut e) = self.child.stderr.take() {
+                    e.read_to_string(&mut err).unwrap();
+                }
                 assert!(st.success(), "exit {st} after SIGTERM: {err}");
                 return err;
             }
@@ -358,6 +360,19 @@ fn serve_answers_a_pipeline_in_order_and_v1_check_with_its_headers() {
     );
     assert_eq!(code, 400, "{body}");
     assert!(body.contains("unknown priority `bogus`"), "{body}");
+    s.stop();
+}
+
+/// `turnstile serve 2>&1 | head -1`: once the log's reader is gone, a line that cannot be
+/// written is dropped; the server still answers (a new `CL.THROTTLE` parameter set is logged)
+/// and stops on SIGTERM (which is logged too).
+#[test]
+fn serve_keeps_answering_and_stops_when_its_log_pipe_closes() {
+    let mut s = Server::start_logging(&[], "info");
+    drop(s.child.stderr.take());
+    assert_eq!(s.throttle("k", 5, 1, 60), [0, 6, 5, -1, 60]);
+    assert_eq!(s.throttle("k", 7, 1, 60)[..2], [0, 8]);
+    assert_eq!(s.curl("/healthz").0, 200);
     s.stop();
 }
 

@@ -396,6 +396,23 @@ pub fn start(args: ServeArgs) -> Result<Running, ServeError> {
     })
 }
 
+/// Standard error for the log, where a line that cannot be written is dropped: a closed pipe
+/// or a full disk must not stop the server. (Writing to `std::io::stderr` directly, a failed
+/// write made the log layer report it with `eprintln!`, which panics when standard error is
+/// gone: the thread that logged, the one that handles signals among them, died.)
+struct LogWriter;
+
+impl std::io::Write for LogWriter {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        let _ = std::io::stderr().write_all(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        let _ = std::io::stderr().flush();
+        Ok(())
+    }
+}
+
 /// `turnstile serve`: logs to stderr (`RUST_LOG`, default `info`), starts, and runs until
 /// SIGTERM or SIGINT (a second one exits at once).
 pub fn run(args: ServeArgs) -> Result<(), ServeError> {
@@ -404,7 +421,9 @@ pub fn run(args: ServeArgs) -> Result<(), ServeError> {
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
-        .with_writer(std::io::stderr)
+        .with_writer(|| LogWriter)
+        // Colours for a terminal only: a log file or a collector gets plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
     let r = start(args)?;
     r.join()

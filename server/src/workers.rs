@@ -65,6 +65,18 @@ pub(crate) fn spawn(
     workers: usize,
 ) -> Result<(SocketAddr, SocketAddr, Vec<JoinHandle<()>>), ServeError> {
     let per_core = shared.args.runtime == RuntimeKind::PerCore;
+    if per_core {
+        // `SO_REUSEPORT` would let this server join the listeners of another one on the same
+        // port (a second `turnstile serve`, started by mistake): each would see half of the
+        // connections, and keep half of the counts. A listener without it is refused by a
+        // port anyone listens on: bound and dropped first, it makes that an error, as it is
+        // for one runtime. (Port 0 is a fresh port: nothing to ask.)
+        for (flag, addr) in [("--resp", shared.args.resp), ("--http", shared.args.http)] {
+            if addr.port() != 0 {
+                drop(listener(flag, addr, false)?);
+            }
+        }
+    }
     let first_resp = listener("--resp", shared.args.resp, per_core)?;
     let first_http = listener("--http", shared.args.http, per_core)?;
     let resp = first_resp.local_addr().map_err(ServeError::Runtime)?;

@@ -352,3 +352,29 @@ fn a_client_gone_mid_pipeline_loses_nothing_it_sent() {
     }
     stop(r);
 }
+
+/// A second server on ports another one listens on is refused (`SO_REUSEPORT` would have let
+/// it join them, and each server see half of the connections and keep half of the counts).
+#[test]
+fn a_second_server_on_a_used_port_is_refused() {
+    let r = server(|_| {});
+    for used in ["--resp", "--http"] {
+        let mut a = ServeArgs::new();
+        a.resp = "127.0.0.1:0".parse().unwrap();
+        a.http = "127.0.0.1:0".parse().unwrap();
+        a.workers = Some(2);
+        if used == "--resp" {
+            a.resp = r.resp;
+        } else {
+            a.http = r.http;
+        }
+        match start(a) {
+            Err(turnstile_server::ServeError::Bind(flag, _, e)) => {
+                assert_eq!((flag, e.kind()), (used, std::io::ErrorKind::AddrInUse));
+            }
+            Err(e) => panic!("{used}: {e}"),
+            Ok(_) => panic!("{used}: a second server started on a port in use"),
+        }
+    }
+    stop(r);
+}
