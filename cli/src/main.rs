@@ -57,6 +57,12 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
+    if matches!(
+        cli.command,
+        Command::Demo | Command::Accuracy(_) | Command::Rules { .. }
+    ) {
+        end_quietly_on_a_closed_pipe();
+    }
     let result = match cli.command {
         Command::Demo => demo::run(),
         Command::Bench(a) => bench::run(a),
@@ -70,6 +76,18 @@ fn main() {
         // The same form and status as clap's own usage errors.
         eprintln!("error: {e}");
         std::process::exit(2);
+    }
+}
+
+/// A command that prints as it goes (`turnstile demo | head -1`) then ends as a Unix filter does
+/// when its reader is gone: by SIGPIPE, quietly. (Rust ignores SIGPIPE, and `println!` panics
+/// on the failed write.) Not for `serve`, which a closed log pipe must not stop, nor `bench`
+/// and `memory`, which write through their own error handling.
+fn end_quietly_on_a_closed_pipe() {
+    #[cfg(unix)]
+    // SAFETY: signal(2) with the default action, at the start of main, before any thread.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 

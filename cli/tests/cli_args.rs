@@ -83,3 +83,31 @@ fn completions_for_bash() {
     assert!(s.contains("_turnstile()") && s.contains("bench"), "{s}");
     assert_eq!(turnstile(&["completions", "tcsh"]).status.code(), Some(2));
 }
+
+/// `turnstile demo | head -1`: the reader gone, the command ends as a Unix filter does (by
+/// SIGPIPE, or done), never with a panic.
+#[test]
+fn a_closed_output_pipe_is_no_panic() {
+    use std::process::Stdio;
+    for args in [&["demo"][..], &["accuracy", "--requests", "10k"]] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = text(&out.stderr);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        #[cfg(unix)]
+        {
+            use std::os::unix::process::ExitStatusExt;
+            assert!(
+                out.status.success() || out.status.signal() == Some(libc::SIGPIPE),
+                "{args:?}: {:?} {err}",
+                out.status
+            );
+        }
+    }
+}

@@ -44,9 +44,15 @@ fn args() -> Result<Args, String> {
             "--rules" => a.rules = value()?,
             "--trust-proxy" => a.trust.push(value()?),
             "-h" | "--help" => {
-                return Err(
-                    "usage: axum [--addr IP:PORT] [--rules FILE] [--trust-proxy CIDR]...".into(),
-                )
+                println!(
+                    "usage: axum [--addr IP:PORT] [--rules FILE] [--trust-proxy CIDR]...\n\n\
+                     An axum server limited by turnstile's rules (tower/README.md).\n\n  \
+                     --addr IP:PORT       where to listen [default: 127.0.0.1:3000]\n  \
+                     --rules FILE         the rules file [default: tower/examples/rules.toml]\n  \
+                     --trust-proxy CIDR   a proxy whose Forwarded / X-Forwarded-For / X-Real-IP\n  \
+                     \x20                    headers are believed (repeatable; none by default)"
+                );
+                std::process::exit(0);
             }
             other => return Err(format!("unknown argument `{other}`; try --help")),
         }

@@ -132,6 +132,11 @@ async fn the_example_sheds_gets_at_full_load() {
 
 #[test]
 fn a_wrong_flag_or_a_broken_rules_file_is_a_clear_error() {
+    let out = Command::new(example()).arg("--help").output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "--help is no error");
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("[default: 127.0.0.1:3000]"), "{help}");
+
     let out = Command::new(example()).arg("--bogus").output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
