@@ -293,6 +293,14 @@ pub fn start(args: ServeArgs) -> Result<Running, ServeError> {
         None => None,
     };
     let envoy = extra::envoy(&args)?;
+    if let Some(p) = &args.snapshot {
+        snapshot::writable(p).map_err(|e| {
+            ServeError::Other(format!(
+                "--snapshot {}: cannot write there ({e}): give a file in a directory that exists and this user may write",
+                p.display()
+            ))
+        })?;
+    }
     let restored = match &args.snapshot {
         Some(p) => match snapshot::read(p) {
             Ok(s) => s,

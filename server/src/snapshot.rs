@@ -353,10 +353,8 @@ impl Reader<'_> {
     }
 }
 
-/// Writes `s` to `path`: a temporary file beside it, fsynced, renamed over it, the directory
-/// fsynced.
-pub fn write(path: &Path, s: &Snapshot) -> std::io::Result<()> {
-    let bytes = encode(s);
+/// The directory of `path` and the temporary file [`write`] writes there first.
+fn beside(path: &Path) -> (&Path, std::path::PathBuf) {
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
@@ -366,6 +364,29 @@ pub fn write(path: &Path, s: &Snapshot) -> std::io::Result<()> {
         path.file_name()
             .map_or("snapshot".into(), |n| n.to_string_lossy())
     ));
+    (dir, tmp)
+}
+
+/// Whether [`write`] can write `path`: its temporary file is created and removed (at start,
+/// so that a path in a missing or read-only directory is an error then, not at the first
+/// snapshot).
+pub fn writable(path: &Path) -> std::io::Result<()> {
+    if path.is_dir() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::IsADirectory,
+            "it is a directory",
+        ));
+    }
+    let (_, tmp) = beside(path);
+    std::fs::File::create(&tmp)?;
+    std::fs::remove_file(&tmp)
+}
+
+/// Writes `s` to `path`: a temporary file beside it, fsynced, renamed over it, the directory
+/// fsynced.
+pub fn write(path: &Path, s: &Snapshot) -> std::io::Result<()> {
+    let bytes = encode(s);
+    let (dir, tmp) = beside(path);
     {
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(&bytes)?;

@@ -103,3 +103,37 @@ fn rule_stores_survive_a_restart_matched_by_rule_identity() {
     assert_eq!(remaining(&r), [10, 3, 9, 9]);
     stop(r);
 }
+
+/// A snapshot path the server cannot write (a missing directory, a directory) is refused at
+/// start, not found out at the first snapshot, minutes later.
+#[test]
+fn an_unwritable_snapshot_path_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    for bad in [dir.path().join("missing/snap"), dir.path().to_path_buf()] {
+        let mut a = ServeArgs::new();
+        a.resp = "127.0.0.1:0".parse().unwrap();
+        a.http = "127.0.0.1:0".parse().unwrap();
+        a.workers = Some(1);
+        a.snapshot = Some(bad.clone());
+        match start(a) {
+            Err(e) => {
+                let m = e.to_string();
+                assert!(
+                    m.starts_with("--snapshot ") && m.contains("cannot write"),
+                    "{m}"
+                );
+            }
+            Ok(_) => panic!("{}: started", bad.display()),
+        }
+    }
+    // A writable one starts, and leaves no temporary file behind.
+    let mut a = ServeArgs::new();
+    a.resp = "127.0.0.1:0".parse().unwrap();
+    a.http = "127.0.0.1:0".parse().unwrap();
+    a.workers = Some(1);
+    a.snapshot = Some(dir.path().join("snap"));
+    a.snapshot_every = Duration::ZERO;
+    let r = start(a).expect("server starts");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    stop(r);
+}
