@@ -301,6 +301,24 @@ async fn reload(State(s): State<Arc<Shared>>) -> Response {
     }
 }
 
+/// A known path with another method: 405 with the `{"error": ...}` body of every other error
+/// (axum adds `Allow`).
+async fn method_not_allowed(
+    State(s): State<Arc<Shared>>,
+    method: axum::http::Method,
+    uri: axum::http::Uri,
+) -> Response {
+    s.metrics.add(C::HttpRequests, 1);
+    error(
+        &s,
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!(
+            "{method} {}: not a method of this path; the Allow header lists those that are",
+            uri.path()
+        ),
+    )
+}
+
 async fn not_found(State(s): State<Arc<Shared>>, uri: axum::http::Uri) -> Response {
     s.metrics.add(C::HttpRequests, 1);
     if s.envoy.is_none() && matches!(uri.path(), "/json" | "/healthcheck") {
@@ -379,6 +397,7 @@ pub(crate) async fn serve(shared: Arc<Shared>, l: tokio::net::TcpListener) {
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(shared.args.max_body))
         .with_state(shared.clone());
     if let Some(e) = &shared.envoy {

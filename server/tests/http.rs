@@ -298,3 +298,23 @@ fn snapshot_survives_a_restart_and_bad_files_are_refused() {
     assert_eq!(throttle(&r, "a")[2], 9, "started empty");
     stop(r);
 }
+
+/// A known path with a method it does not serve: 405, `Allow`, and the JSON error body of every
+/// other error.
+#[test]
+fn a_wrong_method_gets_405_with_allow_and_a_json_error() {
+    let r = start(args(|_| {})).expect("server starts");
+    for (method, path, allow) in [
+        ("GET", "/v1/check", "allow: post"),
+        ("DELETE", "/v1/reload", "allow: post"),
+        ("POST", "/metrics", "allow: get,head"),
+    ] {
+        let (status, head, body) = curl_head(method, &format!("http://{}{path}", r.http), None);
+        assert_eq!(status, 405, "{method} {path}: {head}");
+        assert!(head.contains(allow), "{method} {path}: {head}");
+        let v: serde_json::Value = serde_json::from_str(&body).expect("a JSON body");
+        let e = v["error"].as_str().expect("an error field");
+        assert!(e.starts_with(&format!("{method} {path}: ")), "{e}");
+    }
+    stop(r);
+}
