@@ -159,7 +159,7 @@ impl Options {
         let seconds = a.seconds;
         if !(seconds.is_finite() && seconds > 0.0 && seconds <= 3600.0) {
             return Err(format!(
-                "option --seconds: {seconds} is not a duration from 0 to 3600 seconds (e.g. 0.5)"
+                "option --seconds: {seconds} is not a duration above 0 and at most 3600 seconds (e.g. 0.5)"
             ));
         }
         let batch = a.batch as usize;

@@ -60,7 +60,7 @@ impl Params {
         if limit == 0 || limit > MAX_LIMIT {
             return Err(ConfigError::new(
                 "limit",
-                format!("fixed_window holds 1..={MAX_LIMIT} requests per window (a {COUNT_BITS}-bit counter), got {limit}; use token_bucket for larger rates"),
+                format!("fixed_window holds 1..={MAX_LIMIT} requests per window (a {COUNT_BITS}-bit counter), got {limit}; {}", if limit == 0 { "a limit admits at least 1 request" } else { "use token_bucket for larger rates" }),
             ));
         }
         if window == 0 {

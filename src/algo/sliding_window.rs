@@ -63,7 +63,7 @@ impl Params {
         if limit == 0 || limit > MAX_LIMIT {
             return Err(ConfigError::new(
                 "limit",
-                format!("sliding_window holds 1..={MAX_LIMIT} requests per window (two {COUNT_BITS}-bit counters), got {limit}; use token_bucket for larger rates"),
+                format!("sliding_window holds 1..={MAX_LIMIT} requests per window (two {COUNT_BITS}-bit counters), got {limit}; {}", if limit == 0 { "a limit admits at least 1 request" } else { "use token_bucket for larger rates" }),
             ));
         }
         if window == 0 || window > MAX_WINDOW {

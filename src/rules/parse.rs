@@ -45,7 +45,7 @@ fn hint(msg: &str) -> &'static str {
     } else if msg.contains("missing field `on`") || msg.contains("missing field `off`") {
         "; a threshold is { on = 0.8, off = 0.7 }: shed from `on`, stop below `off`"
     } else if msg.contains("expected u64") || msg.contains("expected u32") {
-        "; give a whole number ≥ 0"
+        "; give a whole number, not negative and without a fraction"
     } else if msg.contains("expected a sequence") {
         "; rules and overrides are arrays of tables: write [[rule]] and [[rule.override]] with double brackets, and limits = [ { ... } ]"
     } else if msg.contains("duplicate key") {
