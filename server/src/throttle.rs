@@ -233,7 +233,7 @@ impl Throttles {
         let store = build().map_err(|e| ArgError::NoRoom(format!("cannot build a store: {e}")))?;
         if store.memory_bytes() > left {
             return Err(ArgError::NoRoom(format!(
-                "no room for another CL.THROTTLE store: {} stores use {used} of the {}-byte budget and a new one needs {}; reuse parameters or raise --throttle-memory",
+                "no room for another CL.THROTTLE store: {} stores use {used} of the {}-byte budget and a new one needs {}; reuse parameters, raise --throttle-memory or lower --throttle-keys",
                 map.len(),
                 self.budget,
                 store.memory_bytes()
