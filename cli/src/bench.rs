@@ -458,6 +458,17 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         return clocks::callgrind(o.algorithm, o.keys, o.checks, o.batch.max(1));
     }
     if let Some(f) = plot_file {
+        // Said before the sweep (tens of seconds), not after it.
+        let dir = std::path::Path::new(&f)
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(std::path::Path::new("."));
+        if !dir.is_dir() {
+            return Err(format!(
+                "option --plot: {f}: the directory {} does not exist; create it or give another path",
+                dir.display()
+            ));
+        }
         return plot::run(&f, o.algorithm, &o.threads, o.seconds, o.batch, o.json);
     }
     let r = suite(&o);

@@ -53,6 +53,8 @@ fn bad_input_exits_2_naming_the_option() {
         (&["bench", "--keys", "0"][..], "--keys"),
         (&["bench", "--threads", "0"][..], "--threads"),
         (&["bench", "--seconds", "-1"][..], "--seconds"),
+        (&["bench", "--seconds", "0"][..], "above 0"),
+        (&["bench", "--plot", "/nonexistent/dir/x.svg"][..], "--plot"),
         (&["bench", "--engine", "redis-ish"][..], "--engine"),
         (&["bench", "--algorithm", "nope"][..], "--algorithm"),
         (&["bench", "--clocks", "--callgrind"][..], "--c"),
