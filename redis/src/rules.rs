@@ -330,13 +330,6 @@ impl RedisRules {
         .fetch_add(1, Ordering::Relaxed);
         if self.breaker.failure() {
             self.counters.opened.fetch_add(1, Ordering::Relaxed);
-            // Once per opening (at most once per cooldown): an outage is said in the log, not
-            // only in the counters.
-            tracing::warn!(
-                error = %e,
-                policy = ?self.policy,
-                "redis backend failing: circuit open, answering by the failure policy until a probe succeeds"
-            );
         }
     }
 
