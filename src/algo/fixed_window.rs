@@ -58,9 +58,10 @@ impl Params {
     /// Validates `limit` per `window` ns.
     pub fn new(limit: u64, window: u64, count_denied: bool) -> Result<Self, ConfigError> {
         if limit == 0 || limit > MAX_LIMIT {
-            return Err(ConfigError::new(
-                "limit",
-                format!("fixed_window holds 1..={MAX_LIMIT} requests per window (a {COUNT_BITS}-bit counter), got {limit}; {}", if limit == 0 { "a limit admits at least 1 request" } else { "use token_bucket for larger rates" }),
+            return Err(super::limit_out_of_range(
+                format!("fixed_window holds 1..={MAX_LIMIT} requests per window (a {COUNT_BITS}-bit counter)"),
+                limit,
+                "use token_bucket for larger rates",
             ));
         }
         if window == 0 {

@@ -258,6 +258,17 @@ impl LimitSpec {
     }
 }
 
+/// The error for a `limit` outside `1..=max`: `holds` says what the algorithm can keep
+/// (e.g. "fixed_window holds 1..=N requests per window"), `larger` where to go above its maximum.
+pub(crate) fn limit_out_of_range(holds: String, limit: u64, larger: &str) -> ConfigError {
+    let fix = if limit == 0 {
+        "a limit admits at least 1 request"
+    } else {
+        larger
+    };
+    ConfigError::new("limit", format!("{holds}, got {limit}; {fix}"))
+}
+
 /// A validated limit: an algorithm with its compiled parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Limit {
@@ -760,4 +771,45 @@ fn admitted(a: Decision, b: Decision) -> Decision {
     d.reset_after_ns = a.reset_after_ns.max(b.reset_after_ns);
     d.delay_ns = a.delay_ns.max(b.delay_ns);
     d
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A limit of 0 and a limit past an algorithm's counter each get the fix that applies to
+    /// them: 0 is told to admit at least 1, a large limit where to go for more.
+    #[test]
+    fn a_limit_out_of_range_names_its_own_fix() {
+        let w = Duration::from_secs(1);
+        let cases: [(fn(u64, Duration) -> Result<Limit, ConfigError>, u64, &str); 3] = [
+            (
+                Limit::fixed_window,
+                fixed_window::MAX_LIMIT,
+                "use token_bucket",
+            ),
+            (
+                Limit::sliding_window,
+                sliding_window::MAX_LIMIT,
+                "use token_bucket",
+            ),
+            (
+                Limit::sliding_log,
+                sliding_log::MAX_LIMIT,
+                "use window_ring",
+            ),
+        ];
+        for (make, max, larger) in cases {
+            let zero = make(0, w).unwrap_err().to_string();
+            assert!(
+                zero.contains("got 0; a limit admits at least 1 request"),
+                "{zero}"
+            );
+            assert!(!zero.contains(larger), "{zero}");
+            let big = make(max + 1, w).unwrap_err().to_string();
+            assert!(big.contains(&format!("got {}; {larger}", max + 1)), "{big}");
+            assert!(big.starts_with("invalid `limit`: "), "{big}");
+            assert!(make(max, w).is_ok());
+        }
+    }
 }

@@ -49,16 +49,10 @@ impl Params {
     /// `limit` per `window` ns.
     pub fn new(limit: u64, window: u64, count_denied: bool) -> Result<Self, ConfigError> {
         if limit == 0 || limit > MAX_LIMIT {
-            return Err(ConfigError::new(
-                "limit",
-                format!(
-                    "sliding_log keeps 1..={MAX_LIMIT} timestamps (4 bytes each), got {limit}; {}",
-                    if limit == 0 {
-                        "a limit admits at least 1 request"
-                    } else {
-                        "use window_ring or sliding_window for large limits"
-                    }
-                ),
+            return Err(super::limit_out_of_range(
+                format!("sliding_log keeps 1..={MAX_LIMIT} timestamps (4 bytes each)"),
+                limit,
+                "use window_ring or sliding_window for large limits",
             ));
         }
         if window == 0 {
