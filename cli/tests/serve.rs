@@ -706,3 +706,62 @@ fn serve_answers_envoy_should_rate_limit_over_grpc() {
     assert!(head.contains("grpc-status: 12"), "UNIMPLEMENTED: {head}");
     s.stop();
 }
+
+/// The real binary, as a user meets it: a second `turnstile serve` on the ports of a running
+/// one is refused with exit 2 and a message naming the flag and the reason (per-core listeners
+/// use `SO_REUSEPORT`, so without that check it would join the first server's ports and each
+/// would see half the connections); and a wrong method gets a 405 with `Allow` and the JSON
+/// error body of every other error.
+#[test]
+fn a_second_serve_on_used_ports_is_refused_and_a_wrong_method_gets_a_json_405() {
+    let s = Server::start(&[]);
+    for (flag, used) in [("--resp", s.resp), ("--http", s.http)] {
+        let mine = format!("127.0.0.1:{used}");
+        let other = if flag == "--resp" { "--http" } else { "--resp" };
+        let mut second = Command::new(BIN)
+            .args(["serve", "--workers", "2", flag, &mine, other, "127.0.0.1:0"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Bounded: a second server that starts would otherwise never exit.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(st) = second.try_wait().unwrap() {
+                break st;
+            }
+            if Instant::now() > deadline {
+                let _ = second.kill();
+                let _ = second.wait();
+                panic!("{flag}: a second server started on {mine}, a port in use");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut err = String::new();
+        let mut pipe = second.stderr.take().unwrap();
+        pipe.read_to_string(&mut err).unwrap();
+        assert_eq!(status.code(), Some(2), "{flag}: {err}");
+        assert!(
+            err.contains(&format!("cannot listen on {mine}"))
+                && err.contains("another process listens there"),
+            "{flag}: {err}"
+        );
+    }
+    // The first server still has all its connections and answers.
+    assert_eq!(s.throttle("two", 5, 1, 60), [0, 6, 5, -1, 60]);
+
+    for (method, path, allow) in [
+        ("GET", "/v1/check", "allow: post"),
+        ("POST", "/metrics", "allow: get,head"),
+    ] {
+        let (status, head, body) =
+            web::curl_head(method, &format!("http://127.0.0.1:{}{path}", s.http), None);
+        assert_eq!(status, 405, "{method} {path}: {head}");
+        assert!(head.contains(allow), "{method} {path}: {head}");
+        assert!(head.contains("content-type: application/json"), "{head}");
+        let v: serde_json::Value = serde_json::from_str(&body).expect("a JSON body");
+        let e = v["error"].as_str().expect("an error field");
+        assert!(e.starts_with(&format!("{method} {path}: ")), "{e}");
+    }
+    s.stop();
+}
