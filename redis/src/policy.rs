@@ -135,6 +135,41 @@ impl Breaker {
     }
 }
 
+/// Counts a failed call of `backend` and tells the breaker; an opening of the circuit (at most
+/// one per cooldown) is also said in the log, so that an outage is not only in the counters.
+pub(crate) fn record_failure(
+    counters: &Counters,
+    breaker: &Breaker,
+    e: &crate::Error,
+    backend: &dyn std::fmt::Display,
+    policy: FailurePolicy,
+) {
+    // Relaxed: statistics.
+    match e {
+        crate::Error::Timeout(_) => &counters.timeouts,
+        _ => &counters.errors,
+    }
+    .fetch_add(1, Ordering::Relaxed);
+    if breaker.failure() {
+        counters.opened.fetch_add(1, Ordering::Relaxed);
+        log_opened(e, backend, policy);
+    }
+}
+
+/// The log line of an opening. Out of line and cold: it runs once per cooldown at most, and
+/// its formatting code stays out of the callers' instructions (code placed among them once
+/// moved the `turnstile` binary's keyed batch loop and slowed it; docs/performance.md).
+#[cold]
+#[inline(never)]
+fn log_opened(e: &crate::Error, backend: &dyn std::fmt::Display, policy: FailurePolicy) {
+    tracing::warn!(
+        error = %e,
+        backend = %backend,
+        policy = ?policy,
+        "redis backend failing: circuit open, answering by the failure policy until a probe succeeds"
+    );
+}
+
 /// `l` with its admissions divided among `nodes` (at least 1 each).
 pub(crate) fn scaled(l: &Limit, nodes: u64) -> Limit {
     use turnstile::algo::{leaky_bucket, token_bucket};

@@ -25,7 +25,7 @@
 //! otherwise. Key ids are hashed under `[backend] seed`, the same in every process.
 
 use crate::conn::Conn;
-use crate::policy::{blind, Breaker, Counters, FailurePolicy, FailureStats};
+use crate::policy::{blind, record_failure, Breaker, Counters, FailurePolicy, FailureStats};
 use crate::script::{compose_rules, limit_args};
 use crate::store::Error;
 use crate::EXPLICIT_NOW_TTL_SLACK_MS;
@@ -322,15 +322,7 @@ impl RedisRules {
     }
 
     fn failed(&self, e: &Error) {
-        // Relaxed: statistics.
-        match e {
-            Error::Timeout(_) => &self.counters.timeouts,
-            _ => &self.counters.errors,
-        }
-        .fetch_add(1, Ordering::Relaxed);
-        if self.breaker.failure() {
-            self.counters.opened.fetch_add(1, Ordering::Relaxed);
-        }
+        record_failure(&self.counters, &self.breaker, e, &"rules", self.policy);
     }
 
     /// The policy's answer to `req`.

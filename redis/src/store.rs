@@ -2,7 +2,9 @@
 //! Redis or a Redis Cluster, one atomic script call per decision.
 
 use crate::conn::Conn;
-use crate::policy::{blind, insurance, Breaker, Counters, FailurePolicy, FailureStats};
+use crate::policy::{
+    blind, insurance, record_failure, Breaker, Counters, FailurePolicy, FailureStats,
+};
 use crate::script::{compose, LimitArgs};
 use redis::{ServerErrorKind, Value};
 use std::collections::HashMap;
@@ -405,15 +407,8 @@ impl RedisStore {
 
     /// Counts a failed call and tells the breaker.
     pub(crate) fn settle_failure(&self, e: Error) {
-        // Relaxed: statistics.
-        match e {
-            Error::Timeout(_) => &self.counters.timeouts,
-            _ => &self.counters.errors,
-        }
-        .fetch_add(1, Ordering::Relaxed);
-        if self.breaker.failure() {
-            self.counters.opened.fetch_add(1, Ordering::Relaxed);
-        }
+        let backend = format_args!("store {:?}", self.prefix);
+        record_failure(&self.counters, &self.breaker, &e, &backend, self.policy);
     }
 
     pub(crate) fn fallback(&self, key: &str, cost: u64) -> Decision {

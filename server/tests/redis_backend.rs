@@ -211,10 +211,38 @@ fn soft_and_shadow_rules_over_resp() {
     stop(a);
 }
 
+/// The log lines of this test binary's servers (a process-wide subscriber: the servers log on
+/// their own threads).
+fn captured_log() -> &'static std::sync::Mutex<Vec<u8>> {
+    static LOG: std::sync::OnceLock<&'static std::sync::Mutex<Vec<u8>>> =
+        std::sync::OnceLock::new();
+    LOG.get_or_init(|| {
+        let log: &'static std::sync::Mutex<Vec<u8>> = Box::leak(Box::default());
+        struct W(&'static std::sync::Mutex<Vec<u8>>);
+        impl std::io::Write for W {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter("warn")
+            .with_ansi(false)
+            .with_writer(move || W(log))
+            .try_init();
+        log
+    })
+}
+
 /// Redis killed mid-run: the configured policy answers (closed: denied; open: admitted), no
-/// panic, fallbacks counted; after Redis is back, Redis answers again.
+/// panic, fallbacks counted, and each opening of the circuit is a WARN in the log; after Redis
+/// is back, Redis answers again.
 #[test]
 fn a_killed_redis_is_answered_by_the_policy() {
+    let log = captured_log();
     let mut redis = common::Server::start();
     let closed_dir = tmpdir("killed-closed");
     let closed = serve(&rules_file(&closed_dir, &redis.url(), "timeout = \"1s\"")).unwrap();
@@ -254,6 +282,13 @@ fn a_killed_redis_is_answered_by_the_policy() {
         assert!(f >= 20.0, "{f}");
         assert_eq!(metric(s, "turnstile_backend_circuit_open "), Some(1.0));
     }
+    // The outage is in the log, not only in the metrics: once per opening of the circuit.
+    let text = String::from_utf8_lossy(&log.lock().unwrap()).into_owned();
+    let opened = text
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("redis backend failing: circuit open"))
+        .count();
+    assert!((2..=10).contains(&opened), "{opened} lines:\n{text}");
     redis.restart();
     let t0 = Instant::now();
     while check(&mut c, &["customer", "1"]).0 != 1 {
