@@ -782,7 +782,8 @@ mod tests {
     #[test]
     fn a_limit_out_of_range_names_its_own_fix() {
         let w = Duration::from_secs(1);
-        let cases: [(fn(u64, Duration) -> Result<Limit, ConfigError>, u64, &str); 3] = [
+        type Make = fn(u64, Duration) -> Result<Limit, ConfigError>;
+        let cases: [(Make, u64, &str); 3] = [
             (
                 Limit::fixed_window,
                 fixed_window::MAX_LIMIT,
