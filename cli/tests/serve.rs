@@ -765,3 +765,59 @@ fn a_second_serve_on_used_ports_is_refused_and_a_wrong_method_gets_a_json_405() 
     }
     s.stop();
 }
+
+// The harness's real redis-server, as turnstile-redis's own tests start it.
+#[path = "../../redis/tests/common/mod.rs"]
+mod redis_harness;
+
+/// The real binary with its counts in a real redis-server, killed mid-run: the server answers
+/// by its failure policy (closed, the default: denied), says the outage on stderr as a WARN
+/// once per opening of the circuit (not only in the metrics), and uses Redis again once it is
+/// back.
+#[test]
+fn serve_says_a_redis_outage_in_its_log_and_recovers() {
+    let mut redis = redis_harness::Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules.toml");
+    std::fs::write(
+        &rules,
+        format!(
+            "[backend]\nredis = \"{}\"\n\n[[rule]]\nname = \"per-customer\"\nkey = \"customer\"\n\
+             limits = [{{ algorithm = \"fixed_window\", limit = 100, window = \"1h\" }}]\n",
+            redis.url()
+        ),
+    )
+    .unwrap();
+    let s = Server::start(&["--rules", rules.to_str().unwrap()]);
+    let mut c = s.connect();
+    assert_eq!(
+        c.call(&["TURNSTILE.CHECK", "customer", "1"])[..3],
+        [1, 100, 99]
+    );
+    redis.kill();
+    for _ in 0..20 {
+        let r = c.call(&["TURNSTILE.CHECK", "customer", "1"]);
+        assert_eq!(r[0], 0, "the closed policy denies: {r:?}");
+    }
+    assert!(s.metric("turnstile_backend_circuit_opened_total") >= 1.0);
+    redis.restart();
+    let t0 = Instant::now();
+    while c.call(&["TURNSTILE.CHECK", "customer", "1"])[0] != 1 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "Redis never used again"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let log = s.stop();
+    let opened: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("redis backend failing: circuit open"))
+        .collect();
+    assert!(!opened.is_empty() && opened.len() <= 30, "{log}");
+    assert!(
+        opened[0].contains("backend=rules") && opened[0].contains("policy=Closed"),
+        "{}",
+        opened[0]
+    );
+}
