@@ -821,3 +821,40 @@ fn serve_says_a_redis_outage_in_its_log_and_recovers() {
         opened[0]
     );
 }
+
+/// A client that sends half its request's headers and then nothing (slowloris) has its
+/// connection closed after `--header-timeout`, as has a keep-alive connection left idle; a
+/// whole request is still answered.
+#[test]
+fn a_client_that_trickles_its_headers_is_closed_after_the_header_timeout() {
+    let s = Server::start(&["--header-timeout", "1s"]);
+    let half = TcpStream::connect(("127.0.0.1", s.http)).unwrap();
+    (&half)
+        .write_all(b"POST /v1/check HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    let idle = TcpStream::connect(("127.0.0.1", s.http)).unwrap();
+    (&idle)
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let t0 = Instant::now();
+    for (what, mut c) in [("half headers", half), ("idle keep-alive", idle)] {
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut got = Vec::new();
+        // Bounded: the read times out after 20 s if the server keeps the connection.
+        let r = c.read_to_end(&mut got);
+        assert!(r.is_ok(), "{what}: still open after 20 s ({r:?})");
+        let text = String::from_utf8_lossy(&got);
+        if what == "idle keep-alive" {
+            assert!(text.starts_with("HTTP/1.1 200 OK"), "{what}: {text}");
+        } else {
+            assert!(got.is_empty(), "{what}: {text}");
+        }
+    }
+    let waited = t0.elapsed();
+    assert!(
+        waited >= Duration::from_millis(900) && waited < Duration::from_secs(15),
+        "closed after {waited:?}, not after about 1 s"
+    );
+    assert_eq!(s.curl("/healthz").0, 200);
+    s.stop();
+}

@@ -13,6 +13,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use bytes::{BufMut, BytesMut};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::borrow::Cow;
@@ -357,7 +359,11 @@ struct Dispatch {
 
 type CheckFuture = futures_util::future::BoxFuture<'static, Result<Response, Infallible>>;
 
-impl tower_service::Service<axum::extract::Request> for Dispatch {
+impl<B> tower_service::Service<axum::http::Request<B>> for Dispatch
+where
+    B: axum::body::HttpBody<Data = Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+{
     type Response = Response;
     type Error = Infallible;
     type Future = futures_util::future::Either<
@@ -370,8 +376,9 @@ impl tower_service::Service<axum::extract::Request> for Dispatch {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: axum::extract::Request) -> Self::Future {
+    fn call(&mut self, req: axum::http::Request<B>) -> Self::Future {
         use futures_util::future::Either;
+        let req = req.map(Body::new);
         if req.method() == Method::POST && req.uri().path() == "/v1/check" {
             let s = self.shared.clone();
             // Boxed as axum boxes a handler's future (one allocation, as before).
@@ -408,17 +415,44 @@ pub(crate) async fn serve(shared: Arc<Shared>, l: tokio::net::TcpListener) {
         router: app,
         shared: shared.clone(),
     };
-    let r = axum::serve(
-        l,
-        axum::ServiceExt::<axum::extract::Request>::into_make_service(app),
-    )
-    .with_graceful_shutdown(async move {
-        crate::stopped(&mut stop).await;
-    })
-    .await;
-    if let Err(e) = r {
-        tracing::error!(error = %e, "HTTP server failed");
+    // hyper's connections, served here rather than by `axum::serve`: that one sets no timer,
+    // so a client could hold a connection for good by sending its headers a byte at a time.
+    let mut conns = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    if !shared.args.header_timeout.is_zero() {
+        conns
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(shared.args.header_timeout);
     }
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    loop {
+        tokio::select! {
+            accepted = l.accept() => {
+                let sock = match accepted {
+                    Ok((sock, _)) => sock,
+                    Err(e) => {
+                        // Out of file descriptors and the like: the listener stays; try again
+                        // shortly rather than spin.
+                        tracing::warn!(error = %e, "HTTP: accept failed");
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let svc = TowerToHyperService::new(app.clone());
+                let conn = conns
+                    .serve_connection_with_upgrades(TokioIo::new(sock), svc)
+                    .into_owned();
+                let conn = graceful.watch(conn);
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        tracing::debug!(error = %e, "HTTP connection ended");
+                    }
+                });
+            }
+            () = crate::stopped(&mut stop) => break,
+        }
+    }
+    graceful.shutdown().await;
 }
 
 #[cfg(test)]
