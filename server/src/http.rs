@@ -5,6 +5,7 @@
 
 use crate::conn::{count, ms_up, request};
 use crate::metrics::C;
+use crate::watchdog::{ConnState, Watchdog};
 use crate::Shared;
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, State};
@@ -13,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use bytes::{BufMut, BytesMut};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -355,6 +356,8 @@ async fn not_found(State(s): State<Arc<Shared>>, uri: axum::http::Uri) -> Respon
 struct Dispatch {
     router: Router,
     shared: Arc<Shared>,
+    /// The connection's state for the idle watchdog (none with `--header-timeout 0`).
+    conn: Option<Arc<ConnState>>,
 }
 
 type CheckFuture = futures_util::future::BoxFuture<'static, Result<Response, Infallible>>;
@@ -379,14 +382,27 @@ where
     fn call(&mut self, req: axum::http::Request<B>) -> Self::Future {
         use futures_util::future::Either;
         let req = req.map(Body::new);
+        // The request's headers are in: the connection is busy until its response is made.
+        let busy = self.conn.as_ref().map(ConnState::begin);
         if req.method() == Method::POST && req.uri().path() == "/v1/check" {
             let s = self.shared.clone();
             // Boxed as axum boxes a handler's future (one allocation, as before).
             Either::Left(Box::pin(async move {
-                Ok(check_direct(s, req.into_body()).await)
+                let r = check_direct(s, req.into_body()).await;
+                drop(busy);
+                Ok(r)
             }))
         } else {
-            Either::Right(tower_service::Service::call(&mut self.router, req))
+            let fut = tower_service::Service::call(&mut self.router, req);
+            match busy {
+                None => Either::Right(fut),
+                // The router's endpoints are not the hot path: one allocation to hold `busy`.
+                Some(busy) => Either::Left(Box::pin(async move {
+                    let r = fut.await;
+                    drop(busy);
+                    r
+                })),
+            }
         }
     }
 }
@@ -414,15 +430,16 @@ pub(crate) async fn serve(shared: Arc<Shared>, l: tokio::net::TcpListener) {
     let app = Dispatch {
         router: app,
         shared: shared.clone(),
+        conn: None,
     };
-    // hyper's connections, served here rather than by `axum::serve`: that one sets no timer,
-    // so a client could hold a connection for good by sending its headers a byte at a time.
-    let mut conns = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    if !shared.args.header_timeout.is_zero() {
-        conns
-            .http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(shared.args.header_timeout);
+    // hyper's connections, served here rather than by `axum::serve`, which closes no
+    // connection a client holds without a request (a byte of headers at a time, or idle):
+    // the watchdog does (src/watchdog.rs).
+    let conns = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    let dog =
+        (!shared.args.header_timeout.is_zero()).then(|| Watchdog::new(shared.args.header_timeout));
+    if let Some(dog) = &dog {
+        tokio::spawn(dog.clone().run(shared.shutdown.subscribe()));
     }
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     loop {
@@ -438,15 +455,18 @@ pub(crate) async fn serve(shared: Arc<Shared>, l: tokio::net::TcpListener) {
                         continue;
                     }
                 };
-                let svc = TowerToHyperService::new(app.clone());
+                let registered = dog.as_ref().and_then(|d| d.register(&sock));
+                let mut app = app.clone();
+                app.conn = registered.as_ref().map(|r| r.state.clone());
                 let conn = conns
-                    .serve_connection_with_upgrades(TokioIo::new(sock), svc)
+                    .serve_connection_with_upgrades(TokioIo::new(sock), TowerToHyperService::new(app))
                     .into_owned();
                 let conn = graceful.watch(conn);
                 tokio::spawn(async move {
                     if let Err(e) = conn.await {
                         tracing::debug!(error = %e, "HTTP connection ended");
                     }
+                    drop(registered);
                 });
             }
             () = crate::stopped(&mut stop) => break,

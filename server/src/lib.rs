@@ -30,6 +30,7 @@ mod metrics;
 pub mod resp;
 pub mod snapshot;
 pub mod throttle;
+mod watchdog;
 mod workers;
 
 use std::net::SocketAddr;
@@ -129,10 +130,10 @@ pub struct ServeArgs {
     /// Largest HTTP request body, in bytes (larger: 413).
     #[arg(long, default_value_t = 64 * 1024)]
     pub max_body: usize,
-    /// Close an HTTP/1 connection whose next request's headers have not all arrived this long
-    /// after it began waiting for them: a client that trickles its headers, or keeps a
-    /// connection idle between requests, does not hold it for good ("0": never; nginx's
-    /// client_header_timeout is 60 s too).
+    /// Close an HTTP connection without a request in progress for this long (within 2 s
+    /// after): a client that trickles its headers, or keeps a connection idle between
+    /// requests, does not hold it for good ("0": never; nginx's client_header_timeout is 60 s
+    /// too).
     #[arg(long, default_value = "60s", value_parser = duration)]
     pub header_timeout: Duration,
     /// How often to look whether the rules file or the Envoy configuration changed ("0":
