@@ -63,6 +63,7 @@ pub use model::{
 pub use parse::parse_duration;
 pub use plan::{Plan, PlanStep, StepOutcome};
 pub use request::{Priority, Request, METHODS};
+pub use validate::parse_customer;
 
 use crate::algo::Limit;
 use crate::ConfigError;

@@ -205,7 +205,7 @@ pub struct Match {
     pub priorities: Vec<Priority>,
 }
 
-/// Which key an override is for: text for a one-part class (`"user:241531"`, `"10.0.0.0/24"`,
+/// Which key an override is for: text for a one-part class (`"241531"`, `"10.0.0.0/24"`,
 /// an API key), or one value per part for a composite class.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum OverrideKey {
@@ -215,7 +215,7 @@ pub enum OverrideKey {
     Parts(Vec<(KeyPart, String)>),
 }
 
-/// Other limits for one key of a rule (the notes' config store: `user:241531` → 5 per 1 s).
+/// Other limits for one key of a rule (the notes' config store: customer 241531 → 5 per 1 s).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Override {
     /// The key.

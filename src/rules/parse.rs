@@ -468,7 +468,7 @@ fn override_key(v: toml::Value) -> Result<OverrideKey, String> {
         return Ok(OverrideKey::Text(s));
     }
     let toml::Value::Table(t) = v else {
-        return Err("an override key is a string (\"user:241531\", \"203.0.113.0/24\", an API key), a number (a customer id), or for a composite key a table such as { customer = 42, route = \"/v1/search\" }".into());
+        return Err("an override key is a string (\"241531\", \"203.0.113.0/24\", an API key), a number (a customer id), or for a composite key a table such as { customer = 42, route = \"/v1/search\" }".into());
     };
     let mut parts = Vec::new();
     for (k, v) in &t {

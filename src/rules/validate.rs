@@ -258,21 +258,18 @@ impl KeyValues {
     }
 }
 
-fn parse_customer(s: &str) -> Result<u64, String> {
-    let digits = match s.split_once(':') {
-        Some((tag, d))
-            if !tag.is_empty() && tag.bytes().all(|b| b.is_ascii_alphabetic() || b == b'_') =>
-        {
-            d
-        }
-        _ => s,
-    };
-    if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
-        if let Ok(v) = digits.parse::<u64>() {
-            return Ok(v);
-        }
-    }
-    Err(format!("`{s}` is not a customer id: write a decimal id up to 18446744073709551615, optionally tagged, e.g. 241531 or user:241531"))
+/// A customer id as rules files, `turnstile serve` and its clients write it: a decimal number
+/// from 0 to 2^64 − 1, without sign, leading zeros or tag. Anything else is refused rather than
+/// read as some number: `user:1` and `org:1` would otherwise share customer 1's counter, and
+/// `01` would be customer 1. (String ids are the `api_key` class.)
+pub fn parse_customer(s: &str) -> Result<u64, String> {
+    let canonical =
+        !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && (s == "0" || !s.starts_with('0'));
+    canonical.then(|| s.parse::<u64>().ok()).flatten().ok_or_else(|| {
+        format!(
+            "`{s}` is not a customer id: a customer id is a decimal number from 0 to 18446744073709551615 written without sign, leading zeros or tag (e.g. 241531); give string ids (user:241531, org:7) to a rule keyed by api_key"
+        )
+    })
 }
 
 fn mask_ip(a: IpAddr, v4: u8, v6: u8) -> IpAddr {
