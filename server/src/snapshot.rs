@@ -399,6 +399,66 @@ pub fn write(path: &Path, s: &Snapshot) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The snapshot to restore at start, if `--snapshot` names one: the file must be writable (or
+/// the start is refused with what to give instead). A file that exists but cannot be restored
+/// refuses the start with `--snapshot-required`; otherwise it is moved aside to
+/// `FILE.corrupt-SECONDS` (never overwritten by the next snapshot: it is the evidence, and
+/// maybe still recoverable), the log says where, and the server starts empty.
+pub(crate) fn on_start(
+    path: Option<&Path>,
+    required: bool,
+) -> Result<Option<Snapshot>, crate::ServeError> {
+    let Some(p) = path else {
+        return Ok(None);
+    };
+    writable(p).map_err(|e| {
+        crate::ServeError::Other(format!(
+            "--snapshot {}: cannot write there ({e}): give a file in a directory that exists and this user may write",
+            p.display()
+        ))
+    })?;
+    match read(p) {
+        Ok(s) => Ok(s),
+        Err(e) if required => Err(crate::ServeError::Snapshot(e)),
+        Err(e) => {
+            let aside = quarantine(p);
+            match &aside {
+                Ok(to) => {
+                    tracing::error!(error = %e, moved_to = %to.display(), "snapshot refused and moved aside; starting empty")
+                }
+                Err(m) => {
+                    tracing::error!(error = %e, move_error = %m, "snapshot refused and could not be moved aside; starting empty, and no snapshot will be written over it")
+                }
+            }
+            aside.map(|_| None).map_err(|m| {
+                crate::ServeError::Other(format!(
+                    "{e}; it could not be moved aside ({m}), and the next snapshot would overwrite it: move it away, or start with --snapshot-required to keep it and stop"
+                ))
+            })
+        }
+    }
+}
+
+/// Moves a refused snapshot to `FILE.corrupt-SECONDS` (a free name: `-2`, `-3`, … if taken).
+fn quarantine(p: &Path) -> Result<std::path::PathBuf, String> {
+    let secs = wall_ns() / 1_000_000_000;
+    for n in 1..1000u32 {
+        let mut name = p.as_os_str().to_owned();
+        name.push(format!(".corrupt-{secs}"));
+        if n > 1 {
+            name.push(format!("-{n}"));
+        }
+        let to = std::path::PathBuf::from(name);
+        if to.exists() {
+            continue;
+        }
+        return std::fs::rename(p, &to)
+            .map(|()| to)
+            .map_err(|e| e.to_string());
+    }
+    Err("no free name".into())
+}
+
 /// Reads `path`: `Ok(None)` if there is no file, the checked snapshot, or why it is refused.
 pub fn read(path: &Path) -> Result<Option<Snapshot>, SnapshotError> {
     let err = |message: String| SnapshotError {

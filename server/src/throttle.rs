@@ -59,8 +59,6 @@ impl Cell {
 /// Why a `CL.THROTTLE` was refused before it reached a store (Redis's wording).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ArgError {
-    /// Not an integer.
-    NotInteger,
     /// Negative where a count is needed.
     NotPositive,
     /// Too large to represent.
@@ -72,43 +70,10 @@ pub enum ArgError {
 impl std::fmt::Display for ArgError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ArgError::NotInteger => f.write_str("ERR value is not an integer or out of range"),
             ArgError::NotPositive => f.write_str("ERR value is out of range, must be positive"),
             ArgError::OutOfRange => f.write_str("ERR value is out of range"),
             ArgError::NoRoom(m) => write!(f, "ERR {m}"),
         }
-    }
-}
-
-/// An integer argument as Redis reads one.
-///
-/// An optional `-`, then decimal digits (leading zeros allowed), within `i64`: what
-/// `str::parse::<i64>` accepts, without a `+`. A byte loop rather than UTF-8 validation and
-/// `str::parse` (a `CL.THROTTLE` parses four: measured with callgrind, docs/service.md).
-pub fn parse_i64(b: &[u8]) -> Result<i64, ArgError> {
-    let (neg, digits) = match b.split_first() {
-        Some((b'-', d)) => (true, d),
-        _ => (false, b),
-    };
-    if digits.is_empty() {
-        return Err(ArgError::NotInteger);
-    }
-    let mut n: u64 = 0;
-    for &c in digits {
-        let d = c.wrapping_sub(b'0');
-        if d > 9 {
-            return Err(ArgError::NotInteger);
-        }
-        n = n
-            .checked_mul(10)
-            .and_then(|n| n.checked_add(u64::from(d)))
-            .ok_or(ArgError::NotInteger)?;
-    }
-    match (neg, n) {
-        (false, n) if n <= i64::MAX as u64 => Ok(n as i64),
-        // -2^63 included: its magnitude as i64 wraps to i64::MIN, which negates to itself.
-        (true, n) if n <= 1 << 63 => Ok((n as i64).wrapping_neg()),
-        _ => Err(ArgError::NotInteger),
     }
 }
 
@@ -279,25 +244,18 @@ pub struct LastStore {
 }
 
 impl LastStore {
-    /// Prefetches the key of a `CL.THROTTLE` (its arguments after the name) if its parameters
-    /// are this connection's last store's: a hint for a command about to run (see
-    /// [`Store::prefetch`]). Returns the key's id in that store, for [`LastStore::throttle`]
-    /// (which then does not hash the key again). Creates nothing, parses no more than the
-    /// three parameters, and ignores a malformed command (its run answers the error).
-    pub fn prefetch(&self, args: &[&[u8]]) -> Option<u64> {
+    /// Prefetches `key` of a `CL.THROTTLE` of parameters `p` if they are this connection's last
+    /// store's: a hint for a command about to run (see [`Store::prefetch`]). Returns the key's
+    /// id in that store, for [`LastStore::throttle`] (which then does not hash the key again).
+    /// Creates nothing.
+    pub fn prefetch(&self, key: &[u8], p: Params) -> Option<u64> {
         let (lp, store) = self.last.as_ref()?;
-        if args.len() < 4 {
+        if *lp != p {
             return None;
         }
-        let p = (parse_i64(args[1]), parse_i64(args[2]), parse_i64(args[3]));
-        match p {
-            (Ok(a), Ok(b), Ok(c)) if (a, b, c) == *lp => {
-                let id = store.hasher().bytes(args[0]);
-                store.prefetch(&id);
-                Some(id)
-            }
-            _ => None,
-        }
+        let id = store.hasher().bytes(key);
+        store.prefetch(&id);
+        Some(id)
     }
 
     /// Something other than a `CL.THROTTLE` ran: the next one reads the clock afresh.
@@ -306,24 +264,17 @@ impl LastStore {
         self.mark = None;
     }
 
-    /// `CL.THROTTLE` with its arguments after the command name; `id`, if given, is the key's
-    /// id as [`LastStore::prefetch`] returned it. Also returns the store's clock when the
-    /// check started, for [`LastStore::stop`].
+    /// `CL.THROTTLE key max_burst count period quantity`; `id`, if given, is the key's id as
+    /// [`LastStore::prefetch`] returned it. Also returns the store's clock when the check
+    /// started, for [`LastStore::stop`].
     pub fn throttle(
         &mut self,
         t: &Throttles,
-        args: &[&[u8]],
+        key: &[u8],
+        p: Params,
+        quantity: i64,
         id: Option<u64>,
     ) -> Result<(Cell, Nanos), ArgError> {
-        let p = (
-            parse_i64(args[1])?,
-            parse_i64(args[2])?,
-            parse_i64(args[3])?,
-        );
-        let quantity = match args.get(4) {
-            Some(q) => parse_i64(q)?,
-            None => 1,
-        };
         if quantity < 0 {
             return Err(ArgError::NotPositive);
         }
@@ -340,7 +291,7 @@ impl LastStore {
         // a parameter set keeps its store for the process's life (`Throttles::store` never
         // replaces one): the id was hashed by this very store. (Every store also shares one
         // hash seed, `Throttles::new`.)
-        let id = id.unwrap_or_else(|| store.hasher().bytes(args[0]));
+        let id = id.unwrap_or_else(|| store.hasher().bytes(key));
         let now = self.mark.take().unwrap_or_else(|| store.clock().now());
         let d = store.check_at(&id, quantity as u64, now);
         Ok((reply(&d, p.0, e), now))
@@ -423,29 +374,8 @@ mod tests {
         assert_eq!(emission_ns(3, 1), Ok(333_333_333));
         assert_eq!(emission_ns(0, 1), Err(ArgError::NotPositive));
         assert_eq!(emission_ns(1, i64::MAX), Err(ArgError::OutOfRange));
-        assert_eq!(parse_i64(b"12"), Ok(12));
-        assert_eq!(parse_i64(b"-3"), Ok(-3));
-        assert_eq!(parse_i64(b"+3"), Err(ArgError::NotInteger));
-        assert_eq!(parse_i64(b"1.5"), Err(ArgError::NotInteger));
-        assert_eq!(
-            parse_i64(b"99999999999999999999"),
-            Err(ArgError::NotInteger)
-        );
-        assert_eq!(
-            ArgError::NotInteger.to_string(),
-            "ERR value is not an integer or out of range"
-        );
         assert!(limit_of((-1, 1, 1)).is_err());
         assert!(limit_of((i64::MAX, 1, 1)).is_err());
-    }
-
-    proptest::proptest! {
-        /// The byte parser accepts what `str::parse::<i64>` accepts (but a leading `+`).
-        #[test]
-        fn parse_i64_is_str_parse(s in "[-+]?[0-9]{0,22}|[ -~]{0,6}|-?9223372036854775[0-9]{3}") {
-            let want = if s.starts_with('+') { None } else { s.parse::<i64>().ok() };
-            proptest::prop_assert_eq!(parse_i64(s.as_bytes()).ok(), want);
-        }
     }
 
     #[test]

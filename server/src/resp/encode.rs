@@ -118,6 +118,18 @@ impl Out<'_> {
         self.buf.extend_from_slice(s);
         self.buf.extend_from_slice(b"\r\n");
     }
+    /// A text reply: a verbatim string (`=N\r\ntxt:...`) in RESP3, a bulk string in RESP2.
+    pub fn verbatim(&mut self, s: &[u8]) {
+        match self.proto {
+            Proto::Resp2 => self.bulk(s),
+            Proto::Resp3 => {
+                self.count(b'=', s.len() as i64 + 4);
+                self.buf.extend_from_slice(b"txt:");
+                self.buf.extend_from_slice(s);
+                self.buf.extend_from_slice(b"\r\n");
+            }
+        }
+    }
     /// A null.
     pub fn null(&mut self) {
         match self.proto {
@@ -128,6 +140,13 @@ impl Out<'_> {
     /// The header of an array of `n` elements (the elements follow).
     pub fn array(&mut self, n: usize) {
         self.count(b'*', n as i64);
+    }
+    /// The header of a set of `n` elements: `~n` in RESP3, an array in RESP2.
+    pub fn set(&mut self, n: usize) {
+        match self.proto {
+            Proto::Resp2 => self.count(b'*', n as i64),
+            Proto::Resp3 => self.count(b'~', n as i64),
+        }
     }
     /// The header of a map of `n` pairs (the keys and values follow, alternating).
     pub fn map(&mut self, n: usize) {
