@@ -3,9 +3,12 @@
 //! listeners of `turnstile serve` (HTTP `POST /json`, RESP `TURNSTILE.CHECK`, HTTP
 //! `POST /v1/check`): `cargo run --release -p turnstile-server --example envoy_bench -- [SECS]`.
 
+mod grpc;
+mod wire;
+
+use grpc::{decision_ns, run, Report};
 use std::time::Duration;
-use turnstile_server::envoy::bench::{decision_ns, run, Report};
-use turnstile_server::envoy::wire_bench::{self, Wire};
+use wire::Wire;
 
 fn main() {
     let secs: u64 = std::env::args()
@@ -41,7 +44,7 @@ fn main() {
             Err(e) => fail(e),
         }
         for w in [Wire::Json, Wire::Resp, Wire::Check] {
-            match wire_bench::run(w, streams, 10_000, d, max, client) {
+            match wire::run(w, streams, 10_000, d, max, client) {
                 Ok(r) => row(w.label(), &r),
                 Err(e) => fail(e),
             }
