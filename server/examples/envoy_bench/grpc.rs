@@ -38,6 +38,26 @@ pub struct Report {
 }
 
 impl Report {
+    /// A run's report from its latency histogram (nanoseconds); the server's CPU time is set
+    /// by the caller.
+    pub fn new(
+        streams: usize,
+        calls: u64,
+        errors: u64,
+        elapsed: Duration,
+        h: &Histogram<u64>,
+    ) -> Self {
+        Report {
+            streams,
+            calls,
+            errors,
+            elapsed,
+            p50_us: h.value_at_quantile(0.5) as f64 / 1000.0,
+            p99_us: h.value_at_quantile(0.99) as f64 / 1000.0,
+            server_cpu_ns: 0,
+        }
+    }
+
     /// Calls per second.
     pub fn rate(&self) -> f64 {
         self.calls as f64 / self.elapsed.as_secs_f64()
@@ -217,14 +237,5 @@ async fn load(
         calls += n;
         errors += e;
     }
-    let elapsed = start.elapsed();
-    Ok(Report {
-        streams,
-        calls,
-        errors,
-        elapsed,
-        p50_us: h.value_at_quantile(0.5) as f64 / 1000.0,
-        p99_us: h.value_at_quantile(0.99) as f64 / 1000.0,
-        server_cpu_ns: 0,
-    })
+    Ok(Report::new(streams, calls, errors, start.elapsed(), &h))
 }

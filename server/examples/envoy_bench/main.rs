@@ -2,6 +2,8 @@
 //! generator each pinned to a core, and in the same run the same checks over the other
 //! listeners of `turnstile serve` (HTTP `POST /json`, RESP `TURNSTILE.CHECK`, HTTP
 //! `POST /v1/check`): `cargo run --release -p turnstile-server --example envoy_bench -- [SECS]`.
+//! `-- decision [CALLS]` measures only the decision without transport (for callgrind:
+//! `valgrind --tool=callgrind target/release/examples/envoy_bench decision 100000`).
 
 mod grpc;
 mod wire;
@@ -11,10 +13,19 @@ use std::time::Duration;
 use wire::Wire;
 
 fn main() {
-    let secs: u64 = std::env::args()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(5);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("decision") {
+        let calls = args
+            .get(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(1_000_000);
+        match decision_ns(calls, 10_000) {
+            Ok(ns) => println!("decision alone (no transport): {ns:.0} ns of CPU per call"),
+            Err(e) => fail(e),
+        }
+        return;
+    }
+    let secs: u64 = args.first().and_then(|s| s.parse().ok()).unwrap_or(5);
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
         "load average: {}",

@@ -242,16 +242,7 @@ async fn load(
         calls += n;
         errors += e;
     }
-    let elapsed = start.elapsed();
-    Ok(Report {
-        streams,
-        calls,
-        errors,
-        elapsed,
-        p50_us: h.value_at_quantile(0.5) as f64 / 1000.0,
-        p99_us: h.value_at_quantile(0.99) as f64 / 1000.0,
-        server_cpu_ns: 0,
-    })
+    Ok(Report::new(streams, calls, errors, start.elapsed(), &h))
 }
 
 #[cfg(test)]
