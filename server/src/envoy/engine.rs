@@ -117,11 +117,10 @@ impl Envoy {
             Found::Rule(r) => Some(&m.rules()[r]),
             _ => None,
         };
-        let summary = response::summarise(
-            &statuses,
-            |i| matches!(checks[i].found, Found::Unlimited(_)),
-            |i| self.settings.quota_mode || rule(i).is_some_and(|r| r.quota_mode),
-        );
+        let unlimited = |i: usize| matches!(checks[i].found, Found::Unlimited(_));
+        let summary = response::summarise(&statuses, unlimited, |i| {
+            self.settings.quota_mode || rule(i).is_some_and(|r| r.quota_mode)
+        });
         let mut resp = RateLimitResponse {
             overall_code: summary.overall_code,
             ..Default::default()
@@ -134,10 +133,9 @@ impl Envoy {
             self.metrics.global_shadow_mode();
         }
         if self.settings.dynamic_metadata {
-            let passed = summary
-                .passed
-                .iter()
-                .map(|&i| rule(i).and_then(|r| r.metadata.as_ref()));
+            let passed = (0..statuses.len())
+                .filter(|&i| response::passed(&statuses[i], unlimited(i)))
+                .map(|i| rule(i).and_then(|r| r.metadata.as_ref()));
             resp.dynamic_metadata = Some(response::dynamic_metadata(req, passed));
         }
         resp.statuses = statuses;

@@ -2,7 +2,8 @@
 //! the request is checked.
 
 use super::config::Unit;
-use super::matcher::{push_part, Matcher};
+use super::matcher::{push_part, Entry, Matcher};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry as PbEntry;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 
@@ -92,6 +93,16 @@ fn descriptor(i: usize, d: &RateLimitDescriptor) -> Result<(), InvalidRequest> {
     Ok(())
 }
 
+/// The request's entries are looked up as they are, without a copy.
+impl Entry for PbEntry {
+    fn key(&self) -> &str {
+        &self.key
+    }
+    fn value(&self) -> &str {
+        &self.value
+    }
+}
+
 /// What one descriptor resolved to before counting.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Found {
@@ -137,12 +148,7 @@ pub fn limits_to_check(m: &Matcher, req: &RateLimitRequest) -> Vec<ToCheck> {
                 Unit::from_proto(o.unit)
                     .map_or(Found::None, |u| Found::Override(o.requests_per_unit, u))
             } else {
-                let entries: Vec<(&str, &str)> = d
-                    .entries
-                    .iter()
-                    .map(|e| (e.key.as_str(), e.value.as_str()))
-                    .collect();
-                match m.lookup(&req.domain, &entries, &mut buf, &mut key) {
+                match m.lookup(&req.domain, &d.entries, &mut buf, &mut key) {
                     Some(r) if m.rules()[r].limit.unlimited => Found::Unlimited(r),
                     Some(r) => Found::Rule(r),
                     None => Found::None,

@@ -20,8 +20,11 @@ pub(crate) struct Summary {
     /// The status the RateLimit headers describe: the one with the least remaining (the
     /// first of equals), or the last over-limit one not in quota mode.
     pub headers_from: Option<usize>,
-    /// The descriptors that passed (not unlimited, not over), in request order.
-    pub passed: Vec<usize>,
+}
+
+/// Whether descriptor `i` passed (not unlimited, not over): its limit's metadata is returned.
+pub(crate) fn passed(st: &DescriptorStatus, unlimited: bool) -> bool {
+    !unlimited && st.code != CODE_OVER_LIMIT
 }
 
 /// Upstream's walk over the statuses. `unlimited(i)`: descriptor `i` matched an `unlimited`
@@ -51,8 +54,6 @@ pub(crate) fn summarise(
                 s.headers_from = Some(i);
                 min_remaining = 0;
             }
-        } else {
-            s.passed.push(i);
         }
         if q {
             total_quota += 1;
