@@ -90,7 +90,7 @@ fn reload_envoy(s: &Server, why: &str) -> Option<Result<usize, String>> {
     // The stamp is taken before reading, so that a change made during the read is seen by the
     // next look at the files.
     *st = stamp(path);
-    let r = crate::envoy::load(path)
+    let r = crate::envoy::load_with(path, envoy.settings().load_options())
         .map_err(|e| e.to_string())
         .and_then(|cfg| {
             envoy

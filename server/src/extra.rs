@@ -27,8 +27,9 @@ pub(crate) fn envoy(args: &ServeArgs) -> Result<Option<Arc<envoy::Envoy>>, Serve
         }
         (_, Some(p)) => p,
     };
-    let cfg = envoy::load(path).map_err(|e| ServeError::Other(e.to_string()))?;
     let settings = envoy::Settings::from_env().map_err(ServeError::Other)?;
+    let cfg = envoy::load_with(path, settings.load_options())
+        .map_err(|e| ServeError::Other(e.to_string()))?;
     let service = envoy::Envoy::new(&cfg, settings)
         .map_err(|e| ServeError::Other(format!("{}: {e}", path.display())))?;
     tracing::info!(config = %path.display(), domains = cfg.domains.len(), "envoy rate limit configuration loaded");

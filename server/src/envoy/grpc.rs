@@ -2,11 +2,13 @@
 //!
 //! The types and the service glue are `envoy-types`' generated code (prost + tonic, no
 //! protoc). A malformed message is refused by tonic's decoder with `INVALID_ARGUMENT`
-//! (`INTERNAL` for some framing errors) before it reaches [`Envoy`]; an empty domain or
-//! descriptor list, too many descriptors, an oversized entry or an unknown override unit are
-//! refused here with `INVALID_ARGUMENT`.
+//! (`INTERNAL` for some framing errors) before it reaches [`Envoy`]. An empty domain or
+//! descriptor list is refused with `UNKNOWN` and upstream's message, as upstream's Go service
+//! answers it (a plain error, which grpc-go sends as `UNKNOWN`); too many descriptors, an
+//! oversized entry or an unknown override unit with `INVALID_ARGUMENT`.
 
 use super::engine::Envoy;
+use super::limits::InvalidRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
@@ -32,7 +34,10 @@ impl RateLimitService for Grpc {
         self.envoy
             .should_rate_limit(request.get_ref())
             .map(Response::new)
-            .map_err(|e| Status::invalid_argument(e.0))
+            .map_err(|e| match e {
+                InvalidRequest::Upstream(m) => Status::unknown(m),
+                InvalidRequest::Invalid(m) => Status::invalid_argument(m),
+            })
     }
 }
 
