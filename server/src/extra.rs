@@ -60,11 +60,9 @@ pub(crate) fn spawn(shared: &Arc<Server>, args: &ServeArgs) -> Result<Grpc, Serv
     let auth = shared.http.auth.clone();
     let guard = envoy::grpc::Guard {
         tls: shared.tls.as_ref().map(|t| t.grpc.clone()),
-        authorize: auth
-            .required()
-            .then(|| -> Arc<dyn Fn(&[u8]) -> bool + Send + Sync> {
-                Arc::new(move |token: &[u8]| auth.grant(None, token, false).is_some())
-            }),
+        authorize: auth.required().then(|| -> envoy::grpc::Authorize {
+            Arc::new(move |token: &[u8]| auth.grant(None, token, false).is_some())
+        }),
         max_connections: shared.http.max_connections,
     };
     let mut rx = shared.shutdown.subscribe();

@@ -47,6 +47,9 @@ pub fn service(envoy: Arc<Envoy>) -> RateLimitServiceServer<Grpc> {
     RateLimitServiceServer::new(Grpc { envoy }).max_decoding_message_size(MAX_MESSAGE_BYTES)
 }
 
+/// Whether a bearer token may call.
+pub type Authorize = Arc<dyn Fn(&[u8]) -> bool + Send + Sync>;
+
 /// What guards a gRPC listener: TLS, a password in the `authorization` metadata, a bound on
 /// connections. The default guards nothing (tests and benchmarks).
 #[derive(Clone, Default)]
@@ -55,7 +58,7 @@ pub struct Guard {
     pub tls: Option<tokio_rustls::TlsAcceptor>,
     /// Whether a request's `authorization` value (after `Bearer `) may call; `None`: every
     /// request may. A refused call gets `UNAUTHENTICATED`.
-    pub authorize: Option<Arc<dyn Fn(&[u8]) -> bool + Send + Sync>>,
+    pub authorize: Option<Authorize>,
     /// The most connections at once (more are closed at once); `0`: no bound.
     pub max_connections: usize,
 }
