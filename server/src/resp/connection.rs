@@ -82,6 +82,25 @@ pub(crate) struct Session {
     pub(crate) tally: Tally,
     /// Whether a `MULTI` is open (for `CLIENT INFO`).
     pub(crate) in_multi: bool,
+    /// The socket's descriptor, if it has one (for `CLIENT INFO`).
+    pub(crate) fd: Option<i32>,
+    /// The connection's buffers when its last connection command ran (for `CLIENT INFO`).
+    pub(crate) buffers: BufferStats,
+}
+
+/// A connection's buffers, as `CLIENT INFO` reports them.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct BufferStats {
+    /// Input not yet answered, and free input space.
+    pub(crate) qbuf: usize,
+    pub(crate) qbuf_free: usize,
+    /// Bytes of the queued `MULTI` commands.
+    pub(crate) multi_mem: usize,
+    /// The input buffer's size.
+    pub(crate) rbs: usize,
+    /// Output waiting for the client, and the output buffer's size.
+    pub(crate) obl: usize,
+    pub(crate) omem: usize,
 }
 
 impl Session {
@@ -93,20 +112,32 @@ impl Session {
         self.in_multi = false;
     }
 
-    /// This connection's line of `CLIENT INFO` (Redis's fields that mean something here).
+    /// This connection's line of `CLIENT INFO`: every field of Redis 7's (clients such as
+    /// redis-py parse them all), those without a meaning here as Redis gives them for a
+    /// client that does not use them.
     pub(crate) fn info_line(&self) -> String {
         let addr = |a: Option<SocketAddr>| a.map_or_else(String::new, |a| a.to_string());
         let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        let b = &self.buffers;
         format!(
-            "id={} addr={} laddr={} name={} age={} idle=0 flags={} db=0 multi={} user={} resp={} lib-name={} lib-ver={}\n",
+            "id={} addr={} laddr={} fd={} name={} age={} idle=0 flags={} db=0 sub=0 psub=0 ssub=0 multi={} qbuf={} qbuf-free={} argv-mem=0 multi-mem={} rbs={} rbp={} obl={} oll=0 omem={} tot-mem={} events=r cmd=client|info user={} redir=-1 resp={} lib-name={} lib-ver={}\n",
             self.id,
             addr(self.peer),
             addr(self.local),
+            self.fd.unwrap_or(-1),
             text(&self.name),
             self.since.elapsed().as_secs(),
             if self.in_multi { "x" } else { "N" },
             if self.in_multi { 0 } else { -1 },
-            if self.access == Access::Admin { "admin" } else { "default" },
+            b.qbuf,
+            b.qbuf_free,
+            b.multi_mem,
+            b.rbs,
+            b.rbs,
+            b.obl,
+            b.omem,
+            b.rbs + b.omem + b.multi_mem,
+            "default",
             if self.proto == Proto::Resp3 { 3 } else { 2 },
             text(&self.lib_name),
             text(&self.lib_ver),
@@ -218,6 +249,8 @@ impl Connection {
                 last: LastStore::default(),
                 tally: Tally::default(),
                 in_multi: false,
+                fd: None,
+                buffers: BufferStats::default(),
             },
             queue: None,
             exec: None,
@@ -326,6 +359,11 @@ impl Connection {
                 .buffers
                 .release(std::mem::take(&mut self.out_reserved));
         }
+    }
+
+    /// The socket's descriptor, for `CLIENT INFO`.
+    pub(crate) fn set_fd(&mut self, fd: i32) {
+        self.session.fd = Some(fd);
     }
 
     /// The session (for the driver's log lines).
@@ -595,6 +633,16 @@ impl Connection {
                 None
             }
             other => {
+                if let Command::Session(_) = other {
+                    s.buffers = BufferStats {
+                        qbuf: self.filled - self.start,
+                        qbuf_free: self.input.len() - self.filled,
+                        multi_mem: self.queue.as_ref().map_or(0, |q| q.bytes.len()),
+                        rbs: self.input.len(),
+                        obl: o.buf.len() - self.written,
+                        omem: o.buf.capacity(),
+                    };
+                }
                 let (call, effect) = apply(srv, s, other, &mut o);
                 self.effect(effect);
                 call
