@@ -21,6 +21,7 @@
 //! | `builder` | [`StoreBuilder`] and the sizing of a store (`Geometry`) |
 //! | `batch` | [`Store::check_batch`], [`Store::check_batch_verdicts`] |
 //! | `snapshot` | [`Store::export_records`], [`Store::import_record`] |
+//! | `per_check` | [`Store::check_with`]: limits given with each check, one record per key |
 //! | `permit` | [`Store::acquire_owned`], [`StorePermit`] |
 //! | `ops` | each operation on a record, as the table runs it |
 //! | `table`, `arena`, `alloc` | the lock-free table, the arena of larger records, their memory |
@@ -31,6 +32,7 @@ mod batch;
 mod builder;
 pub mod key;
 mod ops;
+mod per_check;
 mod permit;
 mod snapshot;
 mod store;
@@ -38,5 +40,6 @@ pub(crate) mod table;
 
 pub use builder::{max_keys_per_shard, FullPolicy, StoreBuilder, LOAD_FACTOR, PLACE_BITS};
 pub use key::{parse_key, Key, KeyError, KeyHasher, ParsedKey};
+pub use per_check::LimitMismatch;
 pub use permit::StorePermit;
 pub use store::{Store, StoreStats};

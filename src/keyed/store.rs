@@ -208,7 +208,7 @@ impl<C: Clock> Store<C> {
     }
 
     /// A check (or, `cost` 0, a peek) of key id `id` by `by` through the general path.
-    fn run_check<D: Decides + ?Sized>(
+    pub(crate) fn run_check<D: Decides + ?Sized>(
         &self,
         by: &D,
         id: u64,
@@ -279,22 +279,6 @@ impl<C: Clock> Store<C> {
         now: Nanos,
         cost: u64,
     ) -> Decision {
-        // One copy of the lookup and CAS loop per packed algorithm, each with its transition
-        // inlined (`algo::Packed`).
-        struct Hit<'a> {
-            shard: &'a Shard,
-            home: Loc,
-            id: u64,
-            now: Nanos,
-            cost: u64,
-        }
-        impl PackedFn<Option<Decision>> for Hit<'_> {
-            #[inline(always)]
-            fn call<P: Packed>(self, p: &P) -> Option<Decision> {
-                self.shard
-                    .update_live::<P, true>(self.home, self.id, p, self.now, self.cost)
-            }
-        }
         let hit = match &self.packed {
             Some(l) => with_packed(
                 l,
@@ -315,6 +299,31 @@ impl<C: Clock> Store<C> {
         }
     }
 
+    /// [`Store::check_located`] by `limit`, given with the check (a packed limit the store
+    /// accepts: `Store::accepts`).
+    #[inline(always)]
+    pub(crate) fn check_packed(
+        &self,
+        shard: &Shard,
+        home: Loc,
+        id: u64,
+        limit: &Limit,
+        now: Nanos,
+        cost: u64,
+    ) -> Decision {
+        let hit = Hit {
+            shard,
+            home,
+            id,
+            now,
+            cost,
+        };
+        match with_packed(limit, hit).flatten() {
+            Some(d) => d,
+            None => self.run_cold_by(limit, id, now, cost),
+        }
+    }
+
     /// The general path, out of line: new keys, arena records, a reclaimed slot. `missed`:
     /// the packed fast path's lookup just missed (see `Ctx::missed`).
     #[inline(never)]
@@ -324,6 +333,14 @@ impl<C: Clock> Store<C> {
             None => self.run_check(&self.limits, id, now, cost, cost > 0, missed),
         }
     }
+
+    /// [`Store::run_cold`] by a packed `limit` given with the check, whose fast path's lookup
+    /// just missed.
+    #[inline(never)]
+    fn run_cold_by(&self, limit: &Limit, id: u64, now: Nanos, cost: u64) -> Decision {
+        self.run_check(limit, id, now, cost, cost > 0, true)
+    }
+
     /// Looks at `key`'s limit without consuming (and without inserting it).
     pub fn peek<K: Key + ?Sized>(&self, key: &K) -> Decision {
         self.peek_at(key, self.clock.now())
@@ -464,6 +481,25 @@ impl<C: Clock> Store<C> {
     /// The first limit's algorithm (for reports).
     pub fn algorithm(&self) -> Algorithm {
         self.limits.limits()[0].algorithm()
+    }
+}
+
+/// The packed fast path of one check, as a function generic over the algorithm (one copy of
+/// the lookup and CAS loop per packed algorithm, each with its transition inlined:
+/// `algo::Packed`).
+struct Hit<'a> {
+    shard: &'a Shard,
+    home: Loc,
+    id: u64,
+    now: Nanos,
+    cost: u64,
+}
+
+impl PackedFn<Option<Decision>> for Hit<'_> {
+    #[inline(always)]
+    fn call<P: Packed>(self, p: &P) -> Option<Decision> {
+        self.shard
+            .update_live::<P, true>(self.home, self.id, p, self.now, self.cost)
     }
 }
 
