@@ -46,3 +46,14 @@ pub(crate) fn zeroed_u32(n: usize) -> Option<Box<[AtomicU32]>> {
     #[cfg(loom)]
     Some((0..n).map(|_| AtomicU32::new(0)).collect())
 }
+
+/// `n` zeroed `AtomicU128`, untouched; `None` if the allocation fails.
+#[cfg(feature = "rules")]
+pub(crate) fn zeroed_u128(n: usize) -> Option<Box<[crate::sync::AtomicU128]>> {
+    // SAFETY: all-zero bits are a valid AtomicU128 (portable-atomic's is a plain u128 in an
+    // UnsafeCell: 0).
+    #[cfg(not(loom))]
+    return unsafe { alloc_zeroed(n) };
+    #[cfg(loom)]
+    Some((0..n).map(|_| crate::sync::AtomicU128::new(0)).collect())
+}

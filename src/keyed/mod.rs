@@ -26,7 +26,7 @@
 //! | `ops` | each operation on a record, as the table runs it |
 //! | `table`, `arena`, `alloc` | the lock-free table, the arena of larger records, their memory |
 
-mod alloc;
+pub(crate) mod alloc;
 pub(crate) mod arena;
 mod batch;
 mod builder;
