@@ -453,7 +453,7 @@ limits = [{ algorithm = "sliding_log", limit = 50, window = "1h" }]
 /// snapshot, so each count is at least what it was before that snapshot was taken and at
 /// most that plus the requests sent after it (a rule store on fixed windows, one on a sliding
 /// log, and a CL.THROTTLE store). Then a truncated snapshot is refused with a message and the
-/// server starts empty, or exits 2 with --snapshot-required.
+/// server starts empty (the file moved aside), or exits 2 with --snapshot-required.
 #[test]
 fn kill_9_during_load_restarts_from_the_last_snapshot() {
     let dir = tempfile::tempdir().unwrap();
@@ -553,18 +553,42 @@ fn kill_9_during_load_restarts_from_the_last_snapshot() {
     );
     s.stop();
 
-    // A truncated snapshot: refused with a message, the server starts empty...
+    // A truncated snapshot: refused with a message, moved aside (never overwritten: it is
+    // the evidence), and the server starts empty...
     let bytes = std::fs::read(&snap).unwrap();
     std::fs::write(&snap, &bytes[..bytes.len() / 2]).unwrap();
     let s = Server::start(&flags);
     let mut c = s.connect();
     assert_eq!(c.call(&["TURNSTILE.PEEK", "customer", "1"])[2], 1_000_000);
-    // (stopping writes a fresh snapshot over the truncated file: truncate it again after)
     let err = s.stop();
     assert!(
-        err.contains("snapshot refused") && err.contains("truncated"),
+        err.contains("snapshot refused and moved aside") && err.contains("truncated"),
         "{err}"
     );
+    let dir = Path::new(&snap).parent().unwrap();
+    let name = Path::new(&snap)
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .to_string();
+    let aside: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with(&format!("{name}.corrupt-"))
+        })
+        .collect();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert!(
+        err.contains(&aside[0].display().to_string()),
+        "the log says where: {err}"
+    );
+    assert_eq!(std::fs::read(&aside[0]).unwrap(), &bytes[..bytes.len() / 2]);
+    // The shutdown wrote a fresh snapshot at the old name, beside the one moved aside.
+    assert!(snapshot_is_fresh(&snap, &bytes));
     std::fs::write(&snap, &bytes[..bytes.len() / 2]).unwrap();
     // ...or, with --snapshot-required, does not start: exit 2, saying why.
     let o = Command::new(BIN)
@@ -579,6 +603,14 @@ fn kill_9_during_load_restarts_from_the_last_snapshot() {
         err.contains("truncated") && err.contains("--snapshot-required"),
         "{err}"
     );
+    // ...and leaves the file where it is.
+    assert_eq!(std::fs::read(&snap).unwrap(), &bytes[..bytes.len() / 2]);
+}
+
+/// Whether the file at `path` is a whole snapshot other than `old`.
+fn snapshot_is_fresh(path: &Path, old: &[u8]) -> bool {
+    let now = std::fs::read(path).unwrap_or_default();
+    now.starts_with(b"TSNP") && now != old
 }
 
 /// A protobuf length-delimited field: tag, length, bytes.

@@ -294,6 +294,17 @@ pub(crate) fn render(s: &Server) -> String {
         "Bytes of the deferred budget lent to RESP connections (unread output, queued MULTI commands).",
         s.buffers.deferred.load(Ordering::Relaxed) as u64,
     );
+    let _ = writeln!(o, "# HELP turnstile_memory_bound_bytes The most memory each part may take at the server's flags: RESP connections (--max-connections x each one's bound), the deferred budget they share, the CL.THROTTLE stores (--throttle-memory).\n# TYPE turnstile_memory_bound_bytes gauge");
+    for (part, v) in [
+        (
+            "resp_connections",
+            s.resp.max_connections * crate::resp::connection::max_bytes(&s.resp.bounds),
+        ),
+        ("deferred", s.buffers.deferred_max),
+        ("throttle_stores", s.throttles.budget()),
+    ] {
+        let _ = writeln!(o, "turnstile_memory_bound_bytes{{part=\"{part}\"}} {v}");
+    }
     counter(
         &mut o,
         "turnstile_refunds_total",

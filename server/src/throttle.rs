@@ -170,6 +170,11 @@ impl Throttles {
         }
     }
 
+    /// The bytes all stores together may take.
+    pub fn budget(&self) -> usize {
+        self.budget
+    }
+
     /// The hash seed.
     pub fn seed(&self) -> u64 {
         self.seed

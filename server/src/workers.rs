@@ -13,7 +13,7 @@
 //! listeners (and --admin) are served by one multi-thread tokio runtime of as many threads,
 //! which also runs the RESP rules commands whose counts live in Redis.
 
-use crate::resp::serve::{serve, Peer};
+use crate::resp::serve::{accept, Peer};
 use crate::state::{stopped, Server};
 use crate::{http, RuntimeKind, ServeArgs, ServeError};
 use socket2::{Domain, Protocol, Socket, Type};
@@ -59,10 +59,13 @@ async fn accept_resp(srv: Arc<Server>, l: tokio::net::TcpListener) {
             r = l.accept() => match r {
                 Ok((s, addr)) => {
                     let id = next_conn_id();
-                    let _ = s.set_nodelay(true);
-                    let peer = Peer { id, addr: Some(addr), local: s.local_addr().ok() };
-                    let (r, w) = s.into_split();
-                    tokio::spawn(serve(srv.clone(), r, w, peer));
+                    let peer = Peer {
+                        id,
+                        addr: Some(addr),
+                        local: s.local_addr().ok(),
+                        fd: Some(std::os::fd::AsRawFd::as_raw_fd(&s)),
+                    };
+                    tokio::spawn(accept(srv.clone(), s, peer));
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");

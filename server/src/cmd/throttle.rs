@@ -59,7 +59,7 @@ impl<'a> Throttle<'a> {
                 s.tally.latency(ns);
             }
             // Refused before reaching a store: nothing was checked, nothing timed.
-            Err(e) => o.error(&CmdError::from(e).to_string()),
+            Err(e) => o.error_fmt(format_args!("{}", CmdError::from(e))),
         }
     }
 }

@@ -536,12 +536,13 @@ impl Worker {
         };
         let _ = sock.set_nodelay(true);
         let id = crate::workers::next_conn_id();
-        let conn = Connection::new(
+        let mut conn = Connection::new(
             self.srv.clone(),
             id,
             sock.peer_addr().ok(),
             sock.local_addr().ok(),
         );
+        conn.set_fd(sock.as_raw_fd());
         self.gens = self.gens.wrapping_add(1);
         let c = Conn {
             conn,
