@@ -51,11 +51,13 @@ wait_port() {
     exit 1
 }
 
-# Server CPU time (user + system) of process $1, in clock ticks: each row also reports the
-# requests per server CPU-second, which holds when the client on the other core is the
-# bottleneck (it then shows how much of its core the server needed).
-TICK=$(getconf CLK_TCK)
-cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# Server CPU time of process $1, in ns: the time on CPU of each of its threads (schedstat; the
+# kernel's work done on their behalf, the io_uring's included, is theirs), exact where the
+# user + system ticks of /proc/PID/stat are 10 ms each. Each row also reports the requests per
+# server CPU-second, which holds when the client on the other core is the bottleneck (it then
+# shows how much of its core the server needed).
+TICK=1000000000
+cpu() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{s += $1} END {printf "%.0f", s}'; }
 SERVER_PID=""
 per_cpu() {
     local rps=$1 secs=$2 before=$3 after=$4
