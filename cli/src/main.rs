@@ -19,6 +19,16 @@ mod memory;
 mod progress;
 mod rules;
 
+/// The error of every subcommand: a message for the user (what failed, where, how to fix it),
+/// printed by `main`. A boxed error, as mini-redis's `crate::Error`, rather than a typed enum:
+/// nothing matches on a CLI's errors, it only prints them, and `?` takes the libraries' own
+/// errors (the engine's configuration errors, io, serde, Redis) as they are, their messages
+/// unchanged.
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// `Result` with the CLI's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
 /// A lock-free rate-limiting engine: benchmarks, reports and tools.
 #[derive(Parser)]
 #[command(name = "turnstile", version, propagate_version = true)]
@@ -68,7 +78,7 @@ fn main() {
         Command::Bench(a) => bench::run(a),
         Command::Memory(a) => memory::run(a),
         Command::Accuracy(a) => accuracy::run(a),
-        Command::Serve(a) => turnstile_server::run(*a).map_err(|e| e.to_string()),
+        Command::Serve(a) => turnstile_server::run(*a).map_err(Error::from),
         Command::Rules { command } => rules::run(command),
         Command::Completions { shell } => completions(shell),
     };
@@ -92,13 +102,13 @@ fn end_quietly_on_a_closed_pipe() {
 }
 
 /// Writes the completion script; a closed pipe (`| head`) ends it quietly, not with a panic.
-fn completions(shell: clap_complete::Shell) -> Result<(), String> {
+fn completions(shell: clap_complete::Shell) -> Result<()> {
     use std::io::Write;
     let mut script = Vec::new();
     clap_complete::generate(shell, &mut Cli::command(), "turnstile", &mut script);
     match std::io::stdout().write_all(&script) {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
-            Err(format!("cannot write the completion script: {e}"))
+            Err(format!("cannot write the completion script: {e}").into())
         }
         _ => Ok(()),
     }

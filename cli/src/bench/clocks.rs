@@ -8,8 +8,10 @@
 //! one clock read per batch.
 
 use super::keys::{self, Distribution};
+use super::limits::{governor_quota, store_capacity, throughput_limit};
+use super::report::{fmt_count, fmt_ns, fmt_rate, load_warning, progress};
 use super::run::{self, Mode, Timer, TurnstileDirect, TurnstileKeyed};
-use super::{fmt_count, fmt_ns, fmt_rate, progress, throughput_limit, SEQ_LEN};
+use super::suite::{sequences, SEQ_LEN};
 use governor::clock::Clock as _;
 use serde::Serialize;
 use std::hint::black_box;
@@ -114,12 +116,11 @@ fn keyed<C: Clock>(
     t: &Timer,
     name: &str,
     mode: Mode,
-) -> Result<f64, String> {
+) -> crate::Result<f64> {
     let s = Store::builder(limits.clone())
-        .capacity(super::store_capacity(o.algorithm, o.keys))
+        .capacity(store_capacity(o.algorithm, o.keys))
         .seed(0x7475_726e)
-        .build_with_clock(clock)
-        .map_err(|e| e.to_string())?;
+        .build_with_clock(clock)?;
     for r in 0..o.keys {
         s.check(&keys::key_id(r), 1);
     }
@@ -140,10 +141,10 @@ fn keyed<C: Clock>(
 }
 
 /// Runs `--clocks`.
-pub fn run(o: &ClockOptions) -> Result<(), String> {
-    super::load_warning();
+pub fn run(o: &ClockOptions) -> crate::Result<()> {
+    load_warning();
     let t = Timer::calibrate();
-    let limits = Limits::new(vec![throughput_limit(o.algorithm)?]).map_err(|e| e.to_string())?;
+    let limits = Limits::new(vec![throughput_limit(o.algorithm)?])?;
     let stop = Arc::new(AtomicBool::new(false));
     let (cached, refresher) = cached_clock(stop.clone());
     let mono = MonotonicClock::new();
@@ -167,7 +168,7 @@ pub fn run(o: &ClockOptions) -> Result<(), String> {
         ),
         ("cached AtomicU64 (100 µs)", read_cost(&|| cached.now())),
     ];
-    let seq = super::sequences(Distribution::Uniform, o.keys, 1, SEQ_LEN);
+    let seq = sequences(Distribution::Uniform, o.keys, 1, SEQ_LEN);
     let mut rows = Vec::new();
     for (i, (name, (read, res))) in raw.into_iter().enumerate() {
         let (u, k) = match i {
@@ -353,21 +354,20 @@ fn cg_clock_default(c: &TscClock, n: u64) -> u64 {
 
 /// Runs `--callgrind`: every `cg_*` function does a known number of checks; their inclusive
 /// instruction counts divided by that number are instructions per check.
-pub fn callgrind(a: Algorithm, keys: u64, checks: u64, batch: usize) -> Result<(), String> {
-    let limits = Limits::new(vec![throughput_limit(a)?]).map_err(|e| e.to_string())?;
+pub fn callgrind(a: Algorithm, keys: u64, checks: u64, batch: usize) -> crate::Result<()> {
+    let limits = Limits::new(vec![throughput_limit(a)?])?;
     let s = Store::builder(limits.clone())
-        .capacity(super::store_capacity(a, keys))
+        .capacity(store_capacity(a, keys))
         .seed(0x7475_726e)
-        .build()
-        .map_err(|e| e.to_string())?;
+        .build()?;
     let seq = keys::sequence(
         Distribution::Uniform,
         keys,
         checks as usize,
         0x0be7_c4ec_5eed,
     );
-    let g = governor::RateLimiter::keyed(super::governor_quota());
-    let gd = governor::RateLimiter::direct(super::governor_quota());
+    let g = governor::RateLimiter::keyed(governor_quota());
+    let gd = governor::RateLimiter::direct(governor_quota());
     let l = Limiter::with_limits(limits, TscClock::new());
     let b = batch.min(checks as usize).max(1);
     let batched = checks as usize / b * b;

@@ -3,10 +3,11 @@
 //! with plotters. The figure in `docs/perf/` is made by this mode.
 
 use super::keys::{self, Distribution};
+use super::limits::{governor_quota, store_capacity, throughput_limit};
+use super::report::{fmt_count, fmt_rate, load_warning, print_table, progress};
+use super::row::{Row, RowSpec};
 use super::run::{GovernorKeyed, Mode, Timer, TurnstileKeyed};
-use super::{
-    fmt_count, governor_quota, progress, sequences, throughput_limit, Row, RowSpec, Runner, SEQ_LEN,
-};
+use super::suite::{sequences, Runner, SEQ_LEN};
 use plotters::prelude::*;
 use std::time::Duration;
 use turnstile::keyed::Store;
@@ -23,10 +24,10 @@ pub fn run(
     seconds: f64,
     batch: usize,
     json: bool,
-) -> Result<(), String> {
-    super::load_warning();
+) -> crate::Result<()> {
+    load_warning();
     let timer = Timer::calibrate();
-    let limits = Limits::new(vec![throughput_limit(a)?]).map_err(|e| e.to_string())?;
+    let limits = Limits::new(vec![throughput_limit(a)?])?;
     let max_t = *threads.iter().max().expect("at least one");
     let (warm, win) = (
         Duration::from_secs_f64(seconds / 10.0),
@@ -39,10 +40,9 @@ pub fn run(
             fmt_count(n)
         ));
         let store = Store::builder(limits.clone())
-            .capacity(super::store_capacity(a, n))
+            .capacity(store_capacity(a, n))
             .seed(0x7475_726e)
-            .build()
-            .map_err(|e| e.to_string())?;
+            .build()?;
         let gov = governor::RateLimiter::keyed(governor_quota());
         for r in 0..n {
             store.check(&keys::key_id(r), 1);
@@ -97,7 +97,7 @@ pub fn run(
             serde_json::to_string_pretty(&doc).expect("serializable")
         );
     } else {
-        super::print_table(&rows, &[]);
+        print_table(&rows, &[]);
     }
     Ok(())
 }
@@ -124,7 +124,7 @@ fn draw(file: &str, a: Algorithm, rows: &[Row]) -> Result<(), Box<dyn std::error
         .x_desc("keys in the store")
         .y_desc("checks per CPU-second (all threads)")
         .x_label_formatter(&|x| fmt_count(*x as u64))
-        .y_label_formatter(&|y| super::fmt_rate(*y))
+        .y_label_formatter(&|y| fmt_rate(*y))
         .draw()?;
     // (legend, points, colour, threads)
     type Series = (String, Vec<(f64, f64)>, RGBColor, usize);
