@@ -49,7 +49,7 @@ pub use body::RateLimitBody;
 pub use ip::{ProxyHeader, TrustedProxies};
 pub use key::{ClientIp, Key, KeyExtractor, PeerIp};
 pub use limit::{
-    is_shed, retry_after_secs, Check, Describe, Describer, EngineLimit, IpSource, Limit, NoKey,
-    StoreLimit,
+    is_shed, retry_after_secs, Check, Checking, Describe, Describer, EngineLimit, IpSource, Limit,
+    Never, NoKey, StoreLimit,
 };
 pub use service::{Builder, Config, RateLimit, RateLimitLayer, ResponseFuture};
