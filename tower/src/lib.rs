@@ -30,7 +30,9 @@
 //!     .layer(RateLimitLayer::new(StoreLimit::new(store, PeerIp)));
 //! ```
 
-#![deny(unsafe_code)]
+// No unsafe code in a default build; `unsafe-fast-headers` allows one block (headers.rs).
+#![cfg_attr(not(feature = "unsafe-fast-headers"), forbid(unsafe_code))]
+#![cfg_attr(feature = "unsafe-fast-headers", deny(unsafe_code))]
 #![warn(missing_docs)]
 
 pub mod answer;
