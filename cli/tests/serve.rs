@@ -265,8 +265,20 @@ fn post(http: u16, path: &str, body: &str) -> (u16, String, String) {
 
 /// The header `name`'s value in a lower-cased head.
 fn header(head: &str, name: &str) -> Option<u64> {
+    text_header(head, name)?.parse().ok()
+}
+
+/// A header's value as text (`head` lowercase, as `post` gives it).
+fn text_header<'h>(head: &'h str, name: &str) -> Option<&'h str> {
     head.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':')?.trim().parse().ok())
+        .find_map(|l| Some(l.strip_prefix(name)?.strip_prefix(':')?.trim()))
+}
+
+/// The integer parameter `key` of draft-10's `RateLimit` field (`"policy";r=14;t=60`).
+fn draft_param(head: &str, key: &str) -> Option<u64> {
+    text_header(head, "ratelimit")?
+        .split(';')
+        .find_map(|p| p.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
 }
 
 /// What a pipelining client sends: many commands in one write, read back in order. The
@@ -324,8 +336,14 @@ fn serve_answers_a_pipeline_in_order_and_v1_check_with_its_headers() {
     let check = r#"{"key_class":"customer","key":"7","route":"/v1/items","method":"GET"}"#;
     let (code, head, body) = post(s.http, "/v1/check", check);
     assert_eq!(code, 200, "{head}{body}");
-    assert_eq!(header(&head, "ratelimit-limit"), Some(15), "{head}");
-    assert_eq!(header(&head, "ratelimit-remaining"), Some(14), "{head}");
+    // draft-10's fields (the default of --ratelimit-headers).
+    assert_eq!(
+        text_header(&head, "ratelimit-policy"),
+        Some("\"default\";q=15"),
+        "{head}"
+    );
+    assert_eq!(draft_param(&head, "r"), Some(14), "{head}");
+    assert_eq!(header(&head, "ratelimit-limit"), None, "{head}");
     assert!(head.contains("content-type: application/json"), "{head}");
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["allowed"], true, "{body}");
@@ -344,7 +362,12 @@ fn serve_answers_a_pipeline_in_order_and_v1_check_with_its_headers() {
         header(&head, "retry-after").is_some_and(|r| r >= 1),
         "{head}"
     );
-    assert_eq!(header(&head, "ratelimit-remaining"), Some(0), "{head}");
+    assert_eq!(draft_param(&head, "r"), Some(0), "{head}");
+    assert_eq!(
+        draft_param(&head, "t"),
+        header(&head, "retry-after"),
+        "a refusal's reset is its Retry-After: {head}"
+    );
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["allowed"], false, "{body}");
     assert_eq!(v["outcome"], "Limited", "{body}");

@@ -160,6 +160,10 @@ pub struct ServeArgs {
     /// Largest HTTP request head (request line and headers), in bytes (larger: 431).
     #[arg(long, default_value = "16kb", value_parser = bytes)]
     pub max_header_bytes: usize,
+    /// The rate-limit headers of POST /v1/check: draft10 (`RateLimit`, `RateLimit-Policy`),
+    /// legacy (`RateLimit-Limit`, `-Remaining`, `-Reset`) or both.
+    #[arg(long, value_enum, default_value = "draft10")]
+    pub ratelimit_headers: crate::RateLimitHeaders,
     /// Most headers in one HTTP request (more: 431).
     #[arg(long, default_value_t = 64)]
     pub max_headers: usize,

@@ -48,6 +48,7 @@ use turnstile::rules::{Engine, Rules};
 
 pub use args::{RuntimeKind, ServeArgs};
 pub use error::ServeError;
+pub use http::RateLimitHeaders;
 pub use snapshot::SnapshotError;
 
 /// A server started by [`start`].

@@ -381,17 +381,11 @@ fn anonymous(parts: &Parts) -> Request<'_> {
         .method(parts.method.as_str())
 }
 
-/// Whole seconds, rounded up.
-#[inline]
-pub(crate) fn ceil_secs(ns: u64) -> u64 {
-    ns.div_ceil(1_000_000_000)
-}
-
 /// `Retry-After` in whole seconds: rounded up and at least 1, so that a client that waits it
-/// out is never early.
+/// out is never early ([`Decision::retry_after_secs_ceil`]).
 #[inline]
 pub fn retry_after_secs(d: &Decision) -> Option<u64> {
-    d.retry_after_ns.map(|ns| ceil_secs(ns).max(1))
+    d.retry_after_secs_ceil()
 }
 
 /// The delay a shaper asks for, bounded by `max`.
