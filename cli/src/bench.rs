@@ -8,9 +8,17 @@
 //! `--clocks` (cost of each clock, alone and inside a check), `--plot FILE` (checks/s against
 //! key count and threads, as an SVG) and `--callgrind` (a fixed workload to count instructions
 //! per check under valgrind). Results and their caveats: `docs/performance.md`.
+//!
+//! Subcommands measure the service and the layer with the programs their users run: `serve`
+//! (redis-benchmark and wrk against `turnstile serve`, beside redis-server and redis-cell),
+//! `ab` (turnstile builds against each other) and `tower` (turnstile-tower's layer under wrk
+//! and callgrind). They drive those programs as child processes (`drive.rs`), read their output
+//! (`wrk.rs`), and share this module's medians and number formats; `server/bench.sh`,
+//! `server/ab.sh` and `tower/bench.sh` only build and call them.
 
 mod atomics;
 mod clocks;
+mod drive;
 mod exact;
 mod floor;
 mod keys;
@@ -21,10 +29,13 @@ mod redis;
 mod report;
 mod row;
 mod run;
+mod serve;
 mod suite;
+mod tower;
+mod wrk;
 
 pub use options::BenchArgs;
-use options::{Engines, Options};
+use options::{BenchCommand, Engines, Options};
 use report::progress_done;
 
 /// An error from Redis as the commands report it: what failed, where, what to do.
@@ -35,7 +46,13 @@ pub(crate) fn redis_error(url: &str, e: turnstile_redis::Error) -> String {
 }
 
 /// Runs the command.
-pub fn run(args: BenchArgs) -> crate::Result<()> {
+pub fn run(mut args: BenchArgs) -> crate::Result<()> {
+    match args.command.take() {
+        Some(BenchCommand::Tower(a)) => return tower::run(a),
+        Some(BenchCommand::Serve(a)) => return serve::run_serve(a),
+        Some(BenchCommand::Ab(a)) => return serve::run_ab(a),
+        None => {}
+    }
     if args.atomics {
         return atomics::run();
     }

@@ -42,7 +42,7 @@ enum Command {
     /// Print the decisions of each algorithm on the design notes' scenarios.
     Demo,
     /// Checks/s and latency of the embedded engine, side by side with governor (the main job).
-    Bench(bench::BenchArgs),
+    Bench(Box<bench::BenchArgs>),
     /// Measured bytes per user per algorithm, against the design notes' estimates.
     Memory(memory::MemoryArgs),
     /// The approximate algorithms against the exact sliding log, beside Cloudflare's figures.
@@ -75,7 +75,7 @@ fn main() {
     }
     let result = match cli.command {
         Command::Demo => demo::run(),
-        Command::Bench(a) => bench::run(a),
+        Command::Bench(a) => bench::run(*a),
         Command::Memory(a) => memory::run(a),
         Command::Accuracy(a) => accuracy::run(a),
         Command::Serve(a) => turnstile_server::run(*a).map_err(Error::from),

@@ -169,49 +169,20 @@ pub fn run(o: &ClockOptions) -> crate::Result<()> {
         ("cached AtomicU64 (100 µs)", read_cost(&|| cached.now())),
     ];
     let seq = sequences(Distribution::Uniform, o.keys, 1, SEQ_LEN);
+    let m = Measure {
+        limits: &limits,
+        o,
+        seq: &seq,
+        t: &t,
+    };
     let mut rows = Vec::new();
     for (i, (name, (read, res))) in raw.into_iter().enumerate() {
         let (u, k) = match i {
-            0 => (
-                Some(unkeyed(&limits, mono, o, &t, name)),
-                Some(keyed(
-                    &limits,
-                    MonotonicClock::new(),
-                    o,
-                    &seq,
-                    &t,
-                    name,
-                    Mode::Single,
-                )?),
-            ),
-            1 => (
-                Some(unkeyed(&limits, CoarseClock, o, &t, name)),
-                Some(keyed(
-                    &limits,
-                    CoarseClock,
-                    o,
-                    &seq,
-                    &t,
-                    name,
-                    Mode::Single,
-                )?),
-            ),
-            3 => (
-                Some(unkeyed(&limits, tsc, o, &t, name)),
-                Some(keyed(&limits, tsc, o, &seq, &t, name, Mode::Single)?),
-            ),
-            4 => (
-                Some(unkeyed(&limits, cached.clone(), o, &t, name)),
-                Some(keyed(
-                    &limits,
-                    cached.clone(),
-                    o,
-                    &seq,
-                    &t,
-                    name,
-                    Mode::Single,
-                )?),
-            ),
+            0 => m.both(mono, name)?,
+            1 => m.both(CoarseClock, name)?,
+            3 => m.both(tsc, name)?,
+            4 => m.both(cached.clone(), name)?,
+            // quanta is governor's clock, not one turnstile's checks take.
             _ => (None, None),
         };
         rows.push(ClockRow {
@@ -240,6 +211,41 @@ pub fn run(o: &ClockOptions) -> crate::Result<()> {
     });
     stop.store(true, Ordering::Relaxed);
     let _ = refresher.join();
+    print_clocks(o, &rows);
+    Ok(())
+}
+
+/// One clock inside checks: a keyless limiter and a keyed store, each on one thread.
+struct Measure<'a> {
+    limits: &'a Limits,
+    o: &'a ClockOptions,
+    seq: &'a [u64],
+    t: &'a Timer,
+}
+
+impl Measure<'_> {
+    /// CPU-ns per check of the keyless limiter and of the keyed store with `clock`.
+    fn both<C: Clock + Clone>(
+        &self,
+        clock: C,
+        name: &str,
+    ) -> crate::Result<(Option<f64>, Option<f64>)> {
+        let u = unkeyed(self.limits, clock.clone(), self.o, self.t, name);
+        let k = keyed(
+            self.limits,
+            clock,
+            self.o,
+            self.seq,
+            self.t,
+            name,
+            Mode::Single,
+        )?;
+        Ok((Some(u), Some(k)))
+    }
+}
+
+/// The table (or the JSON document) of `--clocks`.
+fn print_clocks(o: &ClockOptions, rows: &[ClockRow]) {
     if o.json {
         let doc =
             serde_json::json!({ "clocks": rows, "algorithm": o.algorithm.name(), "keys": o.keys });
@@ -247,7 +253,7 @@ pub fn run(o: &ClockOptions) -> crate::Result<()> {
             "{}",
             serde_json::to_string_pretty(&doc).expect("serializable")
         );
-        return Ok(());
+        return;
     }
     println!(
         "{:<36} {:>8} {:>10} {:>14} {:>14}",
@@ -258,7 +264,7 @@ pub fn run(o: &ClockOptions) -> crate::Result<()> {
         format!("{} keyed", fmt_count(o.keys))
     );
     let f = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.1} ns"));
-    for r in &rows {
+    for r in rows {
         println!(
             "{:<36} {:>5.1} ns {:>10} {:>14} {:>14}",
             r.clock,
@@ -273,7 +279,6 @@ pub fn run(o: &ClockOptions) -> crate::Result<()> {
         fmt_count(o.keys),
         o.algorithm
     );
-    Ok(())
 }
 
 // ---- callgrind ---------------------------------------------------------------------------

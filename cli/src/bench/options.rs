@@ -5,7 +5,7 @@ use super::keys::Distribution;
 use super::limits::throughput_limit;
 use super::run;
 use crate::args::parse_count;
-use clap::{ArgGroup, Args, ValueEnum};
+use clap::{ArgGroup, Args, Subcommand, ValueEnum};
 use std::time::Duration;
 use turnstile::Algorithm;
 
@@ -13,7 +13,11 @@ use turnstile::Algorithm;
 /// keys. Progress goes to stderr; the table (or --json) to stdout.
 #[derive(Args)]
 #[command(group(ArgGroup::new("mode").args(["clocks", "plot", "callgrind"])))]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct BenchArgs {
+    /// The service and the layer instead of the engine: `tower`, `serve`, `ab`.
+    #[command(subcommand)]
+    pub command: Option<BenchCommand>,
     /// turnstile's algorithm: token_bucket, fixed_window, sliding_window, leaky_bucket,
     /// sliding_log, window_ring (governor always runs its GCRA, on the token bucket's numbers).
     #[arg(long, value_name = "NAME", default_value = "token_bucket")]
@@ -73,6 +77,19 @@ pub struct BenchArgs {
     /// sharing one location (the hot key's bound); takes no other option.
     #[arg(long, exclusive = true)]
     pub atomics: bool,
+}
+
+/// The benchmarks of the service and of the layer, each driving real servers and clients.
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// turnstile-tower's layer: an axum hello world with and without it under wrk, or
+    /// instructions per request under callgrind.
+    Tower(super::tower::TowerArgs),
+    /// `turnstile serve` beside redis-server (INCR; redis-cell's CL.THROTTLE with --cell-so):
+    /// redis-benchmark at each pipeline depth and wrk on POST /v1/check.
+    Serve(super::serve::ServeArgs),
+    /// turnstile builds against each other on CL.THROTTLE, redis-server's INCR in every round.
+    Ab(super::serve::AbArgs),
 }
 
 /// Which engines run.
