@@ -364,7 +364,7 @@ fn serve_answers_a_pipeline_in_order_and_v1_check_with_its_headers() {
 }
 
 /// `turnstile serve 2>&1 | head -1`: once the log's reader is gone, a line that cannot be
-/// written is dropped; the server still answers (a new `CL.THROTTLE` parameter set is logged)
+/// written is dropped; the server still answers (a new connection is logged)
 /// and stops on SIGTERM (which is logged too).
 #[test]
 fn serve_keeps_answering_and_stops_when_its_log_pipe_closes() {
@@ -888,5 +888,52 @@ fn a_client_that_trickles_its_headers_is_closed_after_the_header_timeout() {
         "closed after {waited:?}, not after about 1 s"
     );
     assert_eq!(s.curl("/healthz").0, 200);
+    s.stop();
+}
+
+/// The resident memory of process `pid`, in KiB (Linux).
+fn rss_kib(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
+        .expect("VmRSS in /proc/PID/status")
+}
+
+/// CL.THROTTLE keeps one state per key, as redis-cell does: a key checked with new
+/// parameters continues from its state (redis-cell's answers), and ten thousand distinct
+/// parameter sets cost no memory and no refusal.
+#[test]
+fn cl_throttle_keeps_one_state_per_key_whatever_the_parameters() {
+    let s = Server::start(&[]);
+    let mut c = s.connect();
+    for i in 0..3 {
+        assert_eq!(
+            c.call(&["CL.THROTTLE", "m", "2", "10", "60"])[..3],
+            [0, 3, 2 - i]
+        );
+    }
+    // redis-cell answers [0, 6, 2, -1, 24] (24 s: the backlog of 3 emissions of 6 s, plus one).
+    let r = c.call(&["CL.THROTTLE", "m", "5", "10", "60"]);
+    assert_eq!(r[..4], [0, 6, 2, -1], "{r:?}");
+    assert!((23..=24).contains(&r[4]), "{r:?}");
+    // 10 000 parameter sets over 10 keys, pipelined by 500: every one answered; memory flat.
+    let before = rss_kib(s.child.id());
+    for batch in 0..20 {
+        for i in 0..500 {
+            let n = (batch * 500 + i + 1).to_string();
+            let key = format!("p{}", i % 10);
+            c.send(&["CL.THROTTLE", &key, &n, "1", "3600"]);
+        }
+        for _ in 0..500 {
+            assert_eq!(c.reply()[0], 0, "admitted");
+        }
+    }
+    let after = rss_kib(s.child.id());
+    assert!(
+        after <= before + 4 * 1024,
+        "RSS {before} KiB before, {after} KiB after 10 000 parameter sets"
+    );
+    assert_eq!(s.metric("turnstile_store_keys{store=\"throttle\"}"), 11.0);
     s.stop();
 }
