@@ -65,6 +65,23 @@ const INPUT_BUSY: usize = 16 * 1024;
 const OUTPUT_KEEP: usize = 16 * 1024;
 /// The deferred budget is borrowed in steps of this.
 const BUDGET_STEP: usize = 64 * 1024;
+/// The longest reply of one command but `ECHO`/`PING` (which echo an argument): `COMMAND`
+/// and `COMMAND DOCS` of every command are the longest (a test holds them to it).
+pub(crate) const MAX_REPLY: usize = 16 * 1024;
+/// What a connection holds besides its buffers: its state, the commands parsed ahead, its
+/// task (TLS adds rustls's buffers: see docs/service.md).
+const FIXED: usize = 16 * 1024;
+
+/// The most bytes one connection of a listener with `bounds` holds without borrowing from the
+/// deferred budget: its input buffer (a whole frame), its output ([`OUTPUT_PAUSE`] and one
+/// reply), a `MULTI` queue's own allowance, and its fixed part.
+pub(crate) fn max_bytes(bounds: &Bounds) -> usize {
+    INPUT_BUSY.max(bounds.max_frame())
+        + OUTPUT_PAUSE
+        + MAX_REPLY.max(bounds.max_bulk + 32)
+        + QUEUE_FREE
+        + FIXED
+}
 
 /// What the connection knows of its client.
 pub(crate) struct Session {
@@ -516,7 +533,7 @@ impl Connection {
                         Command::Throttle(t) => Some((
                             t.params,
                             t.quantity,
-                            self.session.last.prefetch(t.key, t.params),
+                            Some(LastStore::prefetch(&self.srv.throttles, t.key)),
                         )),
                         _ => None,
                     });
@@ -539,7 +556,7 @@ impl Connection {
                         buf: &mut self.out,
                         proto: self.session.proto,
                     };
-                    o.error(&format!("ERR {e}"));
+                    o.error_fmt(format_args!("ERR {e}"));
                     self.closing = true;
                     return false;
                 }
@@ -590,7 +607,7 @@ impl Connection {
         let command = match Command::parse(args) {
             Ok(c) => c,
             Err(e) => {
-                o.error(&e.reply(args));
+                e.write(args, &mut o);
                 return None;
             }
         };
@@ -679,7 +696,7 @@ impl Connection {
         };
         match Command::parse(args) {
             Err(e) => {
-                o.error(&e.reply(args));
+                e.write(args, &mut o);
                 None
             }
             Ok(c) => {
@@ -767,12 +784,12 @@ fn queue(srv: &Server, q: &mut Queue, args: Args<'_>, o: &mut Out<'_>) {
         // Only arity is checked now; other errors are the command's own, at EXEC.
         if let Err(CmdError::WrongArgs) = Command::parse_as(spec, args) {
             q.dirty = true;
-            o.error(&CmdError::WrongArgs.reply(args));
+            CmdError::WrongArgs.write(args, o);
             return;
         }
     } else {
         q.dirty = true;
-        o.error(&CmdError::Unknown.reply(args));
+        CmdError::Unknown.write(args, o);
         return;
     }
     let size: usize = (0..args.len()).map(|i| args.get(i).len()).sum();
@@ -1106,6 +1123,24 @@ mod tests {
     }
 
     #[test]
+    fn the_longest_replies_fit_max_reply() {
+        for p in [
+            &[&b"COMMAND"[..]][..],
+            &[b"COMMAND", b"DOCS"],
+            &[b"COMMAND", b"INFO"],
+            &[b"INFO"],
+            &[b"CLIENT", b"INFO"],
+        ] {
+            let (out, _) = talk(&mut conn(|_| {}), &cmd(p), usize::MAX);
+            assert!(out.len() <= MAX_REPLY, "{p:?}: {} bytes", out.len());
+        }
+        // At the defaults: ~66 KiB of input, 16 + 16 KiB of output, 16 KiB of queue, 16 fixed.
+        let b = Bounds::default();
+        assert_eq!(max_bytes(&b), b.max_frame() + 64 * 1024);
+        assert!(max_bytes(&b) < 132 * 1024);
+    }
+
+    #[test]
     fn session_commands_answer_as_redis() {
         let mut input = Vec::new();
         for p in [
@@ -1134,7 +1169,7 @@ mod tests {
         input.extend(cmd(&[b"CLIENT", b"INFO"]));
         let (out, _) = talk(&mut conn(|_| {}), &input, usize::MAX);
         assert!(
-            text(&out).contains("id=1 addr= laddr= name=worker-1 "),
+            text(&out).contains("id=1 addr= laddr= fd=-1 name=worker-1 "),
             "{}",
             text(&out)
         );
