@@ -14,6 +14,7 @@ mod clocks;
 mod floor;
 mod keys;
 mod limits;
+mod own_limits;
 mod plot;
 mod redis;
 mod run;
@@ -34,7 +35,7 @@ use turnstile::{Algorithm, Clock, Limit, Limiter, Limits, ManualClock};
 /// Checks/s and latency of turnstile and governor 0.10, side by side, on the same quota and
 /// keys. Progress goes to stderr; the table (or --json) to stdout.
 #[derive(Args)]
-#[command(group(ArgGroup::new("mode").args(["clocks", "plot", "callgrind"])))]
+#[command(group(ArgGroup::new("mode").args(["clocks", "plot", "callgrind", "own_limits"])))]
 pub struct BenchArgs {
     /// turnstile's algorithm: token_bucket, fixed_window, sliding_window, leaky_bucket,
     /// sliding_log, window_ring (governor always runs its GCRA, on the token bucket's numbers).
@@ -88,6 +89,11 @@ pub struct BenchArgs {
     /// A fixed, untimed workload for `valgrind --tool=callgrind` (see docs/performance.md).
     #[arg(long)]
     callgrind: bool,
+    /// A rule whose keys have limits of their own (a limits class, from a file of --keys
+    /// entries) against the same rule's own limit, side by side; with the file's load time
+    /// and the bytes per entry (see docs/rules.md).
+    #[arg(long)]
+    own_limits: bool,
     /// Checks in the --callgrind workload.
     #[arg(long, value_name = "N", value_parser = parse_count, default_value = "1048576")]
     checks: u64,
@@ -456,6 +462,10 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     }
     if callgrind {
         return clocks::callgrind(o.algorithm, o.keys, o.checks, o.batch.max(1));
+    }
+    if args.own_limits {
+        let repeat = if args.repeat > 1 { o.repeat } else { 3 };
+        return own_limits::run(o.keys, o.seconds, repeat, o.json);
     }
     if let Some(f) = plot_file {
         // Said before the sweep (tens of seconds), not after it.
