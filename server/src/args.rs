@@ -133,10 +133,8 @@ pub struct ServeArgs {
     /// TLS private key (PEM, PKCS#8, PKCS#1 or SEC1). Needs --tls-cert.
     #[arg(long, requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
-    /// Bytes all CL.THROTTLE stores together may take.
-    #[arg(long, default_value_t = 1 << 30)]
-    pub throttle_memory: usize,
-    /// Keys each CL.THROTTLE store (one per max_burst, count, period) holds.
+    /// Keys CL.THROTTLE holds (one record each, whatever parameters its commands give; the
+    /// stalest are evicted when full). About 20 bytes per key.
     #[arg(long, default_value_t = 1 << 21)]
     pub throttle_keys: u64,
     /// Most simultaneous RESP connections; more are told so and closed.
@@ -166,6 +164,10 @@ pub struct ServeArgs {
     /// Largest HTTP request head (request line and headers), in bytes (larger: 431).
     #[arg(long, default_value = "16kb", value_parser = bytes)]
     pub max_header_bytes: usize,
+    /// The rate-limit headers of POST /v1/check: draft10 (`RateLimit`, `RateLimit-Policy`),
+    /// legacy (`RateLimit-Limit`, `-Remaining`, `-Reset`) or both.
+    #[arg(long, value_enum, default_value = "draft10")]
+    pub ratelimit_headers: crate::RateLimitHeaders,
     /// Most headers in one HTTP request (more: 431).
     #[arg(long, default_value_t = 64)]
     pub max_headers: usize,

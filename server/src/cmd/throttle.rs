@@ -21,7 +21,6 @@ impl From<ArgError> for CmdError {
         match e {
             ArgError::NotPositive => CmdError::NotPositive,
             ArgError::OutOfRange => CmdError::OutOfRange,
-            ArgError::NoRoom(m) => CmdError::Other(format!("ERR {m}")),
         }
     }
 }
@@ -55,7 +54,7 @@ impl<'a> Throttle<'a> {
                     1,
                 );
                 o.ints(&c.as_array());
-                let ns = s.last.stop(t0);
+                let ns = s.last.stop(t, t0);
                 s.tally.latency(ns);
             }
             // Refused before reaching a store: nothing was checked, nothing timed.

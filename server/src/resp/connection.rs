@@ -533,7 +533,7 @@ impl Connection {
                         Command::Throttle(t) => Some((
                             t.params,
                             t.quantity,
-                            self.session.last.prefetch(t.key, t.params),
+                            Some(LastStore::prefetch(&self.srv.throttles, t.key)),
                         )),
                         _ => None,
                     });
