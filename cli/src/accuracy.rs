@@ -19,17 +19,17 @@
 //! wrap in their compare-and-swap) over one record per source, so the run is fast and
 //! deterministic. The definitions are in docs/accuracy.md and in [`Tally`].
 
+mod replay;
 mod traffic;
 
 use super::args::parse_count;
 use clap::Args;
+use replay::Replay;
 use serde::Serialize;
-use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 use traffic::{Kind, Mix, Shape, Traffic, MIXES};
 use turnstile::algo::{fixed_window, sliding_window, window_ring};
-use turnstile::keyed::Store;
-use turnstile::{Algorithm, Limit, LimitSpec, Limits, ManualClock};
+use turnstile::{Algorithm, Limit, LimitSpec};
 
 /// Replays deterministic synthetic traffic (steady heavy-tailed Poisson sources, on/off
 /// bursters, attackers aligned to window edges) through the exact sliding log and the
@@ -318,7 +318,6 @@ fn approx(a: Algorithm, c: &Config, at: &mut usize) -> crate::Result<Approx> {
 
 fn simulate(c: &Config) -> crate::Result<Report> {
     let t0 = Instant::now();
-    let n = c.sources as usize;
     let start = c.window * 1000;
     let mut traffic = Traffic::new(
         c.sources,
@@ -330,186 +329,21 @@ fn simulate(c: &Config) -> crate::Result<Report> {
         },
         &c.mix,
     );
-    let kinds: Vec<Kind> = traffic.kinds().to_vec();
-
-    // Each source's records, all algorithms', side by side in one block: one source's
-    // check touches neighbouring cache lines and one page, not one page per algorithm.
-    let reference = spec(
-        Algorithm::SlidingLog,
-        c.limit,
-        c.window,
-        c.buckets,
-        c.count_denied,
-    )?;
-    let rw = reference.words();
-    let mut stride = rw;
-    let mut algos = [
-        approx(Algorithm::SlidingWindow, c, &mut stride)?,
-        approx(Algorithm::WindowRing, c, &mut stride)?,
-        approx(Algorithm::FixedWindow, c, &mut stride)?,
-    ];
-    let mut blocks = vec![0u64; n * stride];
-    let mut ref_limited = vec![false; n];
-    let mut ref_denied = 0u64;
-
-    // The engine end to end: the same reference limit in a keyed store, with room to spare
-    // (at exactly its capacity a table may refuse a handful of keys) and one shard (records
-    // are split evenly between shards, keys are not).
-    let store = Store::builder(Limits::new(vec![reference])?)
-        .capacity(c.sources as u64 + c.sources as u64 / 4 + 64)
-        .shards(1)
-        .seed(STORE_SEED)
-        .build_with_clock(ManualClock::new(start))?;
-    let mut store_tally = Tally {
-        limited: vec![false; n],
-        ..Tally::default()
-    };
-
-    // The exact count: each source's request times in the last window.
-    let mut recent: Vec<VecDeque<u64>> = (0..n).map(|_| VecDeque::new()).collect();
-    let mut per_kind = [(0u64, 0u64); 3];
-    let near = (c.limit / 2, c.limit + c.limit / 2);
-    let at_limit = (c.limit - c.limit / 10, c.limit + c.limit / 10);
-    let mut at_limit_n = 0u64;
+    let mut replay = Replay::new(c, traffic.kinds().to_vec(), start)?;
     let mut last = start;
     let tick = (c.requests / 100).max(1);
     let bar = crate::progress::bar(100, !c.progress, "accuracy: replaying");
-
     for (k, (t, src)) in (&mut traffic).take(c.requests as usize).enumerate() {
-        let s = src as usize;
-        let kind = kinds[s] as usize;
-        last = t;
-        per_kind[kind].1 += 1;
         if c.progress && (k as u64) % tick == 0 {
             bar.set_position(k as u64 / tick);
         }
-
-        let q = &mut recent[s];
-        while q.front().is_some_and(|&x| x + c.window <= t) {
-            q.pop_front();
-        }
-        let exact = q.len() as u64;
-        q.push_back(t);
-        let near_limit = exact >= at_limit.0 && exact <= at_limit.1;
-        at_limit_n += near_limit as u64;
-
-        let block = &mut blocks[s * stride..(s + 1) * stride];
-        let truth = reference.step(&mut block[..rw], t, 1, true).allowed();
-        if !truth {
-            ref_denied += 1;
-            ref_limited[s] = true;
-        }
-
-        for a in algos.iter_mut() {
-            let d = a.limit.step(&mut block[a.at..a.meter_at], t, 1, true);
-            a.tally.record(d.allowed(), truth, s, kind, near_limit);
-            let m = a.meter.step(&mut block[a.meter_at..a.end], t, 1, true);
-            if !m.allowed() {
-                return Err(format!(
-                    "the {} meter saturated at {} requests per window; lower --limit or the traffic",
-                    a.algorithm, a.meter_cap
-                ).into());
-            }
-            if exact >= c.min_count {
-                let est = a.meter_cap - 1 - m.remaining;
-                let e = est.abs_diff(exact) as f64 / exact as f64;
-                a.tally.rate_err += e;
-                a.tally.rate_samples += 1;
-                if exact >= near.0 && exact <= near.1 {
-                    a.tally.near_err += e;
-                    a.tally.near_samples += 1;
-                }
-            }
-        }
-
-        let d = store.check_at(&(src as u64), 1, t);
-        store_tally.record(d.allowed(), truth, s, kind, near_limit);
+        last = t;
+        replay.request(t, src)?;
     }
     if c.progress {
         bar.finish_and_clear();
     }
-    let st = store.stats();
-    if st.rejected > 0 || st.untracked > 0 {
-        return Err(format!(
-            "the keyed store refused {} sources: it was sized too small",
-            st.rejected + st.untracked
-        )
-        .into());
-    }
-
-    let total: u64 = per_kind.iter().map(|k| k.1).sum();
-    let pct = |x: u64| round6(100.0 * x as f64 / total.max(1) as f64);
-    let mut results: Vec<Row> = algos
-        .iter()
-        .map(|a| {
-            a.tally.row(
-                a.algorithm.name(),
-                "transition",
-                &ref_limited,
-                pct,
-                at_limit_n,
-            )
-        })
-        .collect();
-    let ratio = |f: fn(&Row) -> Option<f64>| {
-        let (sw, ring) = (f(&results[0])?, f(&results[1])?);
-        (sw > 0.0).then(|| round6(ring / sw))
-    };
-    let ratios = Ratios {
-        mean_rate_error: ratio(|r| r.mean_rate_error_pct),
-        wrong_decisions: ratio(|r| Some(r.wrong_decisions_pct)),
-        wrong_decisions_at_limit: ratio(|r| r.wrong_decisions_at_limit_pct),
-    };
-    let mut own = store_tally.row("sliding_log", "keyed_store", &ref_limited, pct, at_limit_n);
-    own.mean_rate_error_pct = None;
-    own.mean_rate_error_near_limit_pct = None;
-    results.push(own);
-
-    for k in &kinds {
-        per_kind[*k as usize].0 += 1;
-    }
-    let traffic_rows = Kind::ALL
-        .iter()
-        .map(|&k| KindRow {
-            kind: k.name(),
-            sources: per_kind[k as usize].0,
-            requests: per_kind[k as usize].1,
-            over_limit_sources: kinds
-                .iter()
-                .zip(&ref_limited)
-                .filter(|(kk, l)| **kk == k && **l)
-                .count() as u64,
-        })
-        .collect();
-
-    Ok(Report {
-        requests: total,
-        sources: c.sources as u64,
-        seed: c.seed,
-        mix: c.mix.name,
-        limit: c.limit,
-        window_seconds: c.window as f64 / 1e9,
-        window_ring_buckets: c.buckets,
-        cloudflare_2017: Cloudflare {
-            requests: 400_000_000,
-            sources: 270_000,
-            wrong_decisions_pct: 0.003,
-            mean_rate_error_pct: 6.0,
-            false_negative_sources: 3,
-            false_positive_sources: 0,
-        },
-        count_denied: c.count_denied,
-        min_count: c.min_count,
-        simulated_seconds: round3((last - start) as f64 / 1e9),
-        elapsed_seconds: round3(t0.elapsed().as_secs_f64()),
-        sources_over_limit: ref_limited.iter().filter(|&&l| l).count() as u64,
-        reference_denied_pct: pct(ref_denied),
-        at_limit_pct: pct(at_limit_n),
-        at_limit_requests: at_limit_n,
-        traffic: traffic_rows,
-        results,
-        window_ring_over_sliding_window: ratios,
-    })
+    replay.report(start, last, t0)
 }
 
 impl Tally {
