@@ -43,7 +43,6 @@ enum Command {
     #[command(
         after_help = "Try it:\n  turnstile serve --rules examples/rules.toml\n  redis-cli -p 6380 CL.THROTTLE user:1 15 30 60\n  redis-cli -p 6380 TURNSTILE.CHECK customer 42\n  curl -s -XPOST localhost:8080/v1/check -d '{\"key_class\":\"customer\",\"key\":\"42\"}'\n  curl -s localhost:8080/metrics\n\nLogs go to standard error (RUST_LOG=debug for more). SIGHUP reloads; SIGTERM or SIGINT\nstops after answering what clients sent and writing the snapshot."
     )]
-    // Boxed: the flags of `serve` are most of the enum's size (clippy::large_enum_variant).
     Serve(Box<turnstile_server::ServeArgs>),
     /// Abuse soak of a running `turnstile serve` on this machine: 1 000 hostile connections
     /// at once while honest clients measure their latencies; the server's memory against its

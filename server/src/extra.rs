@@ -57,6 +57,14 @@ pub(crate) fn spawn(shared: &Arc<Server>, args: &ServeArgs) -> Result<Grpc, Serv
         .enable_all()
         .build()
         .map_err(ServeError::Runtime)?;
+    let auth = shared.http.auth.clone();
+    let guard = envoy::grpc::Guard {
+        tls: shared.tls.as_ref().map(|t| t.grpc.clone()),
+        authorize: auth.required().then(|| -> envoy::grpc::Authorize {
+            Arc::new(move |token: &[u8]| auth.grant(None, token, false).is_some())
+        }),
+        max_connections: shared.http.max_connections,
+    };
     let mut rx = shared.shutdown.subscribe();
     let mut rx_grace = shared.shutdown.subscribe();
     tracing::info!(grpc = %bound, "envoy rate limit service (gRPC)");
@@ -71,8 +79,12 @@ pub(crate) fn spawn(shared: &Arc<Server>, args: &ServeArgs) -> Result<Grpc, Serv
                         return;
                     }
                 };
-                let serve =
-                    envoy::grpc::serve(l, service, async move { stopped(&mut rx).await });
+                let serve = envoy::grpc::serve_with(
+                    l,
+                    service,
+                    async move { stopped(&mut rx).await },
+                    guard,
+                );
                 // Envoy keeps its connection open: after the shutdown signal, calls in
                 // flight get GRACE to finish, then the runtime closes what is left.
                 let grace = async move {

@@ -558,16 +558,32 @@ pub(crate) async fn serve(shared: Arc<Server>, l: tokio::net::TcpListener, trust
                 let registered = dog.as_ref().and_then(|d| d.register(&sock));
                 let mut app = app.clone();
                 app.conn = registered.as_ref().map(|r| r.state.clone());
-                let conn = conns
-                    .serve_connection_with_upgrades(TokioIo::new(sock), TowerToHyperService::new(app))
-                    .into_owned();
-                let conn = graceful.watch(conn);
+                let svc = TowerToHyperService::new(app);
+                let Some(tls) = shared.tls.as_ref().map(|t| t.http.clone()) else {
+                    let conn = graceful.watch(conns.serve_connection_with_upgrades(TokioIo::new(sock), svc).into_owned());
+                    tokio::spawn(async move {
+                        if let Err(e) = conn.await {
+                            tracing::debug!(error = %e, "HTTP connection ended");
+                        }
+                        drop((registered, slot));
+                    });
+                    continue;
+                };
+                // TLS: the handshake in the connection's task, bounded in time; graceful
+                // shutdown then watches the connection once it is served.
+                let conns = conns.clone();
+                let watcher = graceful.watcher();
                 tokio::spawn(async move {
+                    let stream = match tokio::time::timeout(crate::tls::HANDSHAKE, tls.accept(sock)).await {
+                        Ok(Ok(s)) => s,
+                        Ok(Err(e)) => return tracing::debug!(error = %e, "HTTP: TLS handshake failed"),
+                        Err(_) => return tracing::debug!("HTTP: TLS handshake timed out"),
+                    };
+                    let conn = watcher.watch(conns.serve_connection_with_upgrades(TokioIo::new(stream), svc).into_owned());
                     if let Err(e) = conn.await {
                         tracing::debug!(error = %e, "HTTP connection ended");
                     }
-                    drop(registered);
-                    drop(slot);
+                    drop((registered, slot));
                 });
             }
             () = stopped(&mut stop) => break,

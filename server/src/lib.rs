@@ -35,6 +35,7 @@ pub mod resp;
 pub mod snapshot;
 mod state;
 pub mod throttle;
+mod tls;
 mod watchdog;
 mod workers;
 
@@ -111,6 +112,10 @@ pub fn start(args: ServeArgs) -> Result<Running, ServeError> {
         None => None,
     };
     let envoy = extra::envoy(&args)?;
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(c), Some(k)) => Some(tls::Tls::load(c, k)?),
+        _ => None,
+    };
     let restored = snapshot::on_start(args.snapshot.as_deref(), args.snapshot_required)?;
     let seed = match &restored {
         Some(s) => s.seed,
@@ -158,6 +163,7 @@ pub fn start(args: ServeArgs) -> Result<Running, ServeError> {
         http: http_config,
         checks: check::Checks { engine, backends },
         envoy,
+        tls,
         throttles,
         metrics: metrics::Metrics::new(workers),
         files: state::Files {

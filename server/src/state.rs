@@ -74,6 +74,8 @@ pub(crate) struct Server {
     pub(crate) checks: Checks,
     /// Envoy's rate limit service (`--envoy-config`), for gRPC and `POST /json`.
     pub(crate) envoy: Option<Arc<envoy::Envoy>>,
+    /// TLS on every listener (`--tls-cert`, `--tls-key`).
+    pub(crate) tls: Option<crate::tls::Tls>,
     pub(crate) throttles: throttle::Throttles,
     pub(crate) metrics: metrics::Metrics,
     pub(crate) files: Files,
@@ -121,6 +123,7 @@ impl Server {
                 backends: crate::backend::Backends::new(),
             },
             envoy: None,
+            tls: None,
             throttles: throttle::Throttles::new(args.throttle_memory, args.throttle_keys, 7),
             metrics: metrics::Metrics::new(1),
             files: Files {

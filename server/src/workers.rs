@@ -8,7 +8,7 @@
 //! The first listener is bound before the others, so that a port 0 becomes one real port that
 //! the others join.
 
-use crate::resp::serve::{serve, Peer};
+use crate::resp::serve::{accept, Peer};
 use crate::state::{stopped, Server};
 use crate::{http, RuntimeKind, ServeArgs, ServeError};
 use socket2::{Domain, Protocol, Socket, Type};
@@ -49,10 +49,8 @@ async fn accept_resp(srv: Arc<Server>, l: tokio::net::TcpListener) {
                 Ok((s, addr)) => {
                     // Relaxed: a unique number.
                     let id = CONN_ID.fetch_add(1, Ordering::Relaxed);
-                    let _ = s.set_nodelay(true);
                     let peer = Peer { id, addr: Some(addr), local: s.local_addr().ok() };
-                    let (r, w) = s.into_split();
-                    tokio::spawn(serve(srv.clone(), r, w, peer));
+                    tokio::spawn(accept(srv.clone(), s, peer));
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");

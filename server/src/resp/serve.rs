@@ -60,20 +60,43 @@ pub(crate) struct Peer {
     pub(crate) local: Option<SocketAddr>,
 }
 
+/// Serves one accepted TCP connection: its slot taken (or the client told the server is full),
+/// its TLS handshake done if the listener speaks TLS, then [`serve`].
+pub(crate) async fn accept(srv: Arc<Server>, sock: tokio::net::TcpStream, peer: Peer) {
+    let Some(slot) = Slot::take(&srv) else {
+        if srv.tls.is_none() {
+            let mut sock = sock;
+            let _ = tokio::time::timeout(
+                LAST_WRITE,
+                sock.write_all(b"-ERR max number of clients reached\r\n"),
+            )
+            .await;
+        }
+        return;
+    };
+    let _ = sock.set_nodelay(true);
+    match srv.tls.as_ref().map(|t| t.resp.clone()) {
+        None => {
+            let (r, w) = sock.into_split();
+            serve(srv, r, w, peer, slot).await;
+        }
+        Some(tls) => match tokio::time::timeout(crate::tls::HANDSHAKE, tls.accept(sock)).await {
+            Ok(Ok(stream)) => {
+                let (r, w) = tokio::io::split(stream);
+                serve(srv, r, w, peer, slot).await;
+            }
+            Ok(Err(e)) => tracing::debug!(conn = peer.id, error = %e, "TLS handshake failed"),
+            Err(_) => tracing::debug!(conn = peer.id, "TLS handshake timed out"),
+        },
+    }
+}
+
 /// Serves one connection until the client leaves, an error, idleness or shutdown.
-pub(crate) async fn serve<R, W>(srv: Arc<Server>, mut r: R, mut w: W, peer: Peer)
+pub(crate) async fn serve<R, W>(srv: Arc<Server>, mut r: R, mut w: W, peer: Peer, _slot: Slot)
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let Some(_slot) = Slot::take(&srv) else {
-        let _ = tokio::time::timeout(
-            LAST_WRITE,
-            w.write_all(b"-ERR max number of clients reached\r\n"),
-        )
-        .await;
-        return;
-    };
     let id = peer.id;
     let idle = if srv.resp.idle_timeout.is_zero() {
         FOREVER
