@@ -73,7 +73,10 @@ fn main() {
         Command::Bench(a) => bench::run(a),
         Command::Memory(a) => memory::run(a),
         Command::Accuracy(a) => accuracy::run(a),
-        Command::Serve(a) => turnstile_server::run(*a).map_err(|e| e.to_string()),
+        Command::Serve(a) => {
+            no_huge_pages_for_a_service();
+            turnstile_server::run(*a).map_err(|e| e.to_string())
+        }
         Command::Soak(a) => soak::run(a),
         Command::Rules { command } => rules::run(command),
         Command::Completions { shell } => completions(shell),
@@ -82,6 +85,26 @@ fn main() {
         // The same form and status as clap's own usage errors.
         eprintln!("error: {e}");
         std::process::exit(2);
+    }
+}
+
+/// `serve` runs without transparent huge pages, unless `MIMALLOC_ALLOW_THP` says otherwise.
+/// mimalloc asks for them (`MADV_HUGEPAGE` on its arena), and the kernel then backs each 2 MiB
+/// range a byte of which is touched with a whole huge page: an idle server (2 workers) was
+/// 62 MiB resident instead of 16, each CL.THROTTLE store a client makes took 8.4 MiB instead of 1.7
+/// at its first key, and what a burst of connections had used stayed resident after they
+/// left (about 60 MiB after 200 clients that never read, against 2-7 without); measured by
+/// `turnstile soak` (docs/service.md). The stores' checks do not gain from huge pages
+/// (docs/performance.md, docs/tower.md). The bench and memory reports keep the allocator's
+/// default.
+fn no_huge_pages_for_a_service() {
+    #[cfg(target_os = "linux")]
+    if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {
+        // SAFETY: prctl(2) with integer arguments; it sets a flag of this process's memory
+        // map (new faults get 4 KiB pages), touching no memory of ours.
+        unsafe {
+            libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
+        }
     }
 }
 
