@@ -181,8 +181,10 @@ pub struct Sample {
     pub deferred: Option<f64>,
     /// turnstile_connections (RESP, open).
     pub resp_connections: Option<f64>,
-    /// The kernel's TCP buffers, machine-wide.
+    /// The kernel's TCP buffers, machine-wide (the attackers' ends included).
     pub kernel_tcp: Option<u64>,
+    /// Bytes queued in the kernel on the server's own connections: (send, receive).
+    pub server_queues: Option<(u64, u64)>,
     /// Honest p99 over the interval (ms).
     pub p99_resp_ms: Option<f64>,
     pub p99_http_ms: Option<f64>,
@@ -316,6 +318,7 @@ struct Shared {
 async fn sampler(
     sh: Arc<Shared>,
     pid: Option<u32>,
+    ports: Vec<u16>,
     http: Option<SocketAddr>,
     password: Option<Vec<u8>>,
     t0: Instant,
@@ -337,6 +340,7 @@ async fn sampler(
             deferred: g("turnstile_resp_deferred_bytes"),
             resp_connections: g("turnstile_connections"),
             kernel_tcp: probe::tcp_kernel_bytes(),
+            server_queues: probe::server_queues(&ports),
             p99_resp_ms: p(&sh.resp_rec.take_interval(), 0.99),
             p99_http_ms: p(&sh.http_rec.take_interval(), 0.99),
             attack_open: sh.attack.open(),
@@ -388,7 +392,17 @@ async fn soak(
     });
     let t0 = Instant::now();
     let load_start = probe::load_average();
-    let sampling = tokio::spawn(sampler(sh.clone(), pid, a.http, password.clone(), t0));
+    let ports: Vec<u16> = std::iter::once(a.target.port())
+        .chain(a.http.map(|h| h.port()))
+        .collect();
+    let sampling = tokio::spawn(sampler(
+        sh.clone(),
+        pid,
+        ports,
+        a.http,
+        password.clone(),
+        t0,
+    ));
 
     // The honest clients, on a thread of their own.
     let stop = Arc::new(AtomicBool::new(false));
@@ -584,6 +598,13 @@ async fn soak(
         .filter(in_attack)
         .filter_map(|s| s.kernel_tcp)
         .max();
+    let queues_peak = samples
+        .iter()
+        .filter(in_attack)
+        .filter_map(|s| s.server_queues)
+        .fold(None, |m: Option<(u64, u64)>, (t, r)| {
+            Some(m.map_or((t, r), |(a, b)| (a.max(t), b.max(r))))
+        });
     // Per phase: the server's CPU share (of one core) and RESP commands per second.
     let per_phase: Vec<serde_json::Value> = (0..PHASES.len())
         .map(|ph| {
@@ -757,6 +778,8 @@ async fn soak(
             "peak_resp_connections": peak_conns,
             "kernel_tcp_idle_mib": kernel_idle.map(mib),
             "kernel_tcp_peak_mib": kernel_peak.map(mib),
+            "server_send_queues_peak_mib": queues_peak.map(|q| mib(q.0)),
+            "server_receive_queues_peak_mib": queues_peak.map(|q| mib(q.1)),
             "bound": {
                 "per_resp_connection_kib": bound.per_resp as f64 / 1024.0,
                 "per_http_connection_kib": bound.per_http as f64 / 1024.0,
@@ -959,8 +982,17 @@ fn print_report(r: &serde_json::Value) {
         b["resp_connections"], f(&b["per_resp_connection_kib"]), f(&b["deferred_mib"]), b["http_connections"], f(&b["per_http_connection_kib"]), f(&b["connections_mib"]), f(&b["stores_mib"]),
     );
     println!(
-        "RESP buffers at peak {} MiB, deferred {} MiB, {} RESP connections; kernel TCP buffers (machine-wide) {} MiB idle, {} MiB peak",
-        f(&m["peak_resp_buffer_mib"]), f(&m["peak_resp_deferred_mib"]), m["peak_resp_connections"], f(&m["kernel_tcp_idle_mib"]), f(&m["kernel_tcp_peak_mib"]),
+        "RESP buffers at peak {} MiB, deferred {} MiB, {} RESP connections",
+        f(&m["peak_resp_buffer_mib"]),
+        f(&m["peak_resp_deferred_mib"]),
+        m["peak_resp_connections"],
+    );
+    println!(
+        "kernel: the server's sockets queue at most {} MiB to send, {} MiB received; all TCP buffers of the machine (attackers' ends included) {} MiB idle, {} MiB peak",
+        f(&m["server_send_queues_peak_mib"]),
+        f(&m["server_receive_queues_peak_mib"]),
+        f(&m["kernel_tcp_idle_mib"]),
+        f(&m["kernel_tcp_peak_mib"]),
     );
     for ph in r["server"].as_array().into_iter().flatten() {
         println!(

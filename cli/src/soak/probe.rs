@@ -134,6 +134,37 @@ pub fn tcp_kernel_bytes() -> Option<u64> {
     None
 }
 
+/// Bytes waiting in the kernel's queues of the server's own connections (those whose local
+/// port is one of `ports`): (send, receive), from the `tx_queue:rx_queue` of `/proc/net/tcp`
+/// and `tcp6`. The clients' ends are not counted.
+pub fn server_queues(ports: &[u16]) -> Option<(u64, u64)> {
+    let ports: Vec<String> = ports.iter().map(|p| format!("{p:04X}")).collect();
+    let (mut tx, mut rx) = (0u64, 0u64);
+    let mut any = false;
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        any = true;
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            // Listening sockets' rx_queue is their accept backlog: left out.
+            if f.len() < 5 || f[3] == "0A" {
+                continue;
+            }
+            let local = f[1].rsplit(':').next().unwrap_or("");
+            if !ports.iter().any(|p| p == local) {
+                continue;
+            }
+            if let Some((t, r)) = f[4].split_once(':') {
+                tx += u64::from_str_radix(t, 16).unwrap_or(0);
+                rx += u64::from_str_radix(r, 16).unwrap_or(0);
+            }
+        }
+    }
+    any.then_some((tx, rx))
+}
+
 /// The 1-minute load average.
 pub fn load_average() -> Option<f64> {
     std::fs::read_to_string("/proc/loadavg")
@@ -245,6 +276,7 @@ mod tests {
         assert!(rss(me).unwrap() > 0);
         assert!(alive(me));
         assert!(cpu_seconds(me).is_some());
+        assert_eq!(server_queues(&[1]), Some((0, 0)));
         assert!(load_average().is_some());
     }
 
