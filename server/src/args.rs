@@ -127,10 +127,8 @@ pub struct ServeArgs {
     /// TLS private key (PEM, PKCS#8, PKCS#1 or SEC1). Needs --tls-cert.
     #[arg(long, requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
-    /// Bytes all CL.THROTTLE stores together may take.
-    #[arg(long, default_value_t = 1 << 30)]
-    pub throttle_memory: usize,
-    /// Keys each CL.THROTTLE store (one per max_burst, count, period) holds.
+    /// Keys CL.THROTTLE holds (one record each, whatever parameters its commands give; the
+    /// stalest are evicted when full). About 20 bytes per key.
     #[arg(long, default_value_t = 1 << 21)]
     pub throttle_keys: u64,
     /// Most simultaneous RESP connections; more are told so and closed.

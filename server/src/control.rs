@@ -152,7 +152,7 @@ pub(crate) fn snapshot(s: &Server) -> Result<(), String> {
     let _g = s.snapshot_lock.lock().unwrap_or_else(|e| e.into_inner());
     let t0 = std::time::Instant::now();
     let snap = crate::snapshot::collect(&s.throttles, s.checks.engine.as_ref());
-    let n: usize = snap.stores.iter().map(|(_, r)| r.len()).sum::<usize>()
+    let n: usize = snap.throttle.len()
         + snap
             .rules
             .iter()

@@ -146,7 +146,8 @@ pub fn start(args: ServeArgs) -> Result<Running, ServeError> {
         .workers
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
         .max(1);
-    let throttles = throttle::Throttles::new(args.throttle_memory, args.throttle_keys, seed);
+    let throttles =
+        throttle::Throttles::new(args.throttle_keys, seed).map_err(ServeError::Other)?;
     if let Some(s) = restored {
         let r = snapshot::restore(&throttles, engine.as_ref(), s);
         tracing::info!(

@@ -294,6 +294,17 @@ pub(crate) fn render(s: &Server) -> String {
         "Bytes of the deferred budget lent to RESP connections (unread output, queued MULTI commands).",
         s.buffers.deferred.load(Ordering::Relaxed) as u64,
     );
+    let _ = writeln!(o, "# HELP turnstile_memory_bound_bytes The most memory each part may take at the server's flags: RESP connections (--max-connections x each one's bound), the deferred budget they share, the CL.THROTTLE store (--throttle-keys).\n# TYPE turnstile_memory_bound_bytes gauge");
+    for (part, v) in [
+        (
+            "resp_connections",
+            s.resp.max_connections * crate::resp::connection::max_bytes(&s.resp.bounds),
+        ),
+        ("deferred", s.buffers.deferred_max),
+        ("throttle_store", s.throttles.store().memory_bytes()),
+    ] {
+        let _ = writeln!(o, "turnstile_memory_bound_bytes{{part=\"{part}\"}} {v}");
+    }
     counter(
         &mut o,
         "turnstile_refunds_total",
@@ -390,25 +401,10 @@ pub(crate) fn render(s: &Server) -> String {
     let _ = writeln!(o, "turnstile_check_seconds_sum {}", sum as f64 / 1e9);
     let _ = writeln!(o, "turnstile_check_seconds_count {cum}");
 
-    // Stores of CL.THROTTLE, summed.
-    let mut st = turnstile::keyed::StoreStats::default();
-    let entries = s.throttles.entries();
-    for e in &entries {
-        let x = e.store.stats();
-        st.live += x.live;
-        st.reclaimed += x.reclaimed;
-        st.evicted += x.evicted;
-        st.rejected += x.rejected;
-        st.inserted += x.inserted;
-    }
-    gauge(
-        &mut o,
-        "turnstile_throttle_stores",
-        "CL.THROTTLE stores (one per max_burst, count, period).",
-        entries.len() as u64,
-    );
-    let _ = writeln!(o, "# HELP turnstile_store_keys Live keys in the CL.THROTTLE stores.\n# TYPE turnstile_store_keys gauge\nturnstile_store_keys{{store=\"throttle\"}} {}", st.live);
-    let _ = writeln!(o, "# HELP turnstile_store_events_total What the CL.THROTTLE stores did with records.\n# TYPE turnstile_store_events_total counter");
+    // The store of CL.THROTTLE.
+    let st = s.throttles.store().stats();
+    let _ = writeln!(o, "# HELP turnstile_store_keys Live keys in the CL.THROTTLE store.\n# TYPE turnstile_store_keys gauge\nturnstile_store_keys{{store=\"throttle\"}} {}", st.live);
+    let _ = writeln!(o, "# HELP turnstile_store_events_total What the CL.THROTTLE store did with records.\n# TYPE turnstile_store_events_total counter");
     for (k, v) in [
         ("inserted", st.inserted),
         ("reclaimed", st.reclaimed),

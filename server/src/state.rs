@@ -124,7 +124,8 @@ impl Server {
             },
             envoy: None,
             tls: None,
-            throttles: throttle::Throttles::new(args.throttle_memory, args.throttle_keys, 7),
+            throttles: throttle::Throttles::new(args.throttle_keys, 7)
+                .expect("a small store builds"),
             metrics: metrics::Metrics::new(1),
             files: Files {
                 rules: None,

@@ -49,7 +49,12 @@ async fn accept_resp(srv: Arc<Server>, l: tokio::net::TcpListener) {
                 Ok((s, addr)) => {
                     // Relaxed: a unique number.
                     let id = CONN_ID.fetch_add(1, Ordering::Relaxed);
-                    let peer = Peer { id, addr: Some(addr), local: s.local_addr().ok() };
+                    let peer = Peer {
+                        id,
+                        addr: Some(addr),
+                        local: s.local_addr().ok(),
+                        fd: Some(std::os::fd::AsRawFd::as_raw_fd(&s)),
+                    };
                     tokio::spawn(accept(srv.clone(), s, peer));
                 }
                 Err(e) => {

@@ -127,36 +127,71 @@ impl fmt::Display for CmdError {
 }
 
 impl CmdError {
-    /// The reply for `args`, in Redis's words where Redis has words for it (the command and
-    /// its first arguments named, at most 128 bytes of each).
-    pub(crate) fn reply(&self, args: Args<'_>) -> String {
-        let lossy = |b: &[u8]| String::from_utf8_lossy(&b[..b.len().min(128)]).into_owned();
-        match self {
-            CmdError::WrongArgs => format!(
-                "ERR wrong number of arguments for '{}' command",
-                lossy(args.name()).to_lowercase()
-            ),
-            CmdError::Unknown => {
-                let mut m = format!(
-                    "ERR unknown command '{}', with args beginning with: ",
-                    lossy(args.name())
-                );
-                for i in 1..args.len().min(8) {
-                    m.push_str(&format!("'{}' ", lossy(args.get(i))));
+    /// Writes the reply for `args`, in Redis's words where Redis has words for it (the
+    /// command and its first arguments named, at most 128 bytes of each), straight into the
+    /// output: a refusal makes no string of its own.
+    pub(crate) fn write(&self, args: Args<'_>, o: &mut crate::resp::Out<'_>) {
+        struct Lossy<'b>(&'b [u8], bool);
+        impl fmt::Display for Lossy<'_> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                for c in self.0[..self.0.len().min(128)].utf8_chunks() {
+                    for ch in c.valid().chars() {
+                        let ch = match self.1 {
+                            true => ch.to_ascii_lowercase(),
+                            false => ch,
+                        };
+                        fmt::Write::write_char(f, ch)?;
+                    }
+                    if !c.invalid().is_empty() {
+                        f.write_str("\u{FFFD}")?;
+                    }
                 }
-                m
+                Ok(())
             }
-            CmdError::UnknownSubcommand => format!(
-                "ERR unknown subcommand '{}'. Try {} HELP.",
-                if args.len() > 1 {
-                    lossy(args.get(1))
-                } else {
-                    String::new()
-                },
-                lossy(args.name()).to_uppercase()
-            ),
-            e => e.to_string(),
         }
+        struct First<'b>(Args<'b>);
+        impl fmt::Display for First<'_> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                for i in 1..self.0.len().min(8) {
+                    write!(f, "'{}' ", Lossy(self.0.get(i), false))?;
+                }
+                Ok(())
+            }
+        }
+        match self {
+            CmdError::WrongArgs => o.error_fmt(format_args!(
+                "ERR wrong number of arguments for '{}' command",
+                Lossy(args.name(), true)
+            )),
+            CmdError::Unknown => o.error_fmt(format_args!(
+                "ERR unknown command '{}', with args beginning with: {}",
+                Lossy(args.name(), false),
+                First(args)
+            )),
+            CmdError::UnknownSubcommand => {
+                let sub: &[u8] = if args.len() > 1 { args.get(1) } else { b"" };
+                let name = String::from_utf8_lossy(args.name()).to_uppercase();
+                o.error_fmt(format_args!(
+                    "ERR unknown subcommand '{}'. Try {name} HELP.",
+                    Lossy(sub, false)
+                ))
+            }
+            e => o.error_fmt(format_args!("{e}")),
+        }
+    }
+
+    /// [`CmdError::write`] as a string (tests).
+    #[cfg(test)]
+    pub(crate) fn reply(&self, args: Args<'_>) -> String {
+        let mut buf = Vec::new();
+        self.write(
+            args,
+            &mut crate::resp::Out {
+                buf: &mut buf,
+                proto: crate::resp::Proto::Resp2,
+            },
+        );
+        String::from_utf8_lossy(&buf[1..buf.len() - 2]).into_owned()
     }
 }
 

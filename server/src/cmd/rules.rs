@@ -74,13 +74,13 @@ impl<'a> RulesCommand<'a> {
     /// Redis.
     pub(crate) fn apply(&self, srv: &Server, o: &mut Out<'_>) -> Option<RemoteCall> {
         if srv.checks.engine.is_none() {
-            o.error(&format!("ERR {}", check::NO_RULES));
+            o.error_fmt(format_args!("ERR {}", check::NO_RULES));
             return None;
         }
         let req = match self.request() {
             Ok(r) => r,
             Err(e) => {
-                o.error(&e.to_string());
+                o.error_fmt(format_args!("{e}"));
                 return None;
             }
         };

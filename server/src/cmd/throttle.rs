@@ -21,7 +21,6 @@ impl From<ArgError> for CmdError {
         match e {
             ArgError::NotPositive => CmdError::NotPositive,
             ArgError::OutOfRange => CmdError::OutOfRange,
-            ArgError::NoRoom(m) => CmdError::Other(format!("ERR {m}")),
         }
     }
 }
@@ -55,11 +54,11 @@ impl<'a> Throttle<'a> {
                     1,
                 );
                 o.ints(&c.as_array());
-                let ns = s.last.stop(t0);
+                let ns = s.last.stop(t, t0);
                 s.tally.latency(ns);
             }
             // Refused before reaching a store: nothing was checked, nothing timed.
-            Err(e) => o.error(&CmdError::from(e).to_string()),
+            Err(e) => o.error_fmt(format_args!("{}", CmdError::from(e))),
         }
     }
 }

@@ -66,6 +66,23 @@ const INPUT_BUSY: usize = 16 * 1024;
 const OUTPUT_KEEP: usize = 16 * 1024;
 /// The deferred budget is borrowed in steps of this.
 const BUDGET_STEP: usize = 64 * 1024;
+/// The longest reply of one command but `ECHO`/`PING` (which echo an argument): `COMMAND`
+/// and `COMMAND DOCS` of every command are the longest (a test holds them to it).
+pub(crate) const MAX_REPLY: usize = 16 * 1024;
+/// What a connection holds besides its buffers: its state, the commands parsed ahead, its
+/// task (TLS adds rustls's buffers: see docs/service.md).
+const FIXED: usize = 16 * 1024;
+
+/// The most bytes one connection of a listener with `bounds` holds without borrowing from the
+/// deferred budget: its input buffer (a whole frame), its output ([`OUTPUT_PAUSE`] and one
+/// reply), a `MULTI` queue's own allowance, and its fixed part.
+pub(crate) fn max_bytes(bounds: &Bounds) -> usize {
+    INPUT_BUSY.max(bounds.max_frame())
+        + OUTPUT_PAUSE
+        + MAX_REPLY.max(bounds.max_bulk + 32)
+        + QUEUE_FREE
+        + FIXED
+}
 
 /// What the connection knows of its client.
 pub(crate) struct Session {
@@ -83,6 +100,25 @@ pub(crate) struct Session {
     pub(crate) tally: Tally,
     /// Whether a `MULTI` is open (for `CLIENT INFO`).
     pub(crate) in_multi: bool,
+    /// The socket's descriptor, if it has one (for `CLIENT INFO`).
+    pub(crate) fd: Option<i32>,
+    /// The connection's buffers when its last connection command ran (for `CLIENT INFO`).
+    pub(crate) buffers: BufferStats,
+}
+
+/// A connection's buffers, as `CLIENT INFO` reports them.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct BufferStats {
+    /// Input not yet answered, and free input space.
+    pub(crate) qbuf: usize,
+    pub(crate) qbuf_free: usize,
+    /// Bytes of the queued `MULTI` commands.
+    pub(crate) multi_mem: usize,
+    /// The input buffer's size.
+    pub(crate) rbs: usize,
+    /// Output waiting for the client, and the output buffer's size.
+    pub(crate) obl: usize,
+    pub(crate) omem: usize,
 }
 
 impl Session {
@@ -94,20 +130,32 @@ impl Session {
         self.in_multi = false;
     }
 
-    /// This connection's line of `CLIENT INFO` (Redis's fields that mean something here).
+    /// This connection's line of `CLIENT INFO`: every field of Redis 7's (clients such as
+    /// redis-py parse them all), those without a meaning here as Redis gives them for a
+    /// client that does not use them.
     pub(crate) fn info_line(&self) -> String {
         let addr = |a: Option<SocketAddr>| a.map_or_else(String::new, |a| a.to_string());
         let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        let b = &self.buffers;
         format!(
-            "id={} addr={} laddr={} name={} age={} idle=0 flags={} db=0 multi={} user={} resp={} lib-name={} lib-ver={}\n",
+            "id={} addr={} laddr={} fd={} name={} age={} idle=0 flags={} db=0 sub=0 psub=0 ssub=0 multi={} qbuf={} qbuf-free={} argv-mem=0 multi-mem={} rbs={} rbp={} obl={} oll=0 omem={} tot-mem={} events=r cmd=client|info user={} redir=-1 resp={} lib-name={} lib-ver={}\n",
             self.id,
             addr(self.peer),
             addr(self.local),
+            self.fd.unwrap_or(-1),
             text(&self.name),
             self.since.elapsed().as_secs(),
             if self.in_multi { "x" } else { "N" },
             if self.in_multi { 0 } else { -1 },
-            if self.access == Access::Admin { "admin" } else { "default" },
+            b.qbuf,
+            b.qbuf_free,
+            b.multi_mem,
+            b.rbs,
+            b.rbs,
+            b.obl,
+            b.omem,
+            b.rbs + b.omem + b.multi_mem,
+            "default",
             if self.proto == Proto::Resp3 { 3 } else { 2 },
             text(&self.lib_name),
             text(&self.lib_ver),
@@ -235,6 +283,8 @@ impl Connection {
                 last: LastStore::default(),
                 tally: Tally::default(),
                 in_multi: false,
+                fd: None,
+                buffers: BufferStats::default(),
             },
             queue: None,
             exec: None,
@@ -343,6 +393,11 @@ impl Connection {
                 .buffers
                 .release(std::mem::take(&mut self.out_reserved));
         }
+    }
+
+    /// The socket's descriptor, for `CLIENT INFO`.
+    pub(crate) fn set_fd(&mut self, fd: i32) {
+        self.session.fd = Some(fd);
     }
 
     /// The session (for the driver's log lines).
@@ -495,7 +550,7 @@ impl Connection {
                         Command::Throttle(t) => Some((
                             t.params,
                             t.quantity,
-                            self.session.last.prefetch(t.key, t.params),
+                            Some(LastStore::prefetch(&self.srv.throttles, t.key)),
                         )),
                         _ => None,
                     });
@@ -518,7 +573,7 @@ impl Connection {
                         buf: &mut self.out,
                         proto: self.session.proto,
                     };
-                    o.error(&format!("ERR {e}"));
+                    o.error_fmt(format_args!("ERR {e}"));
                     self.closing = true;
                     return false;
                 }
@@ -569,7 +624,7 @@ impl Connection {
         let command = match Command::parse(args) {
             Ok(c) => c,
             Err(e) => {
-                o.error(&e.reply(args));
+                e.write(args, &mut o);
                 return None;
             }
         };
@@ -612,6 +667,16 @@ impl Connection {
                 None
             }
             other => {
+                if let Command::Session(_) = other {
+                    s.buffers = BufferStats {
+                        qbuf: self.filled - self.start,
+                        qbuf_free: self.input.len() - self.filled,
+                        multi_mem: self.queue.as_ref().map_or(0, |q| q.bytes.len()),
+                        rbs: self.input.len(),
+                        obl: o.buf.len() - self.written,
+                        omem: o.buf.capacity(),
+                    };
+                }
                 let (call, effect) = apply(srv, s, other, &mut o);
                 self.effect(effect);
                 call
@@ -648,7 +713,7 @@ impl Connection {
         };
         match Command::parse(args) {
             Err(e) => {
-                o.error(&e.reply(args));
+                e.write(args, &mut o);
                 None
             }
             Ok(c) => {
@@ -735,12 +800,12 @@ fn queue(srv: &Server, q: &mut Queue, args: Args<'_>, o: &mut Out<'_>) {
         // Only arity is checked now; other errors are the command's own, at EXEC.
         if let Err(CmdError::WrongArgs) = Command::parse_as(spec, args) {
             q.dirty = true;
-            o.error(&CmdError::WrongArgs.reply(args));
+            CmdError::WrongArgs.write(args, o);
             return;
         }
     } else {
         q.dirty = true;
-        o.error(&CmdError::Unknown.reply(args));
+        CmdError::Unknown.write(args, o);
         return;
     }
     let size = (0..args.len()).map(|i| args.get(i).len()).sum::<usize>() + (args.len() + 1) * RANGE;
@@ -1097,6 +1162,24 @@ mod tests {
     }
 
     #[test]
+    fn the_longest_replies_fit_max_reply() {
+        for p in [
+            &[&b"COMMAND"[..]][..],
+            &[b"COMMAND", b"DOCS"],
+            &[b"COMMAND", b"INFO"],
+            &[b"INFO"],
+            &[b"CLIENT", b"INFO"],
+        ] {
+            let (out, _) = talk(&mut conn(|_| {}), &cmd(p), usize::MAX);
+            assert!(out.len() <= MAX_REPLY, "{p:?}: {} bytes", out.len());
+        }
+        // At the defaults: ~66 KiB of input, 16 + 16 KiB of output, 16 KiB of queue, 16 fixed.
+        let b = Bounds::default();
+        assert_eq!(max_bytes(&b), b.max_frame() + 64 * 1024);
+        assert!(max_bytes(&b) < 132 * 1024);
+    }
+
+    #[test]
     fn session_commands_answer_as_redis() {
         let mut input = Vec::new();
         for p in [
@@ -1125,7 +1208,7 @@ mod tests {
         input.extend(cmd(&[b"CLIENT", b"INFO"]));
         let (out, _) = talk(&mut conn(|_| {}), &input, usize::MAX);
         assert!(
-            text(&out).contains("id=1 addr= laddr= name=worker-1 "),
+            text(&out).contains("id=1 addr= laddr= fd=-1 name=worker-1 "),
             "{}",
             text(&out)
         );

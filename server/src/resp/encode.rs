@@ -108,6 +108,23 @@ impl Out<'_> {
         );
         self.buf.extend_from_slice(b"\r\n");
     }
+    /// An error line written from format arguments, straight into the buffer (no string is
+    /// made first): `-`, the text with any `\r` or `\n` as a space, `\r\n`.
+    pub fn error_fmt(&mut self, args: std::fmt::Arguments<'_>) {
+        struct Line<'b>(&'b mut Vec<u8>);
+        impl std::fmt::Write for Line<'_> {
+            fn write_str(&mut self, s: &str) -> std::fmt::Result {
+                self.0.extend(
+                    s.bytes()
+                        .map(|b| if b == b'\r' || b == b'\n' { b' ' } else { b }),
+                );
+                Ok(())
+            }
+        }
+        self.buf.push(b'-');
+        let _ = std::fmt::Write::write_fmt(&mut Line(self.buf), args);
+        self.buf.extend_from_slice(b"\r\n");
+    }
     /// An integer.
     pub fn int(&mut self, n: i64) {
         self.count(b':', n);

@@ -57,11 +57,12 @@ impl Drop for Slot {
     }
 }
 
-/// Where the connection is, for its log line.
+/// Where the connection is, for its log line and `CLIENT INFO`.
 pub(crate) struct Peer {
     pub(crate) id: u64,
     pub(crate) addr: Option<SocketAddr>,
     pub(crate) local: Option<SocketAddr>,
+    pub(crate) fd: Option<i32>,
 }
 
 /// Serves one accepted TCP connection: its slot taken (or the client told the server is full),
@@ -114,6 +115,9 @@ where
     };
     let mut shutdown = srv.shutdown.subscribe();
     let mut conn = Connection::new(srv.clone(), id, peer.addr, peer.local);
+    if let Some(fd) = peer.fd {
+        conn.set_fd(fd);
+    }
     let mut draining = 0u32;
     // The client closed its side: what it sent is answered, then the connection closes.
     let mut eof = false;
