@@ -118,7 +118,8 @@ const SETTLE_WITHIN: f64 = 0.10;
 /// connection its input buffer (the larger of 16 KiB and the largest frame the bounds
 /// allow), 16 KiB of output before it pauses plus one reply, 16 KiB of queued `MULTI`
 /// commands, and its fixed part; the deferred budget (64 MiB) shared by all; per HTTP
-/// connection its header buffer and one body; and the `CL.THROTTLE` stores' budget.
+/// connection its header buffer and one body; and the `CL.THROTTLE` store (its size at
+/// `--throttle-keys`).
 #[derive(Debug, Clone, Copy, serde::Serialize)]
 pub struct Bound {
     pub per_resp: u64,
@@ -150,7 +151,7 @@ impl Bound {
             per_resp: input + (16 << 10) + (8 << 10) + (16 << 10) + RESP_FIXED,
             per_http: (a.max_header_bytes.max(8192) + a.max_body) as u64 + HTTP_FIXED,
             deferred: DEFERRED,
-            stores: a.throttle_memory as u64,
+            stores: throttle_store_bytes(a.throttle_keys),
             resp_connections,
             http_connections,
         }
@@ -166,6 +167,13 @@ impl Bound {
     pub fn total(&self) -> u64 {
         self.connections() + self.stores
     }
+}
+
+/// The size of the server's `CL.THROTTLE` store at `keys`: the same store built here, which
+/// is exact (a store's size depends on its shards and tables, not on the key count alone).
+fn throttle_store_bytes(keys: u64) -> u64 {
+    turnstile_server::throttle::Throttles::new(keys, 0)
+        .map_or(keys * 20, |t| t.store().memory_bytes() as u64)
 }
 
 /// One sample of the server.
@@ -630,6 +638,19 @@ async fn soak(
         http_attackers + u64::from(a.honest_http) + 2,
     );
 
+    // What the server states itself (turnstile_memory_bound_bytes, by part).
+    let server_bound = before.as_ref().map(|m| {
+        let part = |p: &str| {
+            m.get(&format!("turnstile_memory_bound_bytes{{part=\"{p}\"}}"))
+                .map(|v| v / (1 << 20) as f64)
+        };
+        json!({
+            "resp_connections": part("resp_connections"),
+            "deferred": part("deferred"),
+            "throttle_store": part("throttle_store"),
+        })
+    });
+
     let lat = |r: &Recorder, ph: usize| {
         let h = r.phase(ph);
         json!({ "requests": h.len(), "p50_ms": p(&h, 0.5), "p99_ms": p(&h, 0.99), "max_ms": p(&h, 1.0) })
@@ -664,7 +685,7 @@ async fn soak(
         "peak RSS <= idle + the documented bound",
         growth.map(|g| g <= bound.total()),
         format!(
-            "+{} MiB against +{:.1} MiB (connections {:.1} MiB + stores {:.1} MiB)",
+            "+{} MiB against +{:.1} MiB (connections {:.1} MiB + CL.THROTTLE store {:.1} MiB)",
             growth.map_or("?".into(), |g| format!("{:.1}", mib(g))),
             mib(bound.total()),
             mib(bound.connections()),
@@ -790,6 +811,7 @@ async fn soak(
                 "stores_mib": mib(bound.stores),
                 "total_mib": mib(bound.total()),
             },
+            "server_stated_bound_mib": server_bound,
         },
         "latency": {
             "resp": { "quiet": lat(&sh.resp_rec, 0), "attack": lat(&sh.resp_rec, 1), "settle": lat(&sh.resp_rec, 2) },
@@ -978,9 +1000,18 @@ fn print_report(r: &serde_json::Value) {
     );
     let b = &m["bound"];
     println!(
-        "bound: {} RESP connections x {} KiB + {} MiB deferred + {} HTTP connections x {} KiB = {} MiB, + stores {} MiB",
+        "bound: {} RESP connections x {} KiB + {} MiB deferred + {} HTTP connections x {} KiB = {} MiB, + CL.THROTTLE store {} MiB",
         b["resp_connections"], f(&b["per_resp_connection_kib"]), f(&b["deferred_mib"]), b["http_connections"], f(&b["per_http_connection_kib"]), f(&b["connections_mib"]), f(&b["stores_mib"]),
     );
+    let sb = &m["server_stated_bound_mib"];
+    if !sb.is_null() {
+        println!(
+            "the server's own bound (turnstile_memory_bound_bytes): RESP connections {} MiB (at --max-connections), deferred {} MiB, CL.THROTTLE store {} MiB",
+            f(&sb["resp_connections"]),
+            f(&sb["deferred"]),
+            f(&sb["throttle_store"]),
+        );
+    }
     println!(
         "RESP buffers at peak {} MiB, deferred {} MiB, {} RESP connections",
         f(&m["peak_resp_buffer_mib"]),
@@ -1123,7 +1154,8 @@ mod tests {
             "{}",
             b.per_resp
         );
-        assert_eq!(b.stores, 1 << 30);
+        // 2 Mi keys, about 20 B each (39.4 MiB).
+        assert!(b.stores > 36 << 20 && b.stores < 44 << 20, "{}", b.stores);
         assert_eq!(
             b.connections(),
             1000 * b.per_resp + (64 << 20) + 100 * b.per_http

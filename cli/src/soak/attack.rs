@@ -713,9 +713,9 @@ async fn new_params(
         }
     }
     Ok(Outcome::Expected(match (made, refused) {
-        (_, 0) => "new stores made",
+        (_, 0) => "every new parameter set answered",
         (0, _) => "refused: no room for another store",
-        _ => "stores made, then refused",
+        _ => "answered, then refused: no room for another store",
     }))
 }
 
