@@ -1,7 +1,7 @@
-//! The `turnstile` command: `bench`, `memory`, `accuracy`, `demo`, `rules check`,
-//! `limits check` and `completions`. Every subcommand is one module; the options are clap
-//! derives, so `--help` works everywhere and a bad option exits with status 2 and a message
-//! naming it.
+//! The `turnstile` command: `bench`, `memory`, `accuracy`, `demo`, `serve`, `soak`,
+//! `rules check`, `limits check` and `completions`. Every subcommand is one module; the
+//! options are clap derives, so `--help` works everywhere and a bad option exits with status 2
+//! and a message naming it.
 
 use clap::{CommandFactory, Parser, Subcommand};
 use mimalloc::MiMalloc;
@@ -20,6 +20,7 @@ mod limits;
 mod memory;
 mod progress;
 mod rules;
+mod soak;
 
 /// The error of every subcommand: a message for the user (what failed, where, how to fix it),
 /// printed by `main`. A boxed error, as mini-redis's `crate::Error`, rather than a typed enum:
@@ -55,6 +56,10 @@ enum Command {
         after_help = "Try it:\n  turnstile serve --rules examples/rules.toml\n  redis-cli -p 6380 CL.THROTTLE user:1 15 30 60\n  redis-cli -p 6380 TURNSTILE.CHECK customer 42\n  curl -s -XPOST localhost:8080/v1/check -d '{\"key_class\":\"customer\",\"key\":\"42\"}'\n  curl -s localhost:8080/metrics\n\nLogs go to standard error (RUST_LOG=debug for more). SIGHUP reloads; SIGTERM or SIGINT\nstops after answering what clients sent and writing the snapshot."
     )]
     Serve(Box<turnstile_server::ServeArgs>),
+    /// Abuse soak of a running `turnstile serve` on this machine: 1 000 hostile connections
+    /// at once while honest clients measure their latencies; the server's memory against its
+    /// bound, and every admission checked against its counts (docs/service.md).
+    Soak(soak::SoakArgs),
     /// Rules files: validate them, or import envoyproxy/ratelimit's YAML.
     Rules {
         #[command(subcommand)]
@@ -85,7 +90,11 @@ fn main() {
         Command::Bench(a) => bench::run(*a),
         Command::Memory(a) => memory::run(a),
         Command::Accuracy(a) => accuracy::run(a),
-        Command::Serve(a) => turnstile_server::run(*a).map_err(Error::from),
+        Command::Serve(a) => {
+            no_huge_pages_for_a_service();
+            turnstile_server::run(*a).map_err(Error::from)
+        }
+        Command::Soak(a) => soak::run(a).map_err(Error::from),
         Command::Rules { command } => rules::run(command),
         Command::Limits { command } => limits::run(command).map_err(Error::from),
         Command::Completions { shell } => completions(shell),
@@ -94,6 +103,26 @@ fn main() {
         // The same form and status as clap's own usage errors.
         eprintln!("error: {e}");
         std::process::exit(2);
+    }
+}
+
+/// `serve` runs without transparent huge pages, unless `MIMALLOC_ALLOW_THP` says otherwise.
+/// mimalloc asks for them (`MADV_HUGEPAGE` on its arena), and the kernel then backs each 2 MiB
+/// range a byte of which is touched with a whole huge page: an idle server (2 workers) was
+/// 62 MiB resident instead of 16, each CL.THROTTLE store a client makes took 8.4 MiB instead of 1.7
+/// at its first key, and what a burst of connections had used stayed resident after they
+/// left (about 60 MiB after 200 clients that never read, against 2-7 without); measured by
+/// `turnstile soak` (docs/service.md). The stores' checks do not gain from huge pages
+/// (docs/performance.md, docs/tower.md). The bench and memory reports keep the allocator's
+/// default.
+fn no_huge_pages_for_a_service() {
+    #[cfg(target_os = "linux")]
+    if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {
+        // SAFETY: prctl(2) with integer arguments; it sets a flag of this process's memory
+        // map (new faults get 4 KiB pages), touching no memory of ours.
+        unsafe {
+            libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
+        }
     }
 }
 

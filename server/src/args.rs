@@ -153,9 +153,9 @@ pub struct ServeArgs {
     /// Longest RESP inline command, in bytes.
     #[arg(long, default_value = "16kb", value_parser = bytes)]
     pub max_inline: usize,
-    /// Most output a RESP connection may have waiting for its client (the server's buffer
-    /// and the kernel's send queue): a client that stops reading is disconnected past it,
-    /// as Redis's client-output-buffer-limit does.
+    /// Most output a RESP connection may have waiting for its client in the server's buffer
+    /// (the kernel's send queue holds at most 256 KiB more): a client that stops reading is
+    /// disconnected past it, as Redis's client-output-buffer-limit does.
     #[arg(long, default_value = "1mb", value_parser = bytes)]
     pub client_output_limit: usize,
     /// Largest HTTP request body, in bytes (larger: 413).

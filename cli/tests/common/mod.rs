@@ -14,3 +14,23 @@ pub fn self_signed(dir: &Path) -> (PathBuf, PathBuf) {
     std::fs::write(&key, c.signing_key.serialize_pem()).unwrap();
     (cert, key)
 }
+
+/// Waits for `child` at most `limit`: its exit status, or `None` once it has been killed for
+/// running past it.
+pub fn wait_bounded(
+    child: &mut std::process::Child,
+    limit: std::time::Duration,
+) -> Option<std::process::ExitStatus> {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return Some(st);
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}

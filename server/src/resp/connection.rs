@@ -24,7 +24,8 @@
 //!   (`--client-output-limit`) is closed, as Redis closes a client past its
 //!   client-output-buffer-limit; one reply is at most a few KiB (the largest is `COMMAND`'s).
 //! * **Transactions**: a `MULTI` queue holds at most [`MAX_QUEUED`] commands; beyond
-//!   [`QUEUE_FREE`] bytes it too borrows from the deferred budget, and a command it cannot
+//!   [`QUEUE_FREE`] bytes (arguments, and 16 bytes of bookkeeping per argument and per
+//!   command) it too borrows from the deferred budget, and a command it cannot
 //!   queue is refused (the transaction then aborts at `EXEC`, as Redis aborts one with a
 //!   command refused at queue time).
 //!
@@ -202,6 +203,22 @@ struct Queue {
     dirty: bool,
     /// Bytes of the deferred budget it holds.
     reserved: usize,
+}
+
+/// What a queued command holds beyond its arguments' bytes: a range per argument, and one.
+const RANGE: usize = std::mem::size_of::<Range<usize>>();
+
+impl Queue {
+    /// Bytes the queued commands hold: their arguments, and a range per argument and per
+    /// command (16 bytes each: 8 times the bytes of a `PING`).
+    fn size(&self) -> usize {
+        self.bytes.len() + (self.ranges.len() + self.commands.len()) * RANGE
+    }
+
+    /// What its vectors have allocated.
+    fn capacity(&self) -> usize {
+        self.bytes.capacity() + (self.ranges.capacity() + self.commands.capacity()) * RANGE
+    }
 }
 
 /// A RESP connection (module docs).
@@ -741,9 +758,8 @@ impl Connection {
 
     /// Reports the buffers' size to the server's gauge.
     fn account(&mut self) {
-        let now = self.input.len()
-            + self.out.capacity()
-            + self.queue.as_ref().map_or(0, |q| q.bytes.capacity());
+        let now =
+            self.input.len() + self.out.capacity() + self.queue.as_ref().map_or(0, Queue::capacity);
         if now != self.accounted {
             self.srv.buffers.resized(self.accounted, now);
             self.accounted = now;
@@ -792,8 +808,8 @@ fn queue(srv: &Server, q: &mut Queue, args: Args<'_>, o: &mut Out<'_>) {
         CmdError::Unknown.write(args, o);
         return;
     }
-    let size: usize = (0..args.len()).map(|i| args.get(i).len()).sum();
-    let after = q.bytes.len() + size;
+    let size = (0..args.len()).map(|i| args.get(i).len()).sum::<usize>() + (args.len() + 1) * RANGE;
+    let after = q.size() + size;
     let over = after.saturating_sub(QUEUE_FREE);
     let fits = q.commands.len() < MAX_QUEUED
         && after <= srv.resp.output_limit
@@ -807,7 +823,7 @@ fn queue(srv: &Server, q: &mut Queue, args: Args<'_>, o: &mut Out<'_>) {
     if !fits {
         q.dirty = true;
         o.error(&format!(
-            "ERR the transaction is too large: at most {MAX_QUEUED} commands and {} bytes of arguments between MULTI and EXEC (--client-output-limit); send it in parts",
+            "ERR the transaction is too large: at most {MAX_QUEUED} commands and {} bytes queued (arguments, and 16 per argument and per command) between MULTI and EXEC (--client-output-limit); send it in parts",
             srv.resp.output_limit
         ));
         return;
@@ -1105,6 +1121,29 @@ mod tests {
                 .load(std::sync::atomic::Ordering::Relaxed),
             0
         );
+    }
+
+    /// A queue's bookkeeping counts against its bounds and in the buffers' gauge, not only
+    /// its arguments: 10 000 PINGs are 40 KB of arguments and 320 KB of ranges.
+    #[test]
+    fn a_transaction_counts_its_bookkeeping() {
+        let mut c = conn(|_| {});
+        let mut input = cmd(&[b"MULTI"]);
+        for _ in 0..10_000 {
+            input.extend(cmd(&[b"PING"]));
+        }
+        let (out, _) = talk(&mut c, &input, usize::MAX);
+        assert_eq!(text(&out).matches("+QUEUED").count(), 10_000);
+        let relaxed = std::sync::atomic::Ordering::Relaxed;
+        let held = c.srv.buffers.bytes.load(relaxed);
+        assert!(held >= 10_000 * (4 + 2 * RANGE), "{held}");
+        let lent = c.srv.buffers.deferred.load(relaxed);
+        assert!(lent >= 10_000 * (4 + 2 * RANGE) - QUEUE_FREE, "{lent}");
+        // Past the output limit it is refused, bookkeeping included.
+        let mut c = conn(|a| a.client_output_limit = 64 << 10);
+        let (out, _) = talk(&mut c, &input, usize::MAX);
+        let queued = text(&out).matches("+QUEUED").count();
+        assert_eq!(queued, (64 << 10) / (4 + 2 * RANGE), "{queued}");
     }
 
     #[test]

@@ -25,6 +25,10 @@ pub(crate) const DRAIN_ROUNDS: u32 = 64;
 /// How long a closing connection may take to write its last replies.
 pub(crate) const LAST_WRITE: Duration = Duration::from_secs(2);
 
+/// `SO_SNDBUF` of a RESP connection (the kernel doubles it for its bookkeeping: at most
+/// 256 KiB of replies wait in the kernel, beyond `--client-output-limit` in the server).
+pub(crate) const SEND_BUFFER: usize = 128 << 10;
+
 /// No idle timeout: a wait this long is forever.
 const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
@@ -76,6 +80,11 @@ pub(crate) async fn accept(srv: Arc<Server>, sock: tokio::net::TcpStream, peer: 
         return;
     };
     let _ = sock.set_nodelay(true);
+    // The kernel's send queue is bounded too. Left to autotuning it grows to tcp_wmem's
+    // maximum (4 MiB on Linux's defaults) for a client that stops reading, which the server
+    // fills with replies computed for nobody: in the abuse soak, 150 such clients held 234 MiB
+    // of kernel memory and most of the server's CPU. A pipeline's replies need far less.
+    let _ = socket2::SockRef::from(&sock).set_send_buffer_size(SEND_BUFFER);
     match srv.tls.as_ref().map(|t| t.resp.clone()) {
         None => {
             let (r, w) = sock.into_split();

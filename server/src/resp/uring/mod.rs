@@ -535,6 +535,8 @@ impl Worker {
             return;
         };
         let _ = sock.set_nodelay(true);
+        // The kernel's queue of unread replies bounded as on tokio (resp::serve).
+        let _ = socket2::SockRef::from(&sock).set_send_buffer_size(crate::resp::serve::SEND_BUFFER);
         let id = crate::workers::next_conn_id();
         let mut conn = Connection::new(
             self.srv.clone(),

@@ -1,0 +1,515 @@
+//! `turnstile serve` against the attacks it must hold up against, each as an attacker runs it:
+//! the built binary as a child process on free loopback ports, raw TCP, redis-cli and curl,
+//! the server's resident memory read from `/proc/PID/status` and its buffers from /metrics.
+//! Bounds are asserted, never speeds; every wait is bounded, and the server is killed on
+//! failure (a guard).
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+mod common;
+
+const BIN: &str = env!("CARGO_BIN_EXE_turnstile");
+const RULES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/rules.toml");
+const PASSWORD: &str = "s3cret-client";
+const ADMIN: &str = "s3cret-admin";
+
+/// What a single attacking connection may add to the server's resident memory: its bounded
+/// buffers (16 KiB of input before authentication; 16 KiB of input and the 1 MiB output limit
+/// after) are far below it; the rest is the allocator's rounding (serve runs without
+/// transparent huge pages; measured: 1-4 MiB). The unbounded server took 359 MiB.
+const ONE_CONNECTION_RSS: u64 = 12 << 20;
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A server for one test, killed when dropped (also when the test fails).
+struct Server {
+    child: Child,
+    resp: u16,
+    http: u16,
+    admin: Option<u16>,
+    _dir: tempfile::TempDir,
+}
+
+impl Server {
+    /// `turnstile serve` with the example rules, the client password in a file, and `extra`
+    /// flags; `admin`: an --admin-pass file and an --admin listener too. Waits (at most 30 s)
+    /// until its listeners accept.
+    fn start(extra: &[&str], admin: bool) -> Server {
+        let dir = tempfile::tempdir().unwrap();
+        let pw = dir.path().join("password");
+        std::fs::write(&pw, format!("{PASSWORD}\n")).unwrap();
+        let (resp, http) = (free_port(), free_port());
+        let mut cmd = Command::new(BIN);
+        cmd.args(["serve", "--workers", "1", "--throttle-keys", "10000"])
+            .args(["--rules", RULES])
+            .arg("--requirepass-file")
+            .arg(&pw)
+            .args(["--resp", &format!("127.0.0.1:{resp}")])
+            .args(["--http", &format!("127.0.0.1:{http}")])
+            .args(extra);
+        let admin_port = admin.then(free_port);
+        if let Some(p) = admin_port {
+            let apw = dir.path().join("admin-password");
+            std::fs::write(&apw, ADMIN).unwrap();
+            cmd.arg("--admin-pass-file")
+                .arg(&apw)
+                .args(["--admin", &format!("127.0.0.1:{p}")]);
+        }
+        let child = cmd
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("turnstile serve starts");
+        let mut s = Server {
+            child,
+            resp,
+            http,
+            admin: admin_port,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for port in [Some(resp), Some(http), admin_port].into_iter().flatten() {
+            while TcpStream::connect(("127.0.0.1", port)).is_err() {
+                if let Some(st) = s.child.try_wait().unwrap() {
+                    let mut err = String::new();
+                    let _ = s.child.stderr.take().unwrap().read_to_string(&mut err);
+                    panic!("turnstile serve exited ({st}) before listening: {err}");
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "not listening on {port} after 30 s"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        s
+    }
+
+    /// Resident memory of the server now (bytes).
+    fn rss(&self) -> u64 {
+        let s = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let kb: u64 = s
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .expect("VmRSS in /proc/PID/status");
+        kb * 1024
+    }
+
+    /// curl on the HTTP listener (or `port`): status and body.
+    fn curl(
+        &self,
+        method: &str,
+        path: &str,
+        bearer: Option<&str>,
+        body: Option<&str>,
+    ) -> (u16, String) {
+        self.curl_at(self.http, method, path, bearer, body)
+    }
+
+    fn curl_at(
+        &self,
+        port: u16,
+        method: &str,
+        path: &str,
+        bearer: Option<&str>,
+        body: Option<&str>,
+    ) -> (u16, String) {
+        let mut c = Command::new("curl");
+        c.args(["-s", "-m", "10", "-w", "\n%{http_code}", "-X", method]);
+        if let Some(b) = bearer {
+            c.args(["-H", &format!("Authorization: Bearer {b}")]);
+        }
+        if let Some(b) = body {
+            c.args(["-H", "content-type: application/json", "--data-binary", b]);
+        }
+        let o = c
+            .arg(format!("http://127.0.0.1:{port}{path}"))
+            .output()
+            .expect("curl runs (apt-get install curl)");
+        let text = String::from_utf8_lossy(&o.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+        (code.trim().parse().unwrap_or(0), body.to_string())
+    }
+
+    /// A sample of /metrics (with the password).
+    fn metric(&self, name: &str) -> f64 {
+        let (code, body) = self.curl("GET", "/metrics", Some(PASSWORD), None);
+        assert_eq!(code, 200, "{body}");
+        body.lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in /metrics"))
+    }
+
+    /// redis-cli with `args` (and the password unless `anonymous`): its output, trimmed.
+    fn redis_cli(&self, anonymous: bool, args: &[&str]) -> String {
+        let mut c = Command::new("redis-cli");
+        c.args(["-h", "127.0.0.1", "-p", &self.resp.to_string()]);
+        if !anonymous {
+            c.args(["--no-auth-warning", "-a", PASSWORD]);
+        }
+        let o = c
+            .args(args)
+            .output()
+            .expect("redis-cli runs (apt-get install redis-tools)");
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    }
+
+    fn connect(&self) -> TcpStream {
+        let s = TcpStream::connect(("127.0.0.1", self.resp)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+        s
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Everything the server sends until it closes the connection (at most 10 s, 1 MiB).
+fn read_to_close(s: &mut TcpStream) -> String {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 8192];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline && out.len() < 1 << 20 {
+        match s.read(&mut buf) {
+            Ok(0) => return String::from_utf8_lossy(&out).into_owned(),
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(e) => panic!("read: {e} after {:?}", String::from_utf8_lossy(&out)),
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Writes `chunk` over and over without reading, until the server stops taking it for 2 s
+/// (it paused the connection), closes it, or `limit` bytes; samples the server's RSS as it
+/// goes. Returns (bytes written, whether the server closed it, peak RSS).
+fn flood(s: &Server, c: &mut TcpStream, chunk: &[u8], limit: usize) -> (usize, bool, u64) {
+    c.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut sent = 0;
+    let mut peak = s.rss();
+    let mut last = Instant::now();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while sent < limit && Instant::now() < deadline {
+        match c.write(chunk) {
+            Ok(n) => sent += n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                peak = peak.max(s.rss());
+                return (sent, false, peak);
+            }
+            Err(_) => {
+                peak = peak.max(s.rss());
+                return (sent, true, peak);
+            }
+        }
+        if last.elapsed() > Duration::from_millis(20) {
+            peak = peak.max(s.rss());
+            last = Instant::now();
+        }
+    }
+    (sent, false, peak.max(s.rss()))
+}
+
+/// Before AUTH a frame is refused at its header with Redis's words, before any of its body is
+/// read: the reply comes back to the header alone, and the connection closes. An
+/// unauthenticated flood is answered NOAUTH from a buffer that stays small.
+#[test]
+fn unauthenticated_clients_get_nothing_buffered() {
+    let s = Server::start(&[], false);
+    for (frame, said) in [
+        (
+            &b"*128\r\n$524288\r\n"[..],
+            "unauthenticated multibulk length",
+        ),
+        (
+            b"*2\r\n$4\r\nAUTH\r\n$524288\r\n",
+            "unauthenticated bulk length",
+        ),
+    ] {
+        let mut c = s.connect();
+        // The header only: the answer must not wait for the 64 MiB it announces.
+        c.write_all(frame).unwrap();
+        let got = read_to_close(&mut c);
+        assert_eq!(got, format!("-ERR Protocol error: {said}\r\n"));
+    }
+    // A giant frame sent whole: the server does not keep it.
+    let before = s.rss();
+    let mut c = s.connect();
+    c.write_all(b"*128\r\n$524288\r\n").unwrap();
+    let (_, _, peak) = flood(&s, &mut c, &[b'x'; 65536], 64 << 20);
+    assert!(
+        peak <= before + ONE_CONNECTION_RSS,
+        "RSS {before} -> {peak} for a refused frame"
+    );
+    drop(c);
+
+    // 15 MiB of `x` lines without reading a reply (the attack that took 359 MiB): NOAUTH
+    // for each, until the connection is paused or closed past its output limit.
+    let before = s.rss();
+    // What the server holds without this client (the io_uring runtime's receive buffers, 2 MiB
+    // a worker, are counted in the gauge too).
+    let idle = s.metric("turnstile_resp_buffer_bytes");
+    let mut c = s.connect();
+    let (sent, _, peak) = flood(&s, &mut c, &b"x\r\n".repeat(16384), 15 << 20);
+    assert!(sent > 0);
+    let buffers = s.metric("turnstile_resp_buffer_bytes");
+    eprintln!(
+        "unauthenticated flood: {sent} bytes taken, RSS {before} -> {peak}, buffers {buffers}"
+    );
+    assert!(
+        peak <= before + ONE_CONNECTION_RSS,
+        "RSS {before} -> {peak} for {sent} bytes of unauthenticated commands"
+    );
+    // One connection: 16 KiB of input before AUTH, and at most the output limit (1 MiB) plus
+    // a reply waiting (the honest connections of curl come and go).
+    assert!(
+        buffers - idle <= (1 << 20) as f64 + 65536.0,
+        "buffers {buffers}, {idle} without the client"
+    );
+    // The server went through far more than its 16 KiB input buffer, answering each command
+    // NOAUTH: either it closed the connection once the unread replies passed the output limit
+    // (1 MiB of them: ~30 000 commands; the reset then drops what the kernel still held), or
+    // it paused the connection, and reading the replies back lets it go on. (At most 10 s.)
+    let closed = s.metric("turnstile_resp_output_limit_closed_total");
+    let want = (sent / 3).min(20_000);
+    let (mut got, mut buf) = (Vec::new(), [0u8; 65536]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    while got.iter().filter(|&&b| b == b'\n').count() < want && Instant::now() < deadline {
+        match c.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    let replies = got.iter().filter(|&&b| b == b'\n').count();
+    eprintln!(
+        "unauthenticated flood: closed past the output limit: {closed}, {replies} replies read"
+    );
+    let noauth = b"-NOAUTH Authentication required.\r\n";
+    assert!(
+        got.chunks(noauth.len()).all(|r| noauth.starts_with(r)),
+        "not only NOAUTH: {:?}",
+        String::from_utf8_lossy(&got[..got.len().min(200)])
+    );
+    assert!(
+        closed == 1.0 || replies >= want,
+        "neither closed past its output limit nor answering: {replies} replies read, {want} sent"
+    );
+    drop(c);
+
+    // And redis-cli without the password is told so.
+    let out = s.redis_cli(true, &["CL.THROTTLE", "k", "1", "1", "1"]);
+    assert!(out.contains("NOAUTH"), "{out}");
+}
+
+/// A client that pipelines COMMAND (727 bytes out for 9 in) and never reads is closed once its
+/// waiting output passes --client-output-limit, and the server's memory stays bounded.
+#[test]
+fn a_client_that_never_reads_is_closed_past_its_output_limit() {
+    let s = Server::start(&["--client-output-limit", "256kb"], false);
+    let before = s.rss();
+    let mut c = s.connect();
+    c.write_all(format!("AUTH {PASSWORD}\r\n").as_bytes())
+        .unwrap();
+    let mut ok = [0u8; 5];
+    c.read_exact(&mut ok).unwrap();
+    assert_eq!(&ok, b"+OK\r\n");
+    // Each write of the flood may block once the server stops reading: it is retried until
+    // the server closes the connection (bounded: at most 30 s).
+    let chunk = b"COMMAND\r\n".repeat(4096);
+    let mut closed = false;
+    let mut peak = before;
+    let mut total = 0;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        let (sent, gone, p) = flood(&s, &mut c, &chunk, 64 << 20);
+        total += sent;
+        peak = peak.max(p);
+        if gone || s.metric("turnstile_resp_output_limit_closed_total") >= 1.0 {
+            closed = true;
+            break;
+        }
+    }
+    eprintln!("never reads: {total} bytes taken, RSS {before} -> {peak}");
+    assert!(closed, "still open after {total} bytes of COMMAND");
+    assert_eq!(s.metric("turnstile_resp_output_limit_closed_total"), 1.0);
+    assert!(
+        peak <= before + ONE_CONNECTION_RSS,
+        "RSS {before} -> {peak} for a client that never reads"
+    );
+    // Its buffers are gone with it; the deferred budget is given back.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while s.metric("turnstile_resp_deferred_bytes") != 0.0 {
+        assert!(Instant::now() < deadline, "deferred budget not given back");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The server still answers.
+    assert_eq!(s.redis_cli(false, &["PING"]), "PONG");
+}
+
+/// HTTP asks for the password (401 with the JSON error body) except on /healthz; /metrics is
+/// open only with --metrics-open; reloading needs the admin password, or the --admin listener
+/// on loopback.
+#[test]
+fn http_needs_credentials_and_reload_needs_admin() {
+    let s = Server::start(&[], true);
+    let check = r#"{"key_class":"customer","key":"7"}"#;
+    let (code, body) = s.curl("POST", "/v1/check", None, Some(check));
+    assert_eq!(code, 401, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).expect("a JSON error body");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("Authorization: Bearer"),
+        "{body}"
+    );
+    let (code, body) = s.curl("POST", "/v1/check", Some("wrong"), Some(check));
+    assert_eq!(code, 401, "{body}");
+    let (code, body) = s.curl("POST", "/v1/check", Some(PASSWORD), Some(check));
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(s.curl("GET", "/healthz", None, None).0, 200);
+    let (code, body) = s.curl("GET", "/metrics", None, None);
+    assert_eq!(code, 401, "{body}");
+    assert_eq!(s.curl("GET", "/metrics", Some(PASSWORD), None).0, 200);
+
+    // Reload: the client password is not enough on the main listener.
+    let (code, body) = s.curl("POST", "/v1/reload", Some(PASSWORD), None);
+    assert_eq!(code, 403, "{body}");
+    assert!(body.contains("admin password"), "{body}");
+    assert_eq!(s.curl("POST", "/v1/reload", None, None).0, 401);
+    let (code, body) = s.curl("POST", "/v1/reload", Some(ADMIN), None);
+    assert_eq!(code, 200, "{body}");
+    // The --admin listener (loopback) grants it to the client password.
+    let admin = s.admin.unwrap();
+    let (code, body) = s.curl_at(admin, "POST", "/v1/reload", Some(PASSWORD), None);
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(s.curl_at(admin, "POST", "/v1/reload", None, None).0, 401);
+    assert_eq!(s.metric("turnstile_reloads_total{result=\"ok\"}"), 2.0);
+    drop(s);
+
+    let open = Server::start(&["--metrics-open"], false);
+    let (code, body) = open.curl("GET", "/metrics", None, None);
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("turnstile_resp_buffer_bytes"));
+    assert_eq!(open.curl("POST", "/v1/check", None, Some(check)).0, 401);
+}
+
+/// Protected mode: an address other machines can reach, without a password, is refused at
+/// start with what to do (checked before anything binds).
+#[test]
+fn a_reachable_address_without_a_password_is_refused() {
+    let port = free_port();
+    let o = Command::new(BIN)
+        .args(["serve", "--resp", &format!("0.0.0.0:{port}")])
+        .args(["--http", &format!("127.0.0.1:{}", free_port())])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(&format!(
+            "--resp 0.0.0.0:{port} can be reached from other machines"
+        )) && err.contains("--requirepass-file")
+            && err.contains("--unprotected"),
+        "{err}"
+    );
+}
+
+/// A tagged customer id is refused with what a customer id is, over RESP and HTTP, and counts
+/// nothing; a plain one is checked.
+#[test]
+fn tagged_customer_ids_are_refused_everywhere() {
+    let s = Server::start(&[], false);
+    for id in ["user:1", "org:1", "01"] {
+        let out = s.redis_cli(false, &["TURNSTILE.CHECK", "customer", id]);
+        assert!(
+            out.contains(&format!("`{id}` is not a customer id")) && out.contains("api_key"),
+            "{id}: {out}"
+        );
+        let body = format!(r#"{{"key_class":"customer","key":"{id}"}}"#);
+        let (code, got) = s.curl("POST", "/v1/check", Some(PASSWORD), Some(&body));
+        assert!((400..500).contains(&code), "{id}: {code} {got}");
+        assert!(got.contains("is not a customer id"), "{id}: {got}");
+    }
+    let counted = |s: &Server| {
+        s.metric("turnstile_checks_total{result=\"allowed\"}")
+            + s.metric("turnstile_checks_total{result=\"denied\"}")
+    };
+    assert_eq!(counted(&s), 0.0, "refusals count nothing");
+    let out = s.redis_cli(false, &["TURNSTILE.CHECK", "customer", "1"]);
+    assert!(out.starts_with('1'), "customer 1 is checked: {out}");
+    assert_eq!(counted(&s), 1.0);
+}
+
+/// `turnstile soak`, briefly: every kind of attacker against a real server at once, while
+/// honest clients run; what they were admitted is what the server counted, every attacker
+/// got the answer a bounded server gives, and the server is still there. (The figures are
+/// the benchmark's, docs/service.md; here only what does not depend on the machine's speed.)
+#[test]
+fn a_short_soak_loses_nothing_and_every_attack_is_answered() {
+    let s = Server::start(&[], false);
+    let pw = s._dir.path().join("password");
+    let (out, err) = (s._dir.path().join("out"), s._dir.path().join("err"));
+    let mut soak = Command::new(BIN)
+        .args(["soak", "--json", "--connections", "110"])
+        .args(["--seconds", "3", "--quiet", "1", "--settle", "1"])
+        .args(["--honest-resp", "2", "--honest-http", "1"])
+        .args(["--target", &format!("127.0.0.1:{}", s.resp)])
+        .args(["--http", &format!("127.0.0.1:{}", s.http)])
+        .arg("--password-file")
+        .arg(&pw)
+        .args(["--pid", &s.child.id().to_string()])
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&err).unwrap())
+        .spawn()
+        .unwrap();
+    // 5 s of soak and its report: killed if it is not done in 60 s.
+    let status = common::wait_bounded(&mut soak, Duration::from_secs(60))
+        .expect("turnstile soak done within 60 s");
+    let err = std::fs::read_to_string(&err).unwrap();
+    assert!(status.success(), "{err}");
+    let r: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&out).unwrap()).expect("the JSON report");
+    let target = |name: &str| {
+        r["targets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["target"] == name)
+            .unwrap_or_else(|| panic!("no target {name}"))["met"]
+            .clone()
+    };
+    assert_eq!(target("nothing admitted lost"), true, "{}", r["keys"]);
+    assert_eq!(target("no panic"), true);
+    assert_eq!(target("no honest errors"), true, "{}", r["honest"]);
+    assert!(r["keys"]["admissions_seen"].as_u64().unwrap() > 0);
+    let attacks = r["attacks"].as_array().unwrap();
+    assert_eq!(attacks.len(), 11, "every kind ran");
+    for a in attacks {
+        assert!(a["connections"].as_u64().unwrap() > 0, "{a}");
+        assert_eq!(a["unexpected"], 0, "{a}");
+    }
+    // The memory figures are there (the server's process was given).
+    assert!(r["memory"]["peak_rss_mib"].as_f64().unwrap() > 0.0);
+}
