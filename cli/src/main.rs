@@ -19,6 +19,16 @@ mod memory;
 mod progress;
 mod rules;
 
+/// The error of every subcommand: a message for the user (what failed, where, how to fix it),
+/// printed by `main`. A boxed error, as mini-redis's `crate::Error`, rather than a typed enum:
+/// nothing matches on a CLI's errors, it only prints them, and `?` takes the libraries' own
+/// errors (the engine's configuration errors, io, serde, Redis) as they are, their messages
+/// unchanged.
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// `Result` with the CLI's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
 /// A lock-free rate-limiting engine: benchmarks, reports and tools.
 #[derive(Parser)]
 #[command(name = "turnstile", version, propagate_version = true)]
@@ -32,7 +42,7 @@ enum Command {
     /// Print the decisions of each algorithm on the design notes' scenarios.
     Demo,
     /// Checks/s and latency of the embedded engine, side by side with governor (the main job).
-    Bench(bench::BenchArgs),
+    Bench(Box<bench::BenchArgs>),
     /// Measured bytes per user per algorithm, against the design notes' estimates.
     Memory(memory::MemoryArgs),
     /// The approximate algorithms against the exact sliding log, beside Cloudflare's figures.
@@ -42,7 +52,7 @@ enum Command {
     #[command(
         after_help = "Try it:\n  turnstile serve --rules examples/rules.toml\n  redis-cli -p 6380 CL.THROTTLE user:1 15 30 60\n  redis-cli -p 6380 TURNSTILE.CHECK customer 42\n  curl -s -XPOST localhost:8080/v1/check -d '{\"key_class\":\"customer\",\"key\":\"42\"}'\n  curl -s localhost:8080/metrics\n\nLogs go to standard error (RUST_LOG=debug for more). SIGHUP reloads; SIGTERM or SIGINT\nstops after answering what clients sent and writing the snapshot."
     )]
-    Serve(turnstile_server::ServeArgs),
+    Serve(Box<turnstile_server::ServeArgs>),
     /// Rules files: validate them, or import envoyproxy/ratelimit's YAML.
     Rules {
         #[command(subcommand)]
@@ -65,10 +75,10 @@ fn main() {
     }
     let result = match cli.command {
         Command::Demo => demo::run(),
-        Command::Bench(a) => bench::run(a),
+        Command::Bench(a) => bench::run(*a),
         Command::Memory(a) => memory::run(a),
         Command::Accuracy(a) => accuracy::run(a),
-        Command::Serve(a) => turnstile_server::run(a).map_err(|e| e.to_string()),
+        Command::Serve(a) => turnstile_server::run(*a).map_err(Error::from),
         Command::Rules { command } => rules::run(command),
         Command::Completions { shell } => completions(shell),
     };
@@ -92,13 +102,13 @@ fn end_quietly_on_a_closed_pipe() {
 }
 
 /// Writes the completion script; a closed pipe (`| head`) ends it quietly, not with a panic.
-fn completions(shell: clap_complete::Shell) -> Result<(), String> {
+fn completions(shell: clap_complete::Shell) -> Result<()> {
     use std::io::Write;
     let mut script = Vec::new();
     clap_complete::generate(shell, &mut Cli::command(), "turnstile", &mut script);
     match std::io::stdout().write_all(&script) {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
-            Err(format!("cannot write the completion script: {e}"))
+            Err(format!("cannot write the completion script: {e}").into())
         }
         _ => Ok(()),
     }

@@ -94,20 +94,20 @@ impl Subject {
         }
     }
 
-    fn parse(s: &str) -> Result<Self, String> {
+    fn parse(s: &str) -> crate::Result<Self> {
         if s == "governor" {
             return Ok(Subject::Governor);
         }
         let a: Algorithm = s.parse()?;
         match SUBJECTS.iter().find(|x| **x == Subject::Turnstile(a)) {
             Some(x) => Ok(*x),
-            None => Err(format!("`memory` does not measure {a}")),
+            None => Err(format!("`memory` does not measure {a}").into()),
         }
     }
 }
 
 /// The limit a turnstile row uses: 500 per hour in that algorithm's terms.
-fn limit_for(a: Algorithm) -> Result<Limit, String> {
+fn limit_for(a: Algorithm) -> crate::Result<Limit> {
     let l = match a {
         Algorithm::FixedWindow => Limit::fixed_window(RATE, HOUR),
         Algorithm::SlidingWindow => Limit::sliding_window(RATE, HOUR),
@@ -116,9 +116,9 @@ fn limit_for(a: Algorithm) -> Result<Limit, String> {
         Algorithm::TokenBucket => Limit::token_bucket(RATE, RATE, HOUR),
         Algorithm::LeakyBucket => Limit::leaky_bucket(RATE, HOUR, 0, None),
         Algorithm::Concurrency => return Err("`memory` does not measure concurrency".into()),
-        other => return Err(format!("`memory` does not measure {other}")),
+        other => return Err(format!("`memory` does not measure {other}").into()),
     };
-    l.map_err(|e| e.to_string())
+    Ok(l?)
 }
 
 /// The design notes' per-user estimate for an algorithm, with its arithmetic.
@@ -190,7 +190,7 @@ struct Report<'a> {
 }
 
 /// Runs the subcommand.
-pub fn run(a: MemoryArgs) -> Result<(), String> {
+pub fn run(a: MemoryArgs) -> crate::Result<()> {
     let MemoryArgs {
         users,
         json,
@@ -211,10 +211,7 @@ pub fn run(a: MemoryArgs) -> Result<(), String> {
     }
     if let Some(name) = one {
         let row = measure(Subject::parse(&name)?, users, true)?;
-        println!(
-            "{}",
-            serde_json::to_string(&row).map_err(|e| e.to_string())?
-        );
+        println!("{}", serde_json::to_string(&row)?);
         return Ok(());
     }
     let mut rows = Vec::with_capacity(SUBJECTS.len());
@@ -230,10 +227,7 @@ pub fn run(a: MemoryArgs) -> Result<(), String> {
             users,
             results: &rows,
         };
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?
-        );
+        println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
         print_table(users, &rows);
     }
@@ -251,11 +245,11 @@ fn engine_of(s: Subject) -> &'static str {
 /// memory counted in 4 KiB pages: what the users cost), then as the binary
 /// normally runs (mimalloc asks for huge pages: memory comes in 2 MiB pieces). In this
 /// process, once, if no child can be started.
-fn in_child(s: Subject, users: u64) -> Result<Row, String> {
+fn in_child(s: Subject, users: u64) -> crate::Result<Row> {
     let Ok(exe) = std::env::current_exe() else {
         return measure(s, users, false);
     };
-    let child = |thp: bool| -> Result<Option<Row>, String> {
+    let child = |thp: bool| -> crate::Result<Option<Row>> {
         let mut cmd = Command::new(&exe);
         cmd.args(["memory", "--one", &s.id(), "--users", &users.to_string()]);
         if !thp {
@@ -284,7 +278,8 @@ fn in_child(s: Subject, users: u64) -> Result<Row, String> {
                 s.id(),
                 out.status,
                 String::from_utf8_lossy(&out.stderr).trim()
-            ));
+            )
+            .into());
         }
         let text = String::from_utf8_lossy(&out.stdout);
         serde_json::from_str(text.trim()).map(Some).map_err(|e| {
@@ -292,6 +287,7 @@ fn in_child(s: Subject, users: u64) -> Result<Row, String> {
                 "measuring {}: unreadable child answer `{text}`: {e}",
                 s.id()
             )
+            .into()
         })
     };
     let Some(mut row) = child(false)? else {
@@ -305,7 +301,7 @@ fn in_child(s: Subject, users: u64) -> Result<Row, String> {
 }
 
 /// Anonymous resident bytes of this process: statm's resident − shared pages.
-fn anon_rss() -> Result<u64, String> {
+fn anon_rss() -> crate::Result<u64> {
     let s = std::fs::read_to_string("/proc/self/statm")
         .map_err(|e| format!("cannot read /proc/self/statm (Linux only): {e}"))?;
     let f: Vec<u64> = s
@@ -314,7 +310,7 @@ fn anon_rss() -> Result<u64, String> {
         .map(|x| x.parse().unwrap_or(0))
         .collect();
     if f.len() < 3 {
-        return Err(format!("unexpected /proc/self/statm: `{}`", s.trim()));
+        return Err(format!("unexpected /proc/self/statm: `{}`", s.trim()).into());
     }
     // SAFETY: sysconf has no preconditions; it only reads a system constant.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
@@ -323,7 +319,7 @@ fn anon_rss() -> Result<u64, String> {
 }
 
 /// Builds, fills and measures one subject in this process.
-fn measure(s: Subject, users: u64, isolated: bool) -> Result<Row, String> {
+fn measure(s: Subject, users: u64, isolated: bool) -> crate::Result<Row> {
     // A tiny run first: the allocator's and the engine's one-time set-up is not the users'.
     fill(s, 64, |_| Ok(()))?;
     let before = anon_rss()?;
@@ -365,11 +361,11 @@ fn measure(s: Subject, users: u64, isolated: bool) -> Result<Row, String> {
 fn fill(
     s: Subject,
     users: u64,
-    mut at_full: impl FnMut(u64) -> Result<(), String>,
-) -> Result<(u64, Option<u64>), String> {
+    mut at_full: impl FnMut(u64) -> crate::Result<()>,
+) -> crate::Result<(u64, Option<u64>)> {
     match s {
         Subject::Turnstile(a) => {
-            let limits = Limits::new(vec![limit_for(a)?]).map_err(|e| e.to_string())?;
+            let limits = Limits::new(vec![limit_for(a)?])?;
             // One shard: an arena store's records are split evenly between shards while keys
             // are not, so with several shards one of them can run out of records before N
             // users are in. One shard holds exactly N; the per-user cost is the same.
@@ -377,8 +373,7 @@ fn fill(
                 .capacity(users)
                 .shards(1)
                 .seed(SEED)
-                .build_with_clock(ManualClock::new(NOW))
-                .map_err(|e| e.to_string())?;
+                .build_with_clock(ManualClock::new(NOW))?;
             for id in 0..users {
                 std::hint::black_box(store.check_at(&id, 1, NOW));
             }
@@ -390,7 +385,8 @@ fn fill(
                 return Err(format!(
                     "{a}: the store holds {} of {users} users ({} refused)",
                     st.live, st.rejected
-                ));
+                )
+                .into());
             }
             Ok((st.live, Some(store.memory_bytes() as u64)))
         }

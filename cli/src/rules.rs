@@ -19,7 +19,8 @@ pub enum RulesCommand {
         files: Vec<String>,
     },
     /// Print the turnstile rules file equivalent to an envoyproxy/ratelimit configuration
-    /// (a YAML file or a directory of them; docs/envoy.md). A configuration error prints
+    /// (a YAML file or a directory of them; with MERGE_DOMAIN_CONFIG=true the files of one
+    /// domain are merged; docs/envoy.md). A configuration error prints
     /// `file:line:column: message` and exits with status 1.
     ImportEnvoy {
         /// The YAML file or directory.
@@ -29,7 +30,7 @@ pub enum RulesCommand {
 }
 
 /// Runs the subcommand.
-pub fn run(cmd: RulesCommand) -> Result<(), String> {
+pub fn run(cmd: RulesCommand) -> crate::Result<()> {
     let files = match cmd {
         RulesCommand::Check { files } => files,
         RulesCommand::ImportEnvoy { path } => return import_envoy(&path),
@@ -57,9 +58,11 @@ pub fn run(cmd: RulesCommand) -> Result<(), String> {
     Ok(())
 }
 
-fn import_envoy(path: &std::path::Path) -> Result<(), String> {
+fn import_envoy(path: &std::path::Path) -> crate::Result<()> {
     use std::io::Write;
-    match turnstile_server::envoy::load(path) {
+    // MERGE_DOMAIN_CONFIG=true merges the files of one domain, as `turnstile serve` does.
+    let opts = turnstile_server::envoy::Settings::from_env()?.load_options();
+    match turnstile_server::envoy::load_with(path, opts) {
         Ok(cfg) => {
             let out = turnstile_server::envoy::import_to_rules(&cfg);
             // A closed pipe (`| head`) ends it quietly.

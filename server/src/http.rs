@@ -3,13 +3,14 @@
 //! ([`crate::envoy::json_router`], whose own body limit applies). Errors are JSON
 //! `{"error": "..."}`; a body over `--max-body` gets 413.
 
-use crate::conn::{count, ms_up, request};
+use crate::check::{count, ms_up, request};
+use crate::config::Access;
 use crate::metrics::C;
+use crate::state::{stopped, Server};
 use crate::watchdog::{ConnState, Watchdog};
-use crate::Shared;
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{header, HeaderName, HeaderValue, Method, StatusCode};
+use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -20,10 +21,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::borrow::Cow;
 use std::convert::Infallible;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use turnstile::rules::Priority;
 use turnstile::{Clock, DefaultClock, Outcome};
+use turnstile_tower::{write_headers, HeaderStyle, Policy};
 
 /// The body of `POST /v1/check`. Strings borrow from the request's bytes (`Cow`: owned only
 /// when the JSON string has escapes), so a check allocates nothing to read its body.
@@ -127,26 +130,37 @@ fn outcome(o: Outcome) -> &'static str {
     }
 }
 
-static RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
-static RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
-static RATELIMIT_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
+/// Which rate-limit headers `POST /v1/check` sends (`--ratelimit-headers`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum RateLimitHeaders {
+    /// draft-ietf-httpapi-ratelimit-headers-10: `RateLimit-Policy` and `RateLimit`.
+    Draft10,
+    /// The earlier drafts' `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset`.
+    Legacy,
+    /// Both.
+    Both,
+}
+
+/// The policy the draft-10 fields name: one for the whole API, "default", no window (the
+/// rules' windows differ per rule; the decision does not say which one applied).
+static POLICY: std::sync::LazyLock<Policy> = std::sync::LazyLock::new(Policy::default);
 static JSON: HeaderValue = HeaderValue::from_static("application/json");
 
 fn one() -> u64 {
     1
 }
 
-fn error(shared: &Shared, status: StatusCode, msg: impl Into<String>) -> Response {
+fn error(shared: &Server, status: StatusCode, msg: impl Into<String>) -> Response {
     shared.metrics.add(C::HttpErrors, 1);
     (status, Json(json!({ "error": msg.into() }))).into_response()
 }
 
 /// `POST /v1/check` from [`Dispatch`]: the body read up to `--max-body` (413 past it, as the
 /// router's `DefaultBodyLimit` answers), then decided.
-async fn check_direct(s: Arc<Shared>, body: Body) -> Response {
+async fn check_direct(s: Arc<Server>, body: Body) -> Response {
     use http_body_util::BodyExt;
     s.metrics.add(C::HttpRequests, 1);
-    let limit = s.args.max_body;
+    let limit = s.http.max_body;
     let body = match http_body_util::Limited::new(body, limit).collect().await {
         Ok(b) => b.to_bytes(),
         Err(e) => {
@@ -168,7 +182,7 @@ async fn check_direct(s: Arc<Shared>, body: Body) -> Response {
     check_body(s, body).await
 }
 
-async fn check_body(s: Arc<Shared>, body: Bytes) -> Response {
+async fn check_body(s: Arc<Server>, body: Bytes) -> Response {
     let b: CheckBody = match serde_json::from_slice(&body) {
         Ok(b) => b,
         Err(e) => {
@@ -179,7 +193,7 @@ async fn check_body(s: Arc<Shared>, body: Bytes) -> Response {
             )
         }
     };
-    let Some(engine) = &s.engine else {
+    let Some(engine) = &s.checks.engine else {
         return error(
             &s,
             StatusCode::SERVICE_UNAVAILABLE,
@@ -205,7 +219,7 @@ async fn check_body(s: Arc<Shared>, body: Bytes) -> Response {
             Err(e) => return error(&s, StatusCode::BAD_REQUEST, e),
         }
     }
-    let v = match s.backends.redis() {
+    let v = match s.checks.backends.redis() {
         // Boxed: the Redis round trip's future is large, and the in-memory path should not
         // carry (and copy, when axum boxes the handler's future) its space on every request.
         Some(redis) => Box::pin(redis.explain(engine, &req)).await,
@@ -247,32 +261,25 @@ async fn check_body(s: Arc<Shared>, body: Bytes) -> Response {
     let h = res.headers_mut();
     h.reserve(5);
     h.insert(header::CONTENT_TYPE, JSON.clone());
-    if d.limit != u64::MAX {
-        let secs = |ns: u64| ns.div_ceil(1_000_000_000);
-        let mut value = |n: u64| {
-            buf.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
-            // Decimal digits are always a valid header value.
-            HeaderValue::from_maybe_shared(buf.split().freeze()).ok()
-        };
-        let values = [
-            (RATELIMIT_LIMIT.clone(), value(d.limit)),
-            (RATELIMIT_REMAINING.clone(), value(d.remaining)),
-            (RATELIMIT_RESET.clone(), value(secs(d.reset_after_ns))),
-            (
-                header::RETRY_AFTER,
-                d.retry_after_ns.and_then(|r| value(secs(r))),
-            ),
-        ];
-        for (name, v) in values {
-            if let Some(v) = v {
-                h.insert(name, v);
-            }
+    // The rate-limit headers from turnstile-tower's writer, as the tower layer sends them.
+    let style = s.http.ratelimit_headers;
+    if matches!(style, RateLimitHeaders::Draft10 | RateLimitHeaders::Both) {
+        write_headers(&HeaderStyle::Ietf, &POLICY, &d, h);
+    }
+    if matches!(style, RateLimitHeaders::Legacy | RateLimitHeaders::Both) {
+        write_headers(&HeaderStyle::RateLimit, &POLICY, &d, h);
+    }
+    if let Some(secs) = d.retry_after_secs_ceil().filter(|_| d.has_limit()) {
+        buf.extend_from_slice(itoa::Buffer::new().format(secs).as_bytes());
+        // Decimal digits are always a valid header value.
+        if let Ok(v) = HeaderValue::from_maybe_shared(buf.split().freeze()) {
+            h.insert(header::RETRY_AFTER, v);
         }
     }
     res
 }
 
-async fn metrics(State(s): State<Arc<Shared>>) -> Response {
+async fn metrics(State(s): State<Arc<Server>>) -> Response {
     s.metrics.add(C::HttpRequests, 1);
     (
         [(
@@ -284,12 +291,12 @@ async fn metrics(State(s): State<Arc<Shared>>) -> Response {
         .into_response()
 }
 
-async fn healthz(State(s): State<Arc<Shared>>) -> Response {
+async fn healthz(State(s): State<Arc<Server>>) -> Response {
     s.metrics.add(C::HttpRequests, 1);
     Json(json!({ "status": "ok" })).into_response()
 }
 
-async fn reload(State(s): State<Arc<Shared>>) -> Response {
+async fn reload(State(s): State<Arc<Server>>) -> Response {
     s.metrics.add(C::HttpRequests, 1);
     let s2 = s.clone();
     match tokio::task::spawn_blocking(move || crate::control::reload(&s2, "POST /v1/reload")).await
@@ -307,7 +314,7 @@ async fn reload(State(s): State<Arc<Shared>>) -> Response {
 /// A known path with another method: 405 with the `{"error": ...}` body of every other error
 /// (axum adds `Allow`).
 async fn method_not_allowed(
-    State(s): State<Arc<Shared>>,
+    State(s): State<Arc<Server>>,
     method: axum::http::Method,
     uri: axum::http::Uri,
 ) -> Response {
@@ -322,7 +329,7 @@ async fn method_not_allowed(
     )
 }
 
-async fn not_found(State(s): State<Arc<Shared>>, uri: axum::http::Uri) -> Response {
+async fn not_found(State(s): State<Arc<Server>>, uri: axum::http::Uri) -> Response {
     s.metrics.add(C::HttpRequests, 1);
     if s.envoy.is_none() && matches!(uri.path(), "/json" | "/healthcheck") {
         return error(
@@ -355,9 +362,63 @@ async fn not_found(State(s): State<Arc<Shared>>, uri: axum::http::Uri) -> Respon
 #[derive(Clone)]
 struct Dispatch {
     router: Router,
-    shared: Arc<Shared>,
+    shared: Arc<Server>,
+    /// Whether the listener grants admin without the admin password.
+    trusted: bool,
     /// The connection's state for the idle watchdog (none with `--header-timeout 0`).
     conn: Option<Arc<ConnState>>,
+}
+
+/// What a request must have shown for `path`: `/healthz` and Envoy's `/healthcheck` are open
+/// (probes carry no credentials), `/metrics` unless `--metrics-open`, the operations that
+/// change the server need admin, the rest the client password.
+fn needs(path: &str, metrics_open: bool) -> Access {
+    match path {
+        "/healthz" | "/healthcheck" => Access::None,
+        "/metrics" if metrics_open => Access::None,
+        "/v1/reload" => Access::Admin,
+        _ => Access::Client,
+    }
+}
+
+impl Dispatch {
+    /// What the request has shown: its bearer token's grant, or what the listener grants
+    /// without one.
+    fn access<B>(&self, req: &axum::http::Request<B>) -> Option<Access> {
+        let auth = &self.shared.http.auth;
+        match req.headers().get(header::AUTHORIZATION) {
+            None => Some(auth.initial(self.trusted)),
+            Some(v) => {
+                let token = v.as_bytes().strip_prefix(b"Bearer ")?;
+                auth.grant(None, token, self.trusted)
+            }
+        }
+    }
+
+    /// The refusal of a request that has not shown enough (answered without reading its body).
+    fn refuse(&self, shown: Option<Access>, path: &str) -> Response {
+        let s = &self.shared;
+        s.metrics.add(C::HttpRequests, 1);
+        match shown {
+            Some(a) if a >= Access::Client => error(
+                s,
+                StatusCode::FORBIDDEN,
+                format!("{path} changes the server: give the admin password (--admin-pass) as `Authorization: Bearer PASSWORD`, or send it to a loopback listener or --admin when no admin password is set"),
+            ),
+            _ => {
+                let mut r = error(
+                    s,
+                    StatusCode::UNAUTHORIZED,
+                    format!("{path} needs the server's password: send `Authorization: Bearer PASSWORD` (--requirepass)"),
+                );
+                r.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Bearer realm=\"turnstile\""),
+                );
+                r
+            }
+        }
+    }
 }
 
 type CheckFuture = futures_util::future::BoxFuture<'static, Result<Response, Infallible>>;
@@ -384,6 +445,14 @@ where
         let req = req.map(Body::new);
         // The request's headers are in: the connection is busy until its response is made.
         let busy = self.conn.as_ref().map(ConnState::begin);
+        let shown = self.access(&req);
+        if shown.unwrap_or(Access::None) < needs(req.uri().path(), self.shared.http.metrics_open) {
+            let r = self.refuse(shown, req.uri().path());
+            return Either::Left(Box::pin(async move {
+                drop(busy);
+                Ok(r)
+            }));
+        }
         if req.method() == Method::POST && req.uri().path() == "/v1/check" {
             let s = self.shared.clone();
             // Boxed as axum boxes a handler's future (one allocation, as before).
@@ -407,21 +476,41 @@ where
     }
 }
 
-/// Serves HTTP on `l` until shutdown.
-pub(crate) async fn serve(shared: Arc<Shared>, l: tokio::net::TcpListener) {
+/// Counts an HTTP connection for `--max-http-connections` while it lives.
+struct Slot(Arc<Server>);
+
+impl Slot {
+    fn take(srv: &Arc<Server>) -> Option<Slot> {
+        // Relaxed: a count; no other memory is published through it.
+        let n = srv.http_connections.fetch_add(1, Ordering::Relaxed) + 1;
+        let slot = Slot(srv.clone());
+        (n <= srv.http.max_connections).then_some(slot)
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        // Relaxed: see `take`.
+        self.0.http_connections.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Serves HTTP on `l` until shutdown; `trusted`: the listener grants admin without the admin
+/// password (a loopback listener with no --admin-pass, or --admin).
+pub(crate) async fn serve(shared: Arc<Server>, l: tokio::net::TcpListener, trusted: bool) {
     let mut app = Router::new()
         // POST never gets here (Dispatch answers it first); the route gives other methods
         // their 405 with `Allow: POST`.
         .route(
             "/v1/check",
-            post(|State(s): State<Arc<Shared>>, body: Body| check_direct(s, body)),
+            post(|State(s): State<Arc<Server>>, body: Body| check_direct(s, body)),
         )
         .route("/v1/reload", post(reload))
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(shared.args.max_body))
+        .layer(DefaultBodyLimit::max(shared.http.max_body))
         .with_state(shared.clone());
     if let Some(e) = &shared.envoy {
         app = app.merge(crate::envoy::json_router(e.clone()));
@@ -430,14 +519,25 @@ pub(crate) async fn serve(shared: Arc<Shared>, l: tokio::net::TcpListener) {
     let app = Dispatch {
         router: app,
         shared: shared.clone(),
+        trusted,
         conn: None,
     };
     // hyper's connections, served here rather than by `axum::serve`, which closes no
     // connection a client holds without a request (a byte of headers at a time, or idle):
     // the watchdog does (src/watchdog.rs).
-    let conns = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    let mut conns = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    // A request's head (line and headers) is bounded in bytes and count: past either, hyper
+    // answers 431 and closes.
+    conns
+        .http1()
+        .max_buf_size(shared.http.max_header_bytes.max(8192))
+        .max_headers(shared.http.max_headers);
+    conns
+        .http2()
+        .max_header_list_size(shared.http.max_header_bytes as u32)
+        .max_concurrent_streams(100);
     let dog =
-        (!shared.args.header_timeout.is_zero()).then(|| Watchdog::new(shared.args.header_timeout));
+        (!shared.http.header_timeout.is_zero()).then(|| Watchdog::new(shared.http.header_timeout));
     if let Some(dog) = &dog {
         tokio::spawn(dog.clone().run(shared.shutdown.subscribe()));
     }
@@ -455,21 +555,43 @@ pub(crate) async fn serve(shared: Arc<Shared>, l: tokio::net::TcpListener) {
                         continue;
                     }
                 };
+                let Some(slot) = Slot::take(&shared) else {
+                    shared.metrics.add(C::HttpRejectedConnections, 1);
+                    drop(sock);
+                    continue;
+                };
                 let registered = dog.as_ref().and_then(|d| d.register(&sock));
                 let mut app = app.clone();
                 app.conn = registered.as_ref().map(|r| r.state.clone());
-                let conn = conns
-                    .serve_connection_with_upgrades(TokioIo::new(sock), TowerToHyperService::new(app))
-                    .into_owned();
-                let conn = graceful.watch(conn);
+                let svc = TowerToHyperService::new(app);
+                let Some(tls) = shared.tls.as_ref().map(|t| t.http.clone()) else {
+                    let conn = graceful.watch(conns.serve_connection_with_upgrades(TokioIo::new(sock), svc).into_owned());
+                    tokio::spawn(async move {
+                        if let Err(e) = conn.await {
+                            tracing::debug!(error = %e, "HTTP connection ended");
+                        }
+                        drop((registered, slot));
+                    });
+                    continue;
+                };
+                // TLS: the handshake in the connection's task, bounded in time; graceful
+                // shutdown then watches the connection once it is served.
+                let conns = conns.clone();
+                let watcher = graceful.watcher();
                 tokio::spawn(async move {
+                    let stream = match tokio::time::timeout(crate::tls::HANDSHAKE, tls.accept(sock)).await {
+                        Ok(Ok(s)) => s,
+                        Ok(Err(e)) => return tracing::debug!(error = %e, "HTTP: TLS handshake failed"),
+                        Err(_) => return tracing::debug!("HTTP: TLS handshake timed out"),
+                    };
+                    let conn = watcher.watch(conns.serve_connection_with_upgrades(TokioIo::new(stream), svc).into_owned());
                     if let Err(e) = conn.await {
                         tracing::debug!(error = %e, "HTTP connection ended");
                     }
-                    drop(registered);
+                    drop((registered, slot));
                 });
             }
-            () = crate::stopped(&mut stop) => break,
+            () = stopped(&mut stop) => break,
         }
     }
     graceful.shutdown().await;

@@ -1,7 +1,10 @@
 //! The YAML loader and matcher against the cases of envoyproxy/ratelimit's
 //! `test/config/config_test.go` (configs rewritten here; each test names the upstream case).
 
-use turnstile_server::envoy::config::{load, parse, parse_many, ConfigError, Unit};
+use envoy_types::pb::google::protobuf::value::Kind;
+use turnstile_server::envoy::config::{
+    load, parse, parse_many, parse_many_with, ConfigError, LoadOptions, Unit,
+};
 use turnstile_server::envoy::matcher::Matcher;
 
 /// Ported from upstream's `test/config/basic_config.yaml` (with its key6/key7 additions).
@@ -174,28 +177,83 @@ fn upstream_test_basic_config() {
     );
 }
 
+/// Upstream's `test/config/wildcard.yaml`, written out here.
+const WILDCARD: &str = "\
+domain: test-domain
+descriptors:
+  - key: wild
+    value: foo*
+    rate_limit: {unit: minute, requests_per_unit: 20}
+  - key: noWild
+    value: foo
+    rate_limit: {unit: minute, requests_per_unit: 20}
+  - key: noVal
+    rate_limit: {unit: minute, requests_per_unit: 20}
+  - key: midWild
+    value: bar*b
+    rate_limit: {unit: minute, requests_per_unit: 20}
+  - key: multiWild
+    value: foo*bar*baz
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: nestedWild
+    value: val1
+    descriptors:
+      - key: wild
+        value: goo*
+        rate_limit: {unit: minute, requests_per_unit: 20}
+  - key: star
+    value: \"*\"
+    rate_limit: {unit: minute, requests_per_unit: 7}
+";
+
+/// Upstream's TestWildcardConfig, case by case (the `star` key is ours).
 #[test]
 fn upstream_test_wildcard_config() {
-    let m = Matcher::new(
-        &parse(
-            "wildcard.yaml",
-            "domain: test-domain\ndescriptors:\n  - key: wild\n    value: foo*\n    rate_limit: {unit: minute, requests_per_unit: 20}\n  - key: noWild\n    value: foo\n    rate_limit: {unit: minute, requests_per_unit: 20}\n  - key: noVal\n    rate_limit: {unit: minute, requests_per_unit: 20}\n  - key: midWild\n    value: bar*b\n    rate_limit: {unit: minute, requests_per_unit: 20}\n  - key: star\n    value: \"*\"\n    rate_limit: {unit: minute, requests_per_unit: 7}\n",
-        )
-        .unwrap(),
+    let m = Matcher::new(&parse("wildcard.yaml", WILDCARD).unwrap());
+    let key = |e: &[(&str, &str)]| lookup(&m, "test-domain", e).map(|l| l.0);
+    // Baseline: a key without value matches any value.
+    assert_eq!(
+        key(&[("noVal", "foo1")]).as_deref(),
+        Some("test-domain.noVal")
+    );
+    assert_eq!(key(&[("noVal", "foo1")]), key(&[("noVal", "foo2")]));
+    // A trailing wildcard, at the top and below it.
+    assert_eq!(
+        key(&[("wild", "foo1")]).as_deref(),
+        Some("test-domain.wild_foo*")
     );
     assert_eq!(
-        lookup(&m, "test-domain", &[("noVal", "foo1")]),
-        lookup(&m, "test-domain", &[("noVal", "foo2")])
+        key(&[("wild", "foo2")]).as_deref(),
+        Some("test-domain.wild_foo*")
     );
-    let w1 = lookup(&m, "test-domain", &[("wild", "foo1")]).unwrap();
     assert_eq!(
-        Some(w1.clone()),
-        lookup(&m, "test-domain", &[("wild", "foo2")])
+        key(&[("nestedWild", "val1"), ("wild", "goo2")]).as_deref(),
+        Some("test-domain.nestedWild_val1.wild_goo*")
     );
-    assert_eq!(w1.0, "test-domain.wild_foo*");
-    assert!(lookup(&m, "test-domain", &[("wild", "bar")]).is_none());
-    assert!(lookup(&m, "test-domain", &[("noWild", "foo1")]).is_none());
-    assert!(lookup(&m, "test-domain", &[("midWild", "barab")]).is_none());
+    assert_eq!(key(&[("wild", "bar")]), None);
+    assert_eq!(key(&[("noWild", "foo1")]), None, "no eager match without *");
+    // A wildcard in the middle: `bar*b`; `*` matches the empty run too.
+    for v in ["barab", "bar123b", "barb"] {
+        assert_eq!(
+            key(&[("midWild", v)]).as_deref(),
+            Some("test-domain.midWild_bar*b"),
+            "{v}"
+        );
+    }
+    for v in ["bara", "xbarb"] {
+        assert_eq!(key(&[("midWild", v)]), None, "{v}");
+    }
+    // Several wildcards: `foo*bar*baz`, the runs in order.
+    for v in ["foo123bar456baz", "foobarbaz"] {
+        assert_eq!(
+            lookup(&m, "test-domain", &[("multiWild", v)]).map(|l| (l.0, l.1)),
+            Some(("test-domain.multiWild_foo*bar*baz".into(), 10)),
+            "{v}"
+        );
+    }
+    for v in ["foo123baz", "bar456baz"] {
+        assert_eq!(key(&[("multiWild", v)]), None, "{v}");
+    }
     // `value: "*"` matches every value, the empty one too.
     assert_eq!(
         lookup(&m, "test-domain", &[("star", "anything")])
@@ -204,6 +262,136 @@ fn upstream_test_wildcard_config() {
         7
     );
     assert_eq!(lookup(&m, "test-domain", &[("star", "")]).unwrap().1, 7);
+}
+
+/// Upstream's TestDomainMerge and TestDuplicateKeyDomainMerge (merge_domain_key1.yaml and
+/// merge_domain_key2.yaml, written out here), and TestDuplicateDomain without merging.
+#[test]
+fn upstream_test_domain_merge() {
+    let key1 = "domain: test-domain\ndescriptors:\n  - key: key1\n    value: value1\n    rate_limit: {unit: minute, requests_per_unit: 10}\n";
+    let key2 = "# merged with key1\ndomain: test-domain\ndescriptors:\n  - key: key2\n    value: value2\n    rate_limit: {unit: minute, requests_per_unit: 20}\n";
+    let merge = LoadOptions {
+        merge_domains: true,
+    };
+    let cfg = parse_many_with([("key1.yaml", key1), ("key2.yaml", key2)], merge).unwrap();
+    assert_eq!(cfg.domains["test-domain"].files(), "key1.yaml, key2.yaml");
+    let m = Matcher::new(&cfg);
+    assert!(lookup(&m, "foo_domain", &[]).is_none());
+    assert!(lookup(&m, "test-domain", &[]).is_none());
+    assert_eq!(
+        lookup(&m, "test-domain", &[("key1", "value1")]).unwrap().1,
+        10
+    );
+    assert_eq!(
+        lookup(&m, "test-domain", &[("key2", "value2")]).unwrap().1,
+        20
+    );
+    // The same key_value in two merged files: refused where the second names it.
+    let e = parse_many_with([("key1.yaml", key1), ("again.yaml", key1)], merge).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "again.yaml:3:5: duplicate descriptor composite key 'test-domain.key1_value1' (also in key1.yaml:3:5)"
+    );
+    // Without merging, the second file is refused, naming both files and places.
+    let e = parse_many([("key1.yaml", key1), ("key2.yaml", key2)]).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "key2.yaml:2:9: duplicate domain 'test-domain' in config file (also in key1.yaml:1:9); \
+         to merge the files of one domain, set MERGE_DOMAIN_CONFIG=true"
+    );
+}
+
+/// Upstream's TestMetadata (metadata.yaml, written out here): `metadata` is accepted, free
+/// form, and kept with the limit of its descriptor.
+#[test]
+fn upstream_test_metadata() {
+    let yaml = "\
+domain: test-domain
+descriptors:
+  - key: key1
+    value: value1
+    descriptors:
+      - key: subkey1
+        rate_limit: {unit: second, requests_per_unit: 5}
+        metadata:
+          name: service_1
+      - key: subkey1
+        value: subvalue1
+        rate_limit: {unit: second, requests_per_unit: 10}
+  - key: key2
+    rate_limit: {unit: minute, requests_per_unit: 20}
+    metadata:
+      service_with_quota:
+        name: service_2
+        # Anything goes inside, keys upstream does not know too.
+        unknown_key: [1, yes, ~, \"x\"]
+";
+    let m = Matcher::new(&parse("metadata.yaml", yaml).unwrap());
+    let meta = |e: &[(&str, &str)]| {
+        let (mut b, mut k) = (String::new(), Vec::new());
+        let i = m.lookup("test-domain", e, &mut b, &mut k).unwrap();
+        m.rules()[i].metadata.clone()
+    };
+    let s = meta(&[("key1", "value1"), ("subkey1", "something")]).unwrap();
+    assert_eq!(
+        s.fields["name"].kind,
+        Some(Kind::StringValue("service_1".into()))
+    );
+    assert!(meta(&[("key1", "value1"), ("subkey1", "subvalue1")]).is_none());
+    let s = meta(&[("key2", "something")]).unwrap();
+    let Some(Kind::StructValue(q)) = &s.fields["service_with_quota"].kind else {
+        panic!("{s:?}")
+    };
+    assert_eq!(
+        q.fields["name"].kind,
+        Some(Kind::StringValue("service_2".into()))
+    );
+    let Some(Kind::ListValue(l)) = &q.fields["unknown_key"].kind else {
+        panic!("{q:?}")
+    };
+    let kinds: Vec<_> = l.values.iter().map(|v| v.kind.clone().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        [
+            Kind::NumberValue(1.0),
+            Kind::BoolValue(true),
+            Kind::NullValue(0),
+            Kind::StringValue("x".into())
+        ]
+    );
+    // A descriptor's metadata is a mapping.
+    let e = err("domain: d\ndescriptors:\n  - key: k\n    metadata: just text\n");
+    assert_eq!((e.line, e.column), (4, 15), "{e}");
+    assert!(e.message.contains("`metadata` must be a mapping"), "{e}");
+}
+
+/// examples/ratelimit/config/example.yaml's `quota_mode` (and its `metadata`) are accepted.
+#[test]
+fn quota_mode_is_read() {
+    let yaml = "domain: rl\ndescriptors:\n  - key: service\n    value: service_1\n    quota_mode: true\n    rate_limit: {unit: minute, requests_per_unit: 1}\n    metadata:\n      service_with_quota:\n        name: \"service_1\"\n  - key: other\n    rate_limit: {unit: minute, requests_per_unit: 1}\n";
+    let m = Matcher::new(&parse("example.yaml", yaml).unwrap());
+    let (mut b, mut k) = (String::new(), Vec::new());
+    let i = m
+        .lookup("rl", &[("service", "service_1")], &mut b, &mut k)
+        .unwrap();
+    assert!(m.rules()[i].quota_mode);
+    let i = m.lookup("rl", &[("other", "x")], &mut b, &mut k).unwrap();
+    assert!(!m.rules()[i].quota_mode);
+    let e = err("domain: d\ndescriptors:\n  - key: k\n    quota_mode: sometimes\n");
+    assert!(e.message.contains("quota_mode"), "{e}");
+}
+
+/// Upstream refuses `share_threshold` on a value without a wildcard.
+#[test]
+fn share_threshold_needs_a_wildcard() {
+    let e = err("domain: d\ndescriptors:\n  - key: files\n    value: files/a\n    share_threshold: true\n    rate_limit: {unit: minute, requests_per_unit: 1}\n");
+    assert_eq!((e.line, e.column), (3, 5));
+    assert_eq!(
+        e.message,
+        "share_threshold can only be used with wildcard values (containing '*'), but found key 'files_files/a'"
+    );
+    // In the middle of the value is a wildcard too.
+    parse("f.yaml", "domain: d\ndescriptors:\n  - key: p\n    value: /api*v1\n    share_threshold: true\n    rate_limit: {unit: minute, requests_per_unit: 1}\n").unwrap();
 }
 
 #[test]

@@ -271,14 +271,16 @@ async fn compatibility_suite_over_grpc() {
     u.domain = "unknown".into();
     check(&call(u).await, OK, &[no_limit()], "unknown domain");
 
-    // Errors: INVALID_ARGUMENT.
+    // Upstream's service errors (TestEmptyDomain, TestEmptyDescriptors): a plain Go error,
+    // which grpc-go sends as UNKNOWN with the message.
     let mut e = req(0, &[&[("key2", "x")]]);
     e.domain.clear();
     let s = c.should_rate_limit(e).await.unwrap_err();
-    assert_eq!(s.code(), Code::InvalidArgument);
+    assert_eq!(s.code(), Code::Unknown);
+    assert_eq!(s.message(), "rate limit domain must not be empty");
     let s = c.should_rate_limit(req(0, &[])).await.unwrap_err();
-    assert_eq!(s.code(), Code::InvalidArgument);
-    assert!(s.message().contains("descriptor list must not be empty"));
+    assert_eq!(s.code(), Code::Unknown);
+    assert_eq!(s.message(), "rate limit descriptor list must not be empty");
     server.stop().await;
 }
 

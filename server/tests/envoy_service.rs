@@ -6,14 +6,15 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
     Entry, RateLimitOverride,
 };
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
-use envoy_types::pb::google::protobuf::UInt64Value;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::value::Kind;
+use envoy_types::pb::google::protobuf::{Struct, UInt64Value};
 use std::sync::Arc;
 use std::time::Duration;
 use turnstile::ManualClock;
 use turnstile_server::envoy::config::parse;
 use turnstile_server::envoy::engine::{CODE_OK, CODE_OVER_LIMIT};
-use turnstile_server::envoy::{Envoy, Settings};
+use turnstile_server::envoy::{Envoy, InvalidRequest, Settings};
 
 // 2026-01-01T00:00:00Z plus 10 s: inside a minute window with 50 s to go.
 const T0: u64 = 1_767_225_610_000_000_000;
@@ -231,15 +232,23 @@ fn unlimited_unknown_and_unmatched() {
     assert!(resp.statuses[0].current_limit.is_none());
 }
 
+/// Upstream's TestEmptyDomain and TestEmptyDescriptors: its service errors, word for word
+/// (gRPC UNKNOWN, see envoy_grpc).
 #[test]
 fn empty_domain_or_descriptors_are_invalid() {
     let (e, _) = envoy(Settings::default());
     let err = e
         .should_rate_limit(&req("", vec![desc(&[("a", "x")])], 0))
         .unwrap_err();
-    assert!(err.0.contains("domain must not be empty"));
+    assert_eq!(
+        err,
+        InvalidRequest::Upstream("rate limit domain must not be empty")
+    );
     let err = e.should_rate_limit(&req("d", vec![], 0)).unwrap_err();
-    assert!(err.0.contains("descriptor list must not be empty"));
+    assert_eq!(
+        err,
+        InvalidRequest::Upstream("rate limit descriptor list must not be empty")
+    );
 }
 
 #[test]
@@ -303,7 +312,7 @@ fn request_limit_override() {
     assert!(e
         .should_rate_limit(&req("d", vec![d2.clone()], 0))
         .unwrap_err()
-        .0
+        .message()
         .contains("unit"));
     d2.limit = Some(RateLimitOverride {
         requests_per_unit: 1,
@@ -373,11 +382,15 @@ fn oversized_requests_are_refused() {
     assert!(e
         .should_rate_limit(&many)
         .unwrap_err()
-        .0
+        .message()
         .contains("descriptors"));
     let big = "x".repeat(1 << 20);
     let r = req("d", vec![desc(&[("a", &big)])], 0);
-    assert!(e.should_rate_limit(&r).unwrap_err().0.contains("bytes"));
+    assert!(e
+        .should_rate_limit(&r)
+        .unwrap_err()
+        .message()
+        .contains("bytes"));
 }
 
 #[test]
@@ -399,4 +412,199 @@ fn reload_keeps_unchanged_counters() {
         .should_rate_limit(&req("d", vec![desc(&[("a", "k")])], 1))
         .unwrap();
     assert_eq!(resp.statuses[0].limit_remaining, 3);
+}
+
+/// The quota part of upstream's examples/ratelimit/config/example.yaml, plus a plain limit.
+const QUOTA: &str = "\
+domain: rl
+descriptors:
+  - key: service
+    value: service_1
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+    metadata:
+      service_with_quota:
+        name: \"service_1\"
+  - key: service
+    value: service_2
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+    metadata:
+      service_with_quota:
+        name: \"service_2\"
+  - key: plain
+    rate_limit: {unit: minute, requests_per_unit: 1}
+    metadata: {plain: true}
+";
+
+fn quota_envoy(vars: &'static [(&'static str, &'static str)]) -> Envoy {
+    let s = Settings::from_vars(|k| vars.iter().find(|p| p.0 == k).map(|p| p.1.to_string()));
+    let clock = Arc::new(ManualClock::new(T0));
+    Envoy::with_clock(&parse("example.yaml", QUOTA).unwrap(), s.unwrap(), clock).unwrap()
+}
+
+fn codes(r: &RateLimitResponse) -> (i32, Vec<i32>) {
+    (r.overall_code, r.statuses.iter().map(|s| s.code).collect())
+}
+
+/// Quota mode counted for real (upstream's TestServiceQuotaModeOnlySomeOverTheLimit,
+/// ...OnlyAllOverTheLimit, TestServicePerDescriptorQuotaMode, TestServiceMixedPerDescriptorModes
+/// with a real counter in place of the mock): a quota descriptor over its limit keeps its
+/// OVER_LIMIT status, and makes the request over only when every quota descriptor is over.
+#[test]
+fn quota_mode_per_descriptor() {
+    let e = quota_envoy(&[]);
+    let both = req(
+        "rl",
+        vec![
+            desc(&[("service", "service_1")]),
+            desc(&[("service", "service_2")]),
+        ],
+        0,
+    );
+    const OK: i32 = CODE_OK;
+    const OVER: i32 = CODE_OVER_LIMIT;
+    assert_eq!(
+        codes(&e.should_rate_limit(&both).unwrap()),
+        (OK, vec![OK, OK])
+    );
+    // service_1 over (2 > 1), service_2 at its limit: some quota over, OK.
+    assert_eq!(
+        codes(&e.should_rate_limit(&both).unwrap()),
+        (OK, vec![OVER, OK])
+    );
+    // Both over: OVER_LIMIT.
+    assert_eq!(
+        codes(&e.should_rate_limit(&both).unwrap()),
+        (OVER, vec![OVER, OVER])
+    );
+    // A plain limit over makes the request over whatever the quota descriptors say...
+    let e = quota_envoy(&[]);
+    let mixed = req(
+        "rl",
+        vec![desc(&[("plain", "x")]), desc(&[("service", "service_2")])],
+        0,
+    );
+    assert_eq!(
+        codes(&e.should_rate_limit(&mixed).unwrap()),
+        (OK, vec![OK, OK])
+    );
+    assert_eq!(
+        codes(&e.should_rate_limit(&mixed).unwrap()),
+        (OVER, vec![OVER, OK])
+    );
+    // ...and all quota descriptors over make it over with the plain one under its limit.
+    let e = quota_envoy(&[]);
+    let mixed = req(
+        "rl",
+        vec![desc(&[("plain", "y")]), desc(&[("service", "service_1")])],
+        0,
+    );
+    let mut r = mixed.clone();
+    r.descriptors[0].hits_addend = Some(UInt64Value { value: 0 });
+    r.descriptors[1].hits_addend = Some(UInt64Value { value: 2 });
+    assert_eq!(
+        codes(&e.should_rate_limit(&r).unwrap()),
+        (OVER, vec![OK, OVER])
+    );
+    // SHADOW_MODE still answers OK (TestServiceQuotaModeWithShadowMode).
+    let e = quota_envoy(&[("SHADOW_MODE", "true")]);
+    assert_eq!(
+        codes(&e.should_rate_limit(&r).unwrap()),
+        (OK, vec![OK, OVER])
+    );
+}
+
+/// QUOTA_MODE=true puts every descriptor in quota mode (TestServiceGlobalQuotaMode).
+#[test]
+fn quota_mode_global() {
+    let e = quota_envoy(&[("QUOTA_MODE", "true")]);
+    let r = req(
+        "rl",
+        vec![desc(&[("plain", "x")]), desc(&[("nothing", "x")])],
+        2,
+    );
+    // `plain` over, the other descriptor has no limit but counts as a quota descriptor that
+    // passed: OK.
+    assert_eq!(
+        codes(&e.should_rate_limit(&r).unwrap()),
+        (CODE_OK, vec![CODE_OVER_LIMIT, CODE_OK])
+    );
+    let r = req("rl", vec![desc(&[("plain", "x")])], 0);
+    assert_eq!(codes(&e.should_rate_limit(&r).unwrap()).0, CODE_OVER_LIMIT);
+}
+
+/// RESPONSE_DYNAMIC_METADATA=true: the request echoed and the metadata of the limits that
+/// passed, the first value of a key kept (TestMetadataReturnedForPassedDescriptors,
+/// TestOverlappingMetadataReturnsTheFirstValue).
+#[test]
+fn dynamic_metadata_of_passed_limits() {
+    let e = quota_envoy(&[("RESPONSE_DYNAMIC_METADATA", "true")]);
+    let mut r = req(
+        "rl",
+        vec![
+            desc(&[("service", "service_1")]),
+            desc(&[("service", "service_2")]),
+            desc(&[("plain", "p")]),
+        ],
+        0,
+    );
+    r.descriptors[1].hits_addend = Some(UInt64Value { value: 0 });
+    let name = |m: &Struct| -> Option<String> {
+        let Some(Kind::StructValue(md)) = &m.fields.get("metadata")?.kind else {
+            return None;
+        };
+        let Some(Kind::StructValue(s)) = &md.fields.get("service_with_quota")?.kind else {
+            return None;
+        };
+        match &s.fields["name"].kind {
+            Some(Kind::StringValue(n)) => Some(n.clone()),
+            _ => None,
+        }
+    };
+    let m = e.should_rate_limit(&r).unwrap().dynamic_metadata.unwrap();
+    assert_eq!(name(&m).as_deref(), Some("service_1"), "{m:?}");
+    assert_eq!(
+        m.fields["domain"].kind,
+        Some(Kind::StringValue("rl".into()))
+    );
+    let Some(Kind::StructValue(md)) = &m.fields["metadata"].kind else {
+        panic!()
+    };
+    assert_eq!(md.fields["plain"].kind, Some(Kind::BoolValue(true)));
+    let Some(Kind::ListValue(ds)) = &m.fields["descriptors"].kind else {
+        panic!()
+    };
+    assert_eq!(ds.values.len(), 3);
+    let Some(Kind::StructValue(d1)) = &ds.values[1].kind else {
+        panic!()
+    };
+    assert_eq!(d1.fields["hitsAddend"].kind, Some(Kind::NumberValue(0.0)));
+    // Second call: service_1 and plain are over, so only service_2's metadata is left.
+    let m = e.should_rate_limit(&r).unwrap().dynamic_metadata.unwrap();
+    assert_eq!(name(&m).as_deref(), Some("service_2"), "{m:?}");
+    let Some(Kind::StructValue(md)) = &m.fields["metadata"].kind else {
+        panic!()
+    };
+    assert!(!md.fields.contains_key("plain"));
+    // Off by default.
+    let e = quota_envoy(&[]);
+    assert!(e.should_rate_limit(&r).unwrap().dynamic_metadata.is_none());
+}
+
+/// Headers as upstream picks them: the status with the least remaining, but the last
+/// over-limit one that is not in quota mode wins.
+#[test]
+fn response_headers_follow_the_last_denial() {
+    let s = Settings::from_vars(|k| (k == "LIMIT_RESPONSE_HEADERS_ENABLED").then(|| "true".into()))
+        .unwrap();
+    let (e, _) = envoy(s);
+    let r = req("d", vec![desc(&[("a", "h2")]), desc(&[("m", "h2")])], 11);
+    let resp = e.should_rate_limit(&r).unwrap();
+    assert_eq!(codes(&resp).1, [CODE_OVER_LIMIT, CODE_OVER_LIMIT]);
+    let limit = &resp.response_headers_to_add[0];
+    assert_eq!(
+        (limit.key.as_str(), limit.value.as_str()),
+        ("RateLimit-Limit", "10")
+    );
 }

@@ -6,7 +6,7 @@
 //!   - key: remote_address          # nested descriptors; value optional
 //!     rate_limit: { unit: second, requests_per_unit: 10 }
 //!   - key: path
-//!     value: "/api/*"              # a value ending in `*` matches by prefix
+//!     value: "/api/*/v1"           # `*` matches any run of characters, anywhere in the value
 //!     share_threshold: true        # every matching value shares one counter
 //!     rate_limit:
 //!       unit: minute               # second minute hour day week month year
@@ -15,24 +15,35 @@
 //!       name: api                  # other limits may `replaces: [{name: api}]` it
 //!       algorithm: sliding_window  # our extension; fixed_window by default, as upstream
 //!     shadow_mode: true            # count and report, never deny
+//!   - key: tenant
+//!     value: gold
+//!     quota_mode: true             # over only when all the request's quota descriptors are
+//!     metadata: { tier: gold }     # returned in dynamic_metadata when the limit passes
+//!     rate_limit: { unit: hour, requests_per_unit: 1000 }
 //! ```
 //!
 //! [`load`] reads a file or every `*.yaml`/`*.yml` file of a directory (in name order), one
-//! domain per file. Each error names file, line and column. Upstream's rules are kept: a key
-//! outside upstream's set is an error (`unknown key`), a known key in the wrong place is
-//! ignored as upstream ignores it; keys must be strings; lists hold mappings; an empty domain,
-//! an empty descriptor key, a duplicate domain or duplicate `key_value` at one level, an
-//! unknown unit, a unit beside `unlimited: true`, an empty `replaces` entry or one naming its
-//! own limit are refused.
+//! domain per file; [`load_with`] with [`LoadOptions::merge_domains`] merges the files of one
+//! domain as upstream's `MERGE_DOMAIN_CONFIG` does. Each error names file, line and column.
+//! Upstream's rules are kept: a key outside upstream's set is an error (`unknown key`), a known
+//! key in the wrong place is ignored as upstream ignores it, and so is anything inside
+//! `metadata`; keys must be strings; lists hold mappings; an empty domain, an empty descriptor
+//! key, a duplicate domain (unless merged) or duplicate `key_value` at one level, an unknown
+//! unit, a unit beside `unlimited: true`, an empty `replaces` entry or one naming its own
+//! limit, and `share_threshold` on a value without `*` are refused.
 
-use super::yaml::{self, Kind, Node, Pos};
-use std::collections::{BTreeMap, HashMap};
+use super::yaml::Pos;
+use envoy_types::pb::google::protobuf::Struct;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use turnstile::{Algorithm, LimitSpec};
+use turnstile::Algorithm;
 
-/// Keys upstream accepts anywhere in a file, plus our `algorithm`.
+mod metadata;
+mod parse;
+
+/// Keys upstream accepts anywhere in a file, plus `unit_multiplier` and our `algorithm`.
 pub const VALID_KEYS: &[&str] = &[
     "domain",
     "key",
@@ -43,11 +54,13 @@ pub const VALID_KEYS: &[&str] = &[
     "requests_per_unit",
     "unlimited",
     "shadow_mode",
+    "quota_mode",
     "name",
     "replaces",
     "detailed_metric",
     "value_to_metric",
     "share_threshold",
+    "metadata",
     "unit_multiplier",
     "algorithm",
 ];
@@ -202,6 +215,11 @@ pub struct Descriptor {
     pub descriptors: Vec<Descriptor>,
     /// Report over-limit but answer OK.
     pub shadow_mode: bool,
+    /// Over only when every quota descriptor of the request is over (upstream's `quota_mode`).
+    pub quota_mode: bool,
+    /// Returned in the response's `dynamic_metadata` when this limit passes (upstream's
+    /// `metadata`, with `RESPONSE_DYNAMIC_METADATA=true`).
+    pub metadata: Option<Struct>,
     /// Metrics per value seen (accepted; see docs/envoy.md).
     pub detailed_metric: bool,
     /// Metrics name the value instead of the wildcard (accepted; see docs/envoy.md).
@@ -223,21 +241,40 @@ impl Descriptor {
             format!("{}_{}", self.key, self.value)
         }
     }
-    /// Whether this is a wildcard (its composite key ends in `*`).
+    /// Whether this is a wildcard (its composite key holds a `*`, anywhere).
     pub fn is_wildcard(&self) -> bool {
-        self.composite().ends_with('*')
+        self.composite().contains('*')
     }
 }
 
-/// One domain: its file and its descriptor tree.
+/// One domain: its files and its descriptor tree.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Domain {
     /// The domain name.
     pub name: String,
-    /// The file it came from.
-    pub origin: String,
-    /// Top-level descriptors, in file order.
+    /// The files it came from, in the order read (several when merged).
+    pub origins: Vec<Origin>,
+    /// Top-level descriptors, in file order (the files' in the order read).
     pub descriptors: Vec<Descriptor>,
+}
+
+/// One file of a domain.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Origin {
+    /// The file.
+    pub file: String,
+    /// Where it names the domain.
+    pub pos: Pos,
+    /// Its top-level descriptors in [`Domain::descriptors`].
+    pub descriptors: std::ops::Range<usize>,
+}
+
+impl Domain {
+    /// The files it came from, for messages: `a.yaml` or `a.yaml, b.yaml`.
+    pub fn files(&self) -> String {
+        let names: Vec<&str> = self.origins.iter().map(|o| o.file.as_str()).collect();
+        names.join(", ")
+    }
 }
 
 /// A whole configuration: domains by name.
@@ -299,8 +336,23 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-/// Loads a file, or every `*.yaml` and `*.yml` file of a directory (name order).
+/// How a configuration is read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Merge the files of one domain (upstream's `MERGE_DOMAIN_CONFIG`) instead of refusing
+    /// the second. The merged domain holds each file's top-level descriptors in the order the
+    /// files are read; a `key_value` in two of them is refused.
+    pub merge_domains: bool,
+}
+
+/// Loads a file, or every `*.yaml` and `*.yml` file of a directory (name order); a domain in
+/// two files is refused.
 pub fn load(path: impl AsRef<Path>) -> Result<EnvoyConfig, ConfigError> {
+    load_with(path, LoadOptions::default())
+}
+
+/// [`load`] with options.
+pub fn load_with(path: impl AsRef<Path>, opts: LoadOptions) -> Result<EnvoyConfig, ConfigError> {
     let path = path.as_ref();
     let at = |m: String| ConfigError {
         origin: path.display().to_string(),
@@ -346,430 +398,85 @@ pub fn load(path: impl AsRef<Path>) -> Result<EnvoyConfig, ConfigError> {
         })?;
         texts.push((origin, text));
     }
-    parse_many(texts.iter().map(|(o, t)| (o.as_str(), t.as_str())))
+    parse_many_with(texts.iter().map(|(o, t)| (o.as_str(), t.as_str())), opts)
 }
 
-/// Parses several files' texts, `(origin, text)`, into one configuration.
+/// Parses several files' texts, `(origin, text)`, into one configuration; a domain in two of
+/// them is refused.
 pub fn parse_many<'a>(
     files: impl IntoIterator<Item = (&'a str, &'a str)>,
 ) -> Result<EnvoyConfig, ConfigError> {
+    parse_many_with(files, LoadOptions::default())
+}
+
+/// [`parse_many`] with options.
+pub fn parse_many_with<'a>(
+    files: impl IntoIterator<Item = (&'a str, &'a str)>,
+    opts: LoadOptions,
+) -> Result<EnvoyConfig, ConfigError> {
     let mut cfg = EnvoyConfig::default();
     for (origin, text) in files {
-        let domain = parse_domain(origin, text)?;
-        if cfg.domains.contains_key(&domain.name) {
-            return Err(ConfigError {
-                origin: origin.to_string(),
-                line: 0,
-                column: 0,
-                message: format!(
-                    "duplicate domain '{}' in config file (also in {})",
-                    domain.name, cfg.domains[&domain.name].origin
-                ),
-            });
+        let domain = parse::domain(origin, text)?;
+        match cfg.domains.get_mut(&domain.name) {
+            None => {
+                cfg.domains.insert(domain.name.clone(), domain);
+            }
+            Some(first) if opts.merge_domains => merge(first, domain)?,
+            Some(first) => {
+                let (this, first) = (&domain.origins[0], &first.origins[0]);
+                return Err(ConfigError {
+                    origin: this.file.clone(),
+                    line: this.pos.line,
+                    column: this.pos.column,
+                    message: format!(
+                        "duplicate domain '{}' in config file (also in {}:{}:{}); \
+                         to merge the files of one domain, set MERGE_DOMAIN_CONFIG=true",
+                        domain.name, first.file, first.pos.line, first.pos.column
+                    ),
+                });
+            }
         }
-        cfg.domains.insert(domain.name.clone(), domain);
     }
     Ok(cfg)
+}
+
+/// Adds `more`'s top-level descriptors to `into`, as upstream patches a domain: a `key_value`
+/// already there is refused, at its place in the later file.
+fn merge(into: &mut Domain, mut more: Domain) -> Result<(), ConfigError> {
+    for d in &more.descriptors {
+        let composite = d.composite();
+        let Some(i) = into
+            .descriptors
+            .iter()
+            .position(|x| x.composite() == composite)
+        else {
+            continue;
+        };
+        let first = into
+            .origins
+            .iter()
+            .find(|o| o.descriptors.contains(&i))
+            .map_or(String::new(), |o| o.file.clone());
+        return Err(ConfigError {
+            origin: more.origins[0].file.clone(),
+            line: d.pos.line,
+            column: d.pos.column,
+            message: format!(
+                "duplicate descriptor composite key '{}' (also in {first}:{}:{})",
+                d.full_key, into.descriptors[i].pos.line, into.descriptors[i].pos.column
+            ),
+        });
+    }
+    let base = into.descriptors.len();
+    for o in &mut more.origins {
+        o.descriptors = base + o.descriptors.start..base + o.descriptors.end;
+    }
+    into.origins.extend(more.origins);
+    into.descriptors.extend(more.descriptors);
+    Ok(())
 }
 
 /// Parses one file's text (one domain).
 pub fn parse(origin: &str, text: &str) -> Result<EnvoyConfig, ConfigError> {
     parse_many([(origin, text)])
-}
-
-struct Ctx<'a> {
-    origin: &'a str,
-}
-
-impl Ctx<'_> {
-    fn err(&self, pos: Pos, message: impl Into<String>) -> ConfigError {
-        ConfigError {
-            origin: self.origin.to_string(),
-            line: pos.line,
-            column: pos.column,
-            message: message.into(),
-        }
-    }
-
-    /// Upstream's key check over the whole tree: string keys from the valid set; lists of maps.
-    fn check_keys(&self, n: &Node) -> Result<(), ConfigError> {
-        match &n.kind {
-            Kind::Map(entries) => {
-                for (k, v) in entries {
-                    let name = match &k.kind {
-                        Kind::Scalar(s, plain) if !*plain || !looks_non_string(s) => s,
-                        _ => {
-                            return Err(self.err(
-                                k.pos,
-                                format!(
-                                    "config error, key is not of type string: {}",
-                                    k.describe()
-                                ),
-                            ))
-                        }
-                    };
-                    if !VALID_KEYS.contains(&name.as_str()) {
-                        return Err(self.err(
-                            k.pos,
-                            format!(
-                                "config error, unknown key '{}'{}",
-                                yaml::shorten(name),
-                                suggest(name)
-                            ),
-                        ));
-                    }
-                    if let Kind::Seq(items) = &v.kind {
-                        for e in items {
-                            if !matches!(e.kind, Kind::Map(_)) {
-                                return Err(self.err(
-                                    e.pos,
-                                    format!("config error, yaml file contains list of type other than map: {}", e.describe()),
-                                ));
-                            }
-                        }
-                    }
-                    self.check_keys(v)?;
-                }
-            }
-            Kind::Seq(items) => {
-                for e in items {
-                    self.check_keys(e)?;
-                }
-            }
-            Kind::Scalar(..) => {}
-        }
-        Ok(())
-    }
-
-    fn string(&self, v: &Node, what: &str) -> Result<String, ConfigError> {
-        match &v.kind {
-            _ if v.is_null() => Ok(String::new()),
-            Kind::Scalar(s, _) => Ok(s.clone()),
-            _ => Err(self.err(
-                v.pos,
-                format!("`{what}` must be a string, not {}", v.describe()),
-            )),
-        }
-    }
-
-    fn boolean(&self, v: &Node, what: &str) -> Result<bool, ConfigError> {
-        match &v.kind {
-            _ if v.is_null() => Ok(false),
-            Kind::Scalar(s, true) => match s.as_str() {
-                "true" | "True" | "TRUE" => Ok(true),
-                "false" | "False" | "FALSE" => Ok(false),
-                _ => Err(self.err(
-                    v.pos,
-                    format!("`{what}` must be true or false, not {}", v.describe()),
-                )),
-            },
-            _ => Err(self.err(
-                v.pos,
-                format!("`{what}` must be true or false, not {}", v.describe()),
-            )),
-        }
-    }
-
-    fn u32(&self, v: &Node, what: &str) -> Result<u32, ConfigError> {
-        match &v.kind {
-            _ if v.is_null() => Ok(0),
-            Kind::Scalar(s, true) => s.parse::<u32>().map_err(|_| {
-                self.err(
-                    v.pos,
-                    format!(
-                        "`{what}` must be a whole number from 0 to {}, not {}",
-                        u32::MAX,
-                        v.describe()
-                    ),
-                )
-            }),
-            _ => Err(self.err(
-                v.pos,
-                format!(
-                    "`{what}` must be a whole number from 0 to {}, not {}",
-                    u32::MAX,
-                    v.describe()
-                ),
-            )),
-        }
-    }
-
-    fn list<'n>(&self, v: &'n Node, what: &str) -> Result<&'n [Node], ConfigError> {
-        match &v.kind {
-            _ if v.is_null() => Ok(&[]),
-            Kind::Seq(items) => Ok(items),
-            _ => Err(self.err(
-                v.pos,
-                format!("`{what}` must be a list, not {}", v.describe()),
-            )),
-        }
-    }
-
-    fn map<'n>(&self, v: &'n Node, what: &str) -> Result<&'n [(Node, Node)], ConfigError> {
-        match &v.kind {
-            _ if v.is_null() => Ok(&[]),
-            Kind::Map(m) => Ok(m),
-            _ => Err(self.err(
-                v.pos,
-                format!("`{what}` must be a mapping, not {}", v.describe()),
-            )),
-        }
-    }
-
-    fn descriptors(
-        &self,
-        parent_key: &str,
-        items: &[Node],
-    ) -> Result<Vec<Descriptor>, ConfigError> {
-        let mut out: Vec<Descriptor> = Vec::with_capacity(items.len());
-        let mut seen: HashMap<String, Pos> = HashMap::new();
-        for item in items {
-            let fields = self.map(item, "descriptors[]")?;
-            let mut d = Descriptor {
-                key: String::new(),
-                value: String::new(),
-                rate_limit: None,
-                descriptors: Vec::new(),
-                shadow_mode: false,
-                detailed_metric: false,
-                value_to_metric: false,
-                share_threshold: false,
-                full_key: String::new(),
-                pos: item.pos,
-            };
-            let mut children: Option<&Node> = None;
-            let mut rl: Option<&Node> = None;
-            for (k, v) in fields {
-                let Kind::Scalar(name, _) = &k.kind else {
-                    continue;
-                };
-                match name.as_str() {
-                    "key" => d.key = self.string(v, "key")?,
-                    "value" => d.value = self.string(v, "value")?,
-                    "descriptors" => children = Some(v),
-                    "rate_limit" => rl = Some(v),
-                    "shadow_mode" => d.shadow_mode = self.boolean(v, "shadow_mode")?,
-                    "detailed_metric" => d.detailed_metric = self.boolean(v, "detailed_metric")?,
-                    "value_to_metric" => d.value_to_metric = self.boolean(v, "value_to_metric")?,
-                    "share_threshold" => d.share_threshold = self.boolean(v, "share_threshold")?,
-                    // Upstream accepts a known key out of place and ignores it.
-                    _ => {}
-                }
-            }
-            if d.key.is_empty() {
-                return Err(self.err(item.pos, "descriptor has empty key; give it `key: NAME`"));
-            }
-            let composite = d.composite();
-            d.full_key = format!("{parent_key}{composite}");
-            if let Some(first) = seen.get(&composite) {
-                return Err(self.err(
-                    item.pos,
-                    format!(
-                        "duplicate descriptor composite key '{}' (first at line {})",
-                        d.full_key, first.line
-                    ),
-                ));
-            }
-            seen.insert(composite, item.pos);
-            if let Some(v) = rl {
-                if !v.is_null() {
-                    d.rate_limit = Some(self.rate_limit(v)?);
-                }
-            }
-            if let Some(c) = children {
-                d.descriptors =
-                    self.descriptors(&format!("{}.", d.full_key), self.list(c, "descriptors")?)?;
-            }
-            out.push(d);
-        }
-        Ok(out)
-    }
-
-    fn rate_limit(&self, v: &Node) -> Result<RateLimit, ConfigError> {
-        let fields = self.map(v, "rate_limit")?;
-        let mut unit_text: Option<(String, Pos)> = None;
-        let mut rl = RateLimit {
-            requests_per_unit: 0,
-            unit: None,
-            unit_multiplier: 1,
-            unlimited: false,
-            name: String::new(),
-            replaces: Vec::new(),
-            algorithm: Algorithm::FixedWindow,
-            pos: v.pos,
-        };
-        let mut replaces: Vec<(String, Pos)> = Vec::new();
-        let mut multiplier_pos = v.pos;
-        let mut algorithm_pos = v.pos;
-        for (k, val) in fields {
-            let Kind::Scalar(name, _) = &k.kind else {
-                continue;
-            };
-            match name.as_str() {
-                "requests_per_unit" => rl.requests_per_unit = self.u32(val, "requests_per_unit")?,
-                "unit" => unit_text = Some((self.string(val, "unit")?, val.pos)),
-                "unlimited" => rl.unlimited = self.boolean(val, "unlimited")?,
-                "name" => rl.name = self.string(val, "name")?,
-                "unit_multiplier" => {
-                    rl.unit_multiplier = self.u32(val, "unit_multiplier")?;
-                    multiplier_pos = val.pos;
-                }
-                "algorithm" => {
-                    let s = self.string(val, "algorithm")?;
-                    rl.algorithm = s.parse::<Algorithm>().map_err(|e| self.err(val.pos, e))?;
-                    algorithm_pos = val.pos;
-                }
-                "replaces" => {
-                    for r in self.list(val, "replaces")? {
-                        let mut n = String::new();
-                        for (rk, rv) in self.map(r, "replaces[]")? {
-                            if matches!(&rk.kind, Kind::Scalar(s, _) if s == "name") {
-                                n = self.string(rv, "name")?;
-                            }
-                        }
-                        replaces.push((n, r.pos));
-                    }
-                }
-                _ => {}
-            }
-        }
-        let unit = match &unit_text {
-            Some((s, _)) if !s.is_empty() => Unit::parse(s),
-            _ => None,
-        };
-        if rl.unlimited {
-            if unit.is_some() {
-                let pos = unit_text.as_ref().map_or(v.pos, |u| u.1);
-                return Err(self.err(pos, "should not specify rate limit unit when unlimited"));
-            }
-        } else if unit.is_none() {
-            let (s, pos) = unit_text.unwrap_or((String::new(), v.pos));
-            return Err(self.err(
-                pos,
-                format!("invalid rate limit unit '{}'; expected second, minute, hour, day, week, month or year", yaml::shorten(&s)),
-            ));
-        }
-        rl.unit = unit;
-        if rl.unit_multiplier == 0 {
-            return Err(self.err(multiplier_pos, "unit_multiplier must be at least 1"));
-        }
-        if rl.window().as_secs() > MAX_WINDOW_SECS {
-            return Err(self.err(
-                multiplier_pos,
-                format!(
-                    "a window of {} s is too long; at most 100 years ({MAX_WINDOW_SECS} s)",
-                    rl.window().as_secs()
-                ),
-            ));
-        }
-        for (n, pos) in replaces {
-            if n.is_empty() {
-                return Err(self.err(pos, "should not have an empty replaces entry"));
-            }
-            if n == rl.name {
-                return Err(self.err(pos, "replaces should not contain name of same descriptor"));
-            }
-            rl.replaces.push(n);
-        }
-        if !rl.unlimited && rl.requests_per_unit > 0 {
-            let spec = LimitSpec::new(rl.algorithm, rl.requests_per_unit as u64, rl.window());
-            if rl.algorithm == Algorithm::FixedWindow {
-                // Counted in a fixed window of 2^24 - 1 (see engine.rs): a limit must be below it.
-                if rl.requests_per_unit as u64 >= turnstile::algo::fixed_window::MAX_LIMIT {
-                    return Err(self.err(
-                        v.pos,
-                        format!(
-                            "requests_per_unit {} is too large for a fixed window (at most {}); use `algorithm: token_bucket`",
-                            rl.requests_per_unit,
-                            turnstile::algo::fixed_window::MAX_LIMIT - 1
-                        ),
-                    ));
-                }
-            } else if let Err(e) = spec.build() {
-                return Err(self.err(algorithm_pos, format!("{e}")));
-            }
-        }
-        Ok(rl)
-    }
-}
-
-/// Whether a plain scalar would be a number, bool or null to a YAML 1.1 reader (upstream's).
-fn looks_non_string(s: &str) -> bool {
-    s.parse::<f64>().is_ok()
-        || matches!(
-            s,
-            "" | "~"
-                | "null"
-                | "Null"
-                | "NULL"
-                | "true"
-                | "True"
-                | "TRUE"
-                | "false"
-                | "False"
-                | "FALSE"
-        )
-}
-
-fn suggest(name: &str) -> String {
-    let squash = |s: &str| s.replace(['_', '-'], "").to_ascii_lowercase();
-    VALID_KEYS
-        .iter()
-        .find(|k| squash(k) == squash(name))
-        .map_or(String::new(), |k| format!("; did you mean '{k}'?"))
-}
-
-fn parse_domain(origin: &str, text: &str) -> Result<Domain, ConfigError> {
-    let cx = Ctx { origin };
-    let docs = yaml::parse(text)
-        .map_err(|e| cx.err(e.pos, format!("error loading config file: {}", e.message)))?;
-    let root = match docs.len() {
-        0 => {
-            return Err(cx.err(
-                Pos::default(),
-                "config file cannot have empty domain (the file is empty)",
-            ))
-        }
-        1 => &docs[0],
-        _ => {
-            return Err(cx.err(
-                docs[1].pos,
-                "one YAML document per file; put each domain in its own file",
-            ))
-        }
-    };
-    let Kind::Map(fields) = &root.kind else {
-        return Err(cx.err(
-            root.pos,
-            format!(
-                "the file must be a mapping with `domain` and `descriptors`, not {}",
-                root.describe()
-            ),
-        ));
-    };
-    cx.check_keys(root)?;
-    let mut name = String::new();
-    let mut descriptors: &[Node] = &[];
-    for (k, v) in fields {
-        let Kind::Scalar(key, _) = &k.kind else {
-            continue;
-        };
-        match key.as_str() {
-            "domain" => name = cx.string(v, "domain")?,
-            "descriptors" => descriptors = cx.list(v, "descriptors")?,
-            _ => {}
-        }
-    }
-    if name.is_empty() {
-        return Err(cx.err(
-            root.pos,
-            "config file cannot have empty domain; add `domain: NAME`",
-        ));
-    }
-    let descriptors = cx.descriptors(&format!("{name}."), descriptors)?;
-    Ok(Domain {
-        name,
-        origin: origin.to_string(),
-        descriptors,
-    })
 }

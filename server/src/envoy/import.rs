@@ -30,7 +30,7 @@ pub fn import_to_rules(cfg: &EnvoyConfig) -> String {
             out.text,
             "\n# domain {} ({})",
             comment(&d.name),
-            comment(&d.origin)
+            comment(&d.files())
         );
         let mut path = Vec::new();
         walk(&d.descriptors, &mut path, &mut out);

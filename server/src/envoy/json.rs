@@ -24,7 +24,8 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as PbUnit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use envoy_types::pb::google::protobuf::UInt64Value;
+use envoy_types::pb::google::protobuf::value::Kind;
+use envoy_types::pb::google::protobuf::{Struct, UInt64Value, Value as PbValue};
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 
@@ -59,7 +60,7 @@ async fn handle_json(State(envoy): State<Arc<Envoy>>, body: Bytes) -> Response {
             )
                 .into_response()
         }
-        Err(e) => (StatusCode::BAD_REQUEST, e.0).into_response(),
+        Err(e) => (StatusCode::BAD_REQUEST, e.to_string()).into_response(),
     }
 }
 
@@ -245,7 +246,43 @@ pub fn response_json(r: &RateLimitResponse) -> Value {
             .collect();
         o.insert("responseHeadersToAdd".into(), Value::Array(hs));
     }
+    if let Some(m) = &r.dynamic_metadata {
+        o.insert("dynamicMetadata".into(), struct_json(m));
+    }
     Value::Object(o)
+}
+
+/// A `google.protobuf.Struct` as proto3 JSON writes it: a plain object (a number that JSON
+/// cannot hold, NaN or infinite, as its name in a string, as protojson does).
+fn struct_json(s: &Struct) -> Value {
+    Value::Object(
+        s.fields
+            .iter()
+            .map(|(k, v)| (k.clone(), value_json(v)))
+            .collect(),
+    )
+}
+
+fn value_json(v: &PbValue) -> Value {
+    match &v.kind {
+        None | Some(Kind::NullValue(_)) => Value::Null,
+        Some(Kind::NumberValue(n)) => serde_json::Number::from_f64(*n).map_or_else(
+            || {
+                json!(if n.is_nan() {
+                    "NaN"
+                } else if *n > 0.0 {
+                    "Infinity"
+                } else {
+                    "-Infinity"
+                })
+            },
+            Value::Number,
+        ),
+        Some(Kind::StringValue(s)) => json!(s),
+        Some(Kind::BoolValue(b)) => json!(b),
+        Some(Kind::StructValue(s)) => struct_json(s),
+        Some(Kind::ListValue(l)) => Value::Array(l.values.iter().map(value_json).collect()),
+    }
 }
 
 #[cfg(test)]

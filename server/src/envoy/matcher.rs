@@ -2,9 +2,11 @@
 //!
 //! For each entry `(key, value)` of the descriptor, at the current level of the domain's tree:
 //! 1. the node `key_value` (an exact value);
-//! 2. else the first wildcard node, in file order, whose `key_value` without its trailing `*`
-//!    is a prefix of the entry's `key_value` (`value: "*"` matches any value; `value: "foo*"`
-//!    any value starting with `foo`; a `*` elsewhere is a literal);
+//! 2. else the first wildcard node, in file order (for merged files, in the order the files
+//!    are read), whose `key_value` pattern matches the entry's `key_value`: each `*` matches
+//!    any run of characters, the empty one too (`value: "*"` matches any value, `foo*` any
+//!    value starting with `foo`, `bar*b` `barb`, `barab` and `bar123b`, `foo*bar*baz`
+//!    `foobarbaz` and `foo1bar2baz`);
 //! 3. else the node `key` (no value: any value).
 //!
 //! The limit applies only if the node found for the *last* entry has one ("last-entry
@@ -17,6 +19,7 @@
 //! so every matching value shares one counter.
 
 use super::config::{Descriptor, EnvoyConfig, RateLimit};
+use envoy_types::pb::google::protobuf::Struct;
 use std::collections::HashMap;
 
 /// One configured limit, numbered in [`Matcher::rules`].
@@ -32,14 +35,59 @@ pub struct Rule {
     pub shadow_mode: bool,
     /// `detailed_metric` was set.
     pub detailed_metric: bool,
+    /// Over only when every quota descriptor of the request is over.
+    pub quota_mode: bool,
+    /// Returned in `dynamic_metadata` when this limit passes.
+    pub metadata: Option<Struct>,
 }
 
 #[derive(Debug, Default)]
 struct Level {
     nodes: Vec<Node>,
     exact: HashMap<String, usize>,
-    /// (prefix without the `*`, node), in file order.
-    wildcards: Vec<(String, usize)>,
+    /// (pattern, node), in file order.
+    wildcards: Vec<(Wildcard, usize)>,
+}
+
+/// A `key_value` pattern with `*`s, split on them once when the configuration is compiled.
+#[derive(Debug)]
+struct Wildcard {
+    /// The literal runs between the `*`s: at least two (a leading or trailing `*` gives an
+    /// empty first or last run).
+    parts: Vec<String>,
+    /// Their total length: no shorter text matches.
+    fixed: usize,
+}
+
+impl Wildcard {
+    fn new(pattern: &str) -> Self {
+        let parts: Vec<String> = pattern.split('*').map(str::to_string).collect();
+        let fixed = parts.iter().map(String::len).sum();
+        Wildcard { parts, fixed }
+    }
+
+    /// Whether `text` matches: the first run starts it, the last ends it, and the runs between
+    /// appear in order in what is left, each at its first place (leftmost first is enough: a
+    /// later run can only gain room from an earlier one placed as far left as it goes).
+    fn matches(&self, text: &str) -> bool {
+        let (first, last) = (&self.parts[0], &self.parts[self.parts.len() - 1]);
+        if text.len() < self.fixed
+            || !text.starts_with(first.as_str())
+            || !text.ends_with(last.as_str())
+        {
+            return false;
+        }
+        // In bounds and on character boundaries: `fixed` ≥ both runs, which are a prefix and
+        // a suffix of `text`.
+        let mut rest = &text[first.len()..text.len() - last.len()];
+        for part in &self.parts[1..self.parts.len() - 1] {
+            match rest.find(part.as_str()) {
+                Some(i) => rest = &rest[i + part.len()..],
+                None => return false,
+            }
+        }
+        true
+    }
 }
 
 #[derive(Debug)]
@@ -118,7 +166,7 @@ impl Matcher {
                 node = level
                     .wildcards
                     .iter()
-                    .find(|(prefix, _)| buf.starts_with(prefix.as_str()))
+                    .find(|(w, _)| w.matches(buf))
                     .map(|&(_, n)| n);
             }
             if node.is_none() {
@@ -157,20 +205,21 @@ fn level(domain: &str, ds: &[Descriptor], rules: &mut Vec<Rule>) -> Level {
                 limit: rl.clone(),
                 shadow_mode: d.shadow_mode,
                 detailed_metric: d.detailed_metric,
+                quota_mode: d.quota_mode,
+                metadata: d.metadata.clone(),
             });
             rules.len() - 1
         });
         let composite = d.composite();
         let idx = l.nodes.len();
-        let wildcard = composite.ends_with('*');
+        let wildcard = d.is_wildcard();
         l.nodes.push(Node {
             rule,
             children: level(domain, &d.descriptors, rules),
             shared_value: (wildcard && d.share_threshold).then(|| d.value.clone()),
         });
         if wildcard {
-            l.wildcards
-                .push((composite[..composite.len() - 1].to_string(), idx));
+            l.wildcards.push((Wildcard::new(&composite), idx));
         }
         l.exact.insert(composite, idx);
     }
@@ -203,6 +252,47 @@ mod tests {
         assert!(get(&m, &[("a", "q"), ("b", "y")]).is_none());
         assert!(get(&m, &[("a", "q"), ("b", "x"), ("c", "")]).is_none());
         assert!(get(&m, &[("z", "q")]).is_none());
+    }
+
+    #[test]
+    fn wildcards_match_as_upstream() {
+        let w = |p: &str, t: &str| Wildcard::new(p).matches(t);
+        for t in ["barb", "barab", "bar123b", "barbb", "barbarb"] {
+            assert!(w("k_bar*b", &format!("k_{t}")), "{t}");
+        }
+        for t in ["bar", "bara", "xbarb", "barbx", "ba"] {
+            assert!(!w("k_bar*b", &format!("k_{t}")), "{t}");
+        }
+        for t in [
+            "foobarbaz",
+            "foo1bar2baz",
+            "foobarbarbaz",
+            "foo-baz-bar-baz",
+        ] {
+            assert!(w("foo*bar*baz", t), "{t}");
+        }
+        for t in ["foobaz", "foo123baz", "bar456baz", "foobazbar", "foobarba"] {
+            assert!(!w("foo*bar*baz", t), "{t}");
+        }
+        // Runs may not overlap: `ab*ba` needs four characters.
+        assert!(!w("ab*ba", "aba"));
+        assert!(w("ab*ba", "abba"));
+        assert!(w("*", ""));
+        assert!(w("**", "x"));
+        assert!(w("a*", "a"));
+        assert!(w("*é*", "café au lait"));
+        assert!(!w("*é", "cafe"));
+    }
+
+    #[test]
+    fn exact_before_wildcard_before_default() {
+        let m = m("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: k\n    value: a*\n    rate_limit: {unit: second, requests_per_unit: 2}\n  - key: k\n    value: ab*\n    rate_limit: {unit: second, requests_per_unit: 3}\n  - key: k\n    value: abc\n    rate_limit: {unit: second, requests_per_unit: 4}\n");
+        let rpu = |v: &str| get(&m, &[("k", v)]).map(|r| r.limit.requests_per_unit);
+        assert_eq!(rpu("abc"), Some(4), "exact first");
+        assert_eq!(rpu("abd"), Some(2), "then the first wildcard in file order");
+        assert_eq!(rpu("ax"), Some(2));
+        assert_eq!(rpu("b"), Some(1), "then the key's default");
+        assert_eq!(rpu("a*"), Some(2), "a pattern is also its own exact value");
     }
 
     #[test]

@@ -1,21 +1,21 @@
-//! The same checks as the gRPC bench ([`super::bench`]) over the other listeners of
+//! The same checks as the gRPC bench ([`super::grpc`]) over the other listeners of
 //! `turnstile serve`, for the rows beside gRPC in one run: `POST /json` (Envoy's request in
 //! proto3 JSON, the same decision code as gRPC), `TURNSTILE.CHECK` over RESP and `POST
 //! /v1/check` (the rules engine, on the rules `import_to_rules` makes of the bench
 //! configuration: the same fixed-window limit per `client` value).
 //!
-//! The server is the real one ([`crate::start`]): one worker (`--workers 1`, per-core, so
+//! The server is the real one (`turnstile_server::start`): one worker (`--workers 1`, per-core, so
 //! pinned to the first core) serving RESP and HTTP. The load generator is one current-thread
 //! tokio runtime pinned to another core, with `streams` connections each keeping one request
 //! in flight (no pipelining: a call's latency is its round trip). Server CPU is the worker
 //! thread's own time on CPU (`/proc/self/task/TID/schedstat`) over the run.
 
-use super::bench::{Report, BENCH_CONFIG};
-use crate::{start, RuntimeKind, ServeArgs};
+use super::grpc::{Report, BENCH_CONFIG};
 use hdrhistogram::Histogram;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use turnstile_server::{start, RuntimeKind, ServeArgs};
 
 /// Which listener and request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,9 +71,11 @@ pub fn run(
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let yaml = dir.join("bench.yaml");
     let rules = dir.join("bench.toml");
-    let cfg = super::config::parse("bench.yaml", BENCH_CONFIG).map_err(|e| e.to_string())?;
+    let cfg = turnstile_server::envoy::config::parse("bench.yaml", BENCH_CONFIG)
+        .map_err(|e| e.to_string())?;
     std::fs::write(&yaml, BENCH_CONFIG).map_err(|e| e.to_string())?;
-    std::fs::write(&rules, super::import_to_rules(&cfg)).map_err(|e| e.to_string())?;
+    std::fs::write(&rules, turnstile_server::envoy::import_to_rules(&cfg))
+        .map_err(|e| e.to_string())?;
     let mut a = ServeArgs::new();
     a.resp = "127.0.0.1:0".parse().expect("an address");
     a.http = "127.0.0.1:0".parse().expect("an address");
@@ -92,7 +94,7 @@ pub fn run(
     let worker = "turnstile-worker-0"[..15].to_string();
     let cpu0 = thread_ns(&worker);
     let client = std::thread::spawn(move || -> Result<Report, String> {
-        super::bench::pin(client_core);
+        super::grpc::pin(client_core);
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -240,16 +242,7 @@ async fn load(
         calls += n;
         errors += e;
     }
-    let elapsed = start.elapsed();
-    Ok(Report {
-        streams,
-        calls,
-        errors,
-        elapsed,
-        p50_us: h.value_at_quantile(0.5) as f64 / 1000.0,
-        p99_us: h.value_at_quantile(0.99) as f64 / 1000.0,
-        server_cpu_ns: 0,
-    })
+    Ok(Report::new(streams, calls, errors, start.elapsed(), &h))
 }
 
 #[cfg(test)]

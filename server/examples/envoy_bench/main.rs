@@ -2,16 +2,30 @@
 //! generator each pinned to a core, and in the same run the same checks over the other
 //! listeners of `turnstile serve` (HTTP `POST /json`, RESP `TURNSTILE.CHECK`, HTTP
 //! `POST /v1/check`): `cargo run --release -p turnstile-server --example envoy_bench -- [SECS]`.
+//! `-- decision [CALLS]` measures only the decision without transport (for callgrind:
+//! `valgrind --tool=callgrind target/release/examples/envoy_bench decision 100000`).
 
+mod grpc;
+mod wire;
+
+use grpc::{decision_ns, run, Report};
 use std::time::Duration;
-use turnstile_server::envoy::bench::{decision_ns, run, Report};
-use turnstile_server::envoy::wire_bench::{self, Wire};
+use wire::Wire;
 
 fn main() {
-    let secs: u64 = std::env::args()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(5);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("decision") {
+        let calls = args
+            .get(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(1_000_000);
+        match decision_ns(calls, 10_000) {
+            Ok(ns) => println!("decision alone (no transport): {ns:.0} ns of CPU per call"),
+            Err(e) => fail(e),
+        }
+        return;
+    }
+    let secs: u64 = args.first().and_then(|s| s.parse().ok()).unwrap_or(5);
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
         "load average: {}",
@@ -41,7 +55,7 @@ fn main() {
             Err(e) => fail(e),
         }
         for w in [Wire::Json, Wire::Resp, Wire::Check] {
-            match wire_bench::run(w, streams, 10_000, d, max, client) {
+            match wire::run(w, streams, 10_000, d, max, client) {
                 Ok(r) => row(w.label(), &r),
                 Err(e) => fail(e),
             }

@@ -5,10 +5,8 @@
 //! pinned, then drives `streams` concurrent calls over one HTTP/2 connection, each call a
 //! single-descriptor request drawn from `keys` distinct values, for `duration` or `max_calls`
 //! calls, whichever ends first. Latency is measured per call at the client (send to answer).
-//! `server/examples/envoy_bench.rs` prints the table of docs/service.md.
+//! `main.rs` prints the table of docs/service.md.
 
-use super::config::parse;
-use super::engine::{Envoy, Settings};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
@@ -16,6 +14,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use hdrhistogram::Histogram;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use turnstile_server::envoy::config::parse;
+use turnstile_server::envoy::{Envoy, Settings};
 
 /// What one run measured.
 #[derive(Clone, Debug)]
@@ -38,6 +38,26 @@ pub struct Report {
 }
 
 impl Report {
+    /// A run's report from its latency histogram (nanoseconds); the server's CPU time is set
+    /// by the caller.
+    pub fn new(
+        streams: usize,
+        calls: u64,
+        errors: u64,
+        elapsed: Duration,
+        h: &Histogram<u64>,
+    ) -> Self {
+        Report {
+            streams,
+            calls,
+            errors,
+            elapsed,
+            p50_us: h.value_at_quantile(0.5) as f64 / 1000.0,
+            p99_us: h.value_at_quantile(0.99) as f64 / 1000.0,
+            server_cpu_ns: 0,
+        }
+    }
+
     /// Calls per second.
     pub fn rate(&self) -> f64 {
         self.calls as f64 / self.elapsed.as_secs_f64()
@@ -65,7 +85,7 @@ pub fn decision_ns(calls: u64, keys: usize) -> Result<f64, String> {
     for i in 0..calls {
         let r = envoy
             .should_rate_limit(&requests[i as usize % requests.len()])
-            .map_err(|e| e.0)?;
+            .map_err(|e| e.to_string())?;
         std::hint::black_box(r);
     }
     Ok((thread_cpu_ns() - t0) as f64 / calls.max(1) as f64)
@@ -135,7 +155,7 @@ pub fn run(
         let cpu0 = thread_cpu_ns();
         rt.block_on(async move {
             let l = tokio::net::TcpListener::from_std(listener).map_err(|e| e.to_string())?;
-            super::grpc::serve(l, envoy, async {
+            turnstile_server::envoy::grpc::serve(l, envoy, async {
                 let _ = stop_rx.await;
             })
             .await
@@ -217,14 +237,5 @@ async fn load(
         calls += n;
         errors += e;
     }
-    let elapsed = start.elapsed();
-    Ok(Report {
-        streams,
-        calls,
-        errors,
-        elapsed,
-        p50_us: h.value_at_quantile(0.5) as f64 / 1000.0,
-        p99_us: h.value_at_quantile(0.99) as f64 / 1000.0,
-        server_cpu_ns: 0,
-    })
+    Ok(Report::new(streams, calls, errors, start.elapsed(), &h))
 }
