@@ -1,5 +1,5 @@
 //! RedisStore against a real redis-server at the server's own time: the notes' race, the
-//! script cache lost (SCRIPT FLUSH, restart), TTLs that leave nothing behind, pipelined
+//! library lost (FUNCTION FLUSH, restart), TTLs that leave nothing behind, pipelined
 //! checks, and the failure policy (a paused, a sleeping, a killed server).
 
 mod common;
