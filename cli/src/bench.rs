@@ -24,6 +24,7 @@ mod floor;
 mod keys;
 mod limits;
 mod options;
+mod own_limits;
 mod plot;
 mod redis;
 mod report;
@@ -71,6 +72,10 @@ pub fn run(mut args: BenchArgs) -> crate::Result<()> {
     }
     if args.callgrind {
         return clocks::callgrind(o.algorithm, o.keys, o.checks, o.batch.max(1));
+    }
+    if args.own_limits {
+        let repeat = if args.repeat > 1 { o.repeat } else { 3 };
+        return Ok(own_limits::run(o.keys, o.seconds, repeat, o.json)?);
     }
     if let Some(f) = args.plot {
         // Said before the sweep (tens of seconds), not after it.

@@ -1,6 +1,7 @@
-//! The `turnstile` command: `bench`, `memory`, `accuracy`, `demo`, `rules check` and
-//! `completions`. Every subcommand is one module; the options are clap derives, so `--help`
-//! works everywhere and a bad option exits with status 2 and a message naming it.
+//! The `turnstile` command: `bench`, `memory`, `accuracy`, `demo`, `rules check`,
+//! `limits check` and `completions`. Every subcommand is one module; the options are clap
+//! derives, so `--help` works everywhere and a bad option exits with status 2 and a message
+//! naming it.
 
 use clap::{CommandFactory, Parser, Subcommand};
 use mimalloc::MiMalloc;
@@ -15,6 +16,7 @@ mod accuracy;
 mod args;
 mod bench;
 mod demo;
+mod limits;
 mod memory;
 mod progress;
 mod rules;
@@ -58,6 +60,11 @@ enum Command {
         #[command(subcommand)]
         command: rules::RulesCommand,
     },
+    /// Keys' own limits: load and check the files of a rules file's limits classes.
+    Limits {
+        #[command(subcommand)]
+        command: limits::LimitsCommand,
+    },
     /// Print a shell completion script (e.g. `turnstile completions bash > /etc/bash_completion.d/turnstile`).
     Completions {
         /// The shell: bash, zsh, fish, elvish or powershell.
@@ -69,7 +76,7 @@ fn main() {
     let cli = Cli::parse();
     if matches!(
         cli.command,
-        Command::Demo | Command::Accuracy(_) | Command::Rules { .. }
+        Command::Demo | Command::Accuracy(_) | Command::Rules { .. } | Command::Limits { .. }
     ) {
         end_quietly_on_a_closed_pipe();
     }
@@ -80,6 +87,7 @@ fn main() {
         Command::Accuracy(a) => accuracy::run(a),
         Command::Serve(a) => turnstile_server::run(*a).map_err(Error::from),
         Command::Rules { command } => rules::run(command),
+        Command::Limits { command } => limits::run(command).map_err(Error::from),
         Command::Completions { shell } => completions(shell),
     };
     if let Err(e) = result {

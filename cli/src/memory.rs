@@ -73,10 +73,12 @@ const NOW: u64 = 1_000_000_000_000;
 enum Subject {
     Turnstile(Algorithm),
     Governor,
+    /// Each user's own limit (a limits class's entries, without the store).
+    OwnLimits,
 }
 
 /// The rows, in report order.
-const SUBJECTS: [Subject; 7] = [
+const SUBJECTS: [Subject; 8] = [
     Subject::Turnstile(Algorithm::FixedWindow),
     Subject::Turnstile(Algorithm::SlidingWindow),
     Subject::Turnstile(Algorithm::TokenBucket),
@@ -84,6 +86,7 @@ const SUBJECTS: [Subject; 7] = [
     Subject::Turnstile(Algorithm::WindowRing),
     Subject::Turnstile(Algorithm::SlidingLog),
     Subject::Governor,
+    Subject::OwnLimits,
 ];
 
 impl Subject {
@@ -91,12 +94,16 @@ impl Subject {
         match self {
             Subject::Turnstile(a) => a.name().to_string(),
             Subject::Governor => "governor".to_string(),
+            Subject::OwnLimits => "own_limits".to_string(),
         }
     }
 
     fn parse(s: &str) -> crate::Result<Self> {
         if s == "governor" {
             return Ok(Subject::Governor);
+        }
+        if s == "own_limits" {
+            return Ok(Subject::OwnLimits);
         }
         let a: Algorithm = s.parse()?;
         match SUBJECTS.iter().find(|x| **x == Subject::Turnstile(a)) {
@@ -150,6 +157,7 @@ fn describe(s: Subject) -> &'static str {
         Subject::Turnstile(Algorithm::SlidingLog) => "500/h, 500 timestamps",
         Subject::Turnstile(_) => "",
         Subject::Governor => "500/h GCRA, keyed (DashMap)",
+        Subject::OwnLimits => "entry: 90% 5 plans, 10% own",
     }
 }
 
@@ -236,7 +244,7 @@ pub fn run(a: MemoryArgs) -> crate::Result<()> {
 
 fn engine_of(s: Subject) -> &'static str {
     match s {
-        Subject::Turnstile(_) => "turnstile",
+        Subject::Turnstile(_) | Subject::OwnLimits => "turnstile",
         Subject::Governor => "governor",
     }
 }
@@ -338,6 +346,7 @@ fn measure(s: Subject, users: u64, isolated: bool) -> crate::Result<Row> {
         algorithm: match s {
             Subject::Turnstile(a) => a.name().to_string(),
             Subject::Governor => Algorithm::TokenBucket.name().to_string(),
+            Subject::OwnLimits => "own limits".to_string(),
         },
         limit: describe(s).to_string(),
         users,
@@ -390,6 +399,7 @@ fn fill(
             }
             Ok((st.live, Some(store.memory_bytes() as u64)))
         }
+        Subject::OwnLimits => own_limits(users, at_full),
         Subject::Governor => {
             use governor::{Quota, RateLimiter};
             let q = Quota::per_hour(NonZeroU32::new(RATE as u32).expect("non-zero"));
@@ -474,4 +484,39 @@ fn print_table(users: u64, rows: &[Row]) {
     if rows.iter().any(|r| !r.isolated) {
         println!("(some rows ran in this process: no child could be started)");
     }
+}
+
+/// The own-limits row: a limits class (token_bucket, five plans) with an entry for each of
+/// `users` customers, 90 % on the plans and 10 % a limit of their own (1000 distinct ones),
+/// set through its source; (entries, the class's accounted bytes).
+fn own_limits(
+    users: u64,
+    mut at_full: impl FnMut(u64) -> crate::Result<()>,
+) -> crate::Result<(u64, Option<u64>)> {
+    use turnstile::keyed::KeyHasher;
+    use turnstile::rules::limits::{KeyLimit, LimitsClass, LimitsSource, MemoryLimits};
+    use turnstile::rules::KeyClass;
+    use turnstile::LimitSpec;
+    let spec = |l: u64| LimitSpec {
+        burst: Some(l),
+        ..LimitSpec::new(Algorithm::TokenBucket, l, HOUR)
+    };
+    let mut class = LimitsClass::new("users", KeyClass::customer(), Algorithm::TokenBucket)
+        .capacity(users.max(1));
+    for k in 0..5 {
+        class = class.plan(format!("p{k}"), spec(RATE * (k + 1)));
+    }
+    let src =
+        MemoryLimits::new(&class, KeyHasher::with_seed(SEED, 64)).map_err(|e| e.to_string())?;
+    let plans: Vec<KeyLimit> = (0..5).map(|k| KeyLimit::Plan(format!("p{k}"))).collect();
+    for id in 0..users {
+        let e = if id % 10 == 9 {
+            KeyLimit::Limit(spec(RATE + (id / 10) % 1000))
+        } else {
+            plans[(id % 5) as usize].clone()
+        };
+        src.set(id, &e).map_err(|e| e.to_string())?;
+    }
+    at_full(src.len())?;
+    Ok((src.len(), Some(src.bytes() as u64)))
 }

@@ -35,8 +35,14 @@ impl Server {
 
     /// [`Server::start`] with `RUST_LOG=log`.
     fn start_logging(extra: &[&str], log: &str) -> Server {
+        Self::start_env(extra, log, &[])
+    }
+
+    /// [`Server::start_logging`] with more variables in its environment.
+    fn start_env(extra: &[&str], log: &str, env: &[(&str, &str)]) -> Server {
         let (resp, http) = (free_port(), free_port());
         let child = Command::new(BIN)
+            .envs(env.iter().copied())
             .args(["serve", "--workers", "2", "--throttle-keys", "10000"])
             .args(["--resp", &format!("127.0.0.1:{resp}")])
             .args(["--http", &format!("127.0.0.1:{http}")])
@@ -912,6 +918,45 @@ fn a_client_that_trickles_its_headers_is_closed_after_the_header_timeout() {
     );
     assert_eq!(s.curl("/healthz").0, 200);
     s.stop();
+}
+
+/// RESP is served on io_uring where the kernel allows it, and on tokio where it does not: the
+/// fallback, forced with TURNSTILE_IO_URING=off, is said in one log line and answers the same.
+#[test]
+fn serve_says_which_runtime_serves_resp_and_falls_back_to_tokio() {
+    let uring = turnstile_server::io_uring_available().is_ok();
+    for off in [true, false] {
+        let env: &[(&str, &str)] = if off {
+            &[("TURNSTILE_IO_URING", "off")]
+        } else {
+            &[("TURNSTILE_IO_URING", "on")]
+        };
+        let s = Server::start_env(&[], "info", env);
+        // Allowed twice (a burst of 1 and the one of the period), then refused.
+        assert_eq!(s.throttle("fallback", 1, 1, 60)[..3], [0, 2, 1]);
+        assert_eq!(s.throttle("fallback", 1, 1, 60)[..3], [0, 2, 0]);
+        let mut c = s.connect();
+        assert_eq!(c.call(&["CL.THROTTLE", "fallback", "1", "1", "60"])[0], 1);
+        drop(c);
+        let log = s.stop();
+        let said = log.contains("io_uring is unavailable: RESP is served on tokio");
+        if off {
+            assert!(said && log.contains("TURNSTILE_IO_URING=off"), "{log}");
+            assert!(log.contains("runtime=PerCore"), "{log}");
+        } else {
+            // (Under TURNSTILE_IO_URING=off this process cannot probe: the log alone tells.)
+            let env_off = std::env::var("TURNSTILE_IO_URING").is_ok_and(|v| v == "off");
+            if !env_off {
+                assert_eq!(said, !uring, "{log}");
+            }
+            let want = if !said {
+                "runtime=Uring"
+            } else {
+                "runtime=PerCore"
+            };
+            assert!(log.contains(want), "{log}");
+        }
+    }
 }
 
 /// The resident memory of process `pid`, in KiB (Linux).

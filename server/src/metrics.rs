@@ -201,15 +201,48 @@ impl Metrics {
     }
 }
 
-fn counter(out: &mut String, name: &str, help: &str, v: u64) {
-    let _ = writeln!(
-        out,
-        "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
-    );
-}
+/// Prometheus text, written family by family.
+struct Exposition(String);
 
-fn gauge(out: &mut String, name: &str, help: &str, v: u64) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+impl Exposition {
+    /// A family's `# HELP` and `# TYPE` lines.
+    fn head(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.0, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    }
+
+    /// One sample; `labels` as written between the braces (empty: none).
+    fn sample(&mut self, name: &str, labels: &str, v: impl std::fmt::Display) {
+        if labels.is_empty() {
+            let _ = writeln!(self.0, "{name} {v}");
+        } else {
+            let _ = writeln!(self.0, "{name}{{{labels}}} {v}");
+        }
+    }
+
+    fn counter(&mut self, name: &str, help: &str, v: u64) {
+        self.head(name, "counter", help);
+        self.sample(name, "", v);
+    }
+
+    fn gauge(&mut self, name: &str, help: &str, v: u64) {
+        self.head(name, "gauge", help);
+        self.sample(name, "", v);
+    }
+
+    /// A family whose samples differ by one label.
+    fn by<V: std::fmt::Display>(
+        &mut self,
+        name: &str,
+        kind: &str,
+        help: &str,
+        label: &str,
+        rows: impl IntoIterator<Item = (impl std::fmt::Display, V)>,
+    ) {
+        self.head(name, kind, help);
+        for (k, v) in rows {
+            self.sample(name, &format!("{label}=\"{k}\""), v);
+        }
+    }
 }
 
 /// A label value with `\`, `"` and newlines escaped.
@@ -221,163 +254,176 @@ fn label(s: &str) -> String {
 
 /// The Prometheus text exposition of everything.
 pub(crate) fn render(s: &Server) -> String {
+    let mut o = Exposition(String::with_capacity(4096));
+    resp(&mut o, s);
+    memory(&mut o, s);
+    http(&mut o, s);
+    operations(&mut o, s);
+    latency(&mut o, &s.metrics);
+    throttle_store(&mut o, s);
+    rules(&mut o, s);
+    // Envoy's rate limit service, in upstream's names.
+    if let Some(e) = &s.envoy {
+        o.0.push_str(&e.render_metrics());
+    }
+    o.0
+}
+
+/// RESP connections and commands.
+fn resp(o: &mut Exposition, s: &Server) {
     let m = &s.metrics;
-    let mut o = String::with_capacity(4096);
-    let r = |x: &AtomicU64| x.load(Ordering::Relaxed);
-    counter(
-        &mut o,
+    o.counter(
         "turnstile_connections_total",
         "RESP connections accepted.",
         m.get(C::Connections),
     );
-    counter(
-        &mut o,
+    o.counter(
         "turnstile_connections_rejected_total",
         "RESP connections refused at --max-connections.",
         m.get(C::RejectedConnections),
     );
-    gauge(
-        &mut o,
+    o.gauge(
         "turnstile_connections",
         "RESP connections open.",
         s.connections.load(Ordering::Relaxed) as u64,
     );
-    counter(
-        &mut o,
+    o.counter(
         "turnstile_resp_commands_total",
         "RESP commands executed.",
         m.get(C::Commands),
     );
-    counter(
-        &mut o,
+    o.counter(
         "turnstile_resp_protocol_errors_total",
         "RESP connections closed for a protocol error.",
         m.get(C::ProtocolErrors),
     );
-    let _ = writeln!(o, "# HELP turnstile_throttle_total CL.THROTTLE answers by result.\n# TYPE turnstile_throttle_total counter");
-    let _ = writeln!(
-        o,
-        "turnstile_throttle_total{{result=\"allowed\"}} {}",
-        m.get(C::ThrottleAllowed)
+    o.by(
+        "turnstile_throttle_total",
+        "counter",
+        "CL.THROTTLE answers by result.",
+        "result",
+        [
+            ("allowed", m.get(C::ThrottleAllowed)),
+            ("limited", m.get(C::ThrottleLimited)),
+        ],
     );
-    let _ = writeln!(
-        o,
-        "turnstile_throttle_total{{result=\"limited\"}} {}",
-        m.get(C::ThrottleLimited)
+    o.by(
+        "turnstile_checks_total",
+        "counter",
+        "Rules checks (TURNSTILE.CHECK and POST /v1/check) by result.",
+        "result",
+        [
+            ("allowed", m.get(C::CheckAllowed)),
+            ("denied", m.get(C::CheckDenied)),
+        ],
     );
-    let _ = writeln!(o, "# HELP turnstile_checks_total Rules checks (TURNSTILE.CHECK and POST /v1/check) by result.\n# TYPE turnstile_checks_total counter");
-    let _ = writeln!(
-        o,
-        "turnstile_checks_total{{result=\"allowed\"}} {}",
-        m.get(C::CheckAllowed)
-    );
-    let _ = writeln!(
-        o,
-        "turnstile_checks_total{{result=\"denied\"}} {}",
-        m.get(C::CheckDenied)
-    );
-    counter(
-        &mut o,
+    o.counter(
         "turnstile_resp_output_limit_closed_total",
         "RESP connections closed for passing --client-output-limit.",
         m.get(C::OutputLimitClosed),
     );
-    gauge(
-        &mut o,
+}
+
+/// The connections' buffers now, and the bound of each part of the server's memory.
+fn memory(o: &mut Exposition, s: &Server) {
+    o.gauge(
         "turnstile_resp_buffer_bytes",
         "Bytes of the RESP connections' buffers now.",
         s.buffers.bytes.load(Ordering::Relaxed) as u64,
     );
-    gauge(
-        &mut o,
+    o.gauge(
         "turnstile_resp_deferred_bytes",
         "Bytes of the deferred budget lent to RESP connections (unread output, queued MULTI commands).",
         s.buffers.deferred.load(Ordering::Relaxed) as u64,
     );
-    let _ = writeln!(o, "# HELP turnstile_memory_bound_bytes The most memory each part may take at the server's flags: RESP connections (--max-connections x each one's bound), the deferred budget they share, the CL.THROTTLE store (--throttle-keys).\n# TYPE turnstile_memory_bound_bytes gauge");
-    for (part, v) in [
-        (
-            "resp_connections",
-            s.resp.max_connections * crate::resp::connection::max_bytes(&s.resp.bounds),
-        ),
-        ("deferred", s.buffers.deferred_max),
-        ("throttle_store", s.throttles.store().memory_bytes()),
-    ] {
-        let _ = writeln!(o, "turnstile_memory_bound_bytes{{part=\"{part}\"}} {v}");
-    }
-    counter(
-        &mut o,
+    o.by(
+        "turnstile_memory_bound_bytes",
+        "gauge",
+        "The most memory each part may take at the server's flags: RESP connections (--max-connections x each one's bound), the deferred budget they share, the CL.THROTTLE store (--throttle-keys).",
+        "part",
+        [
+            (
+                "resp_connections",
+                s.resp.max_connections * crate::resp::connection::max_bytes(&s.resp.bounds),
+            ),
+            ("deferred", s.buffers.deferred_max),
+            ("throttle_store", s.throttles.store().memory_bytes()),
+        ],
+    );
+    o.counter(
         "turnstile_refunds_total",
         "TURNSTILE.REFUND requests.",
-        m.get(C::Refunds),
+        s.metrics.get(C::Refunds),
     );
-    counter(
-        &mut o,
+}
+
+/// HTTP requests and connections.
+fn http(o: &mut Exposition, s: &Server) {
+    let m = &s.metrics;
+    o.counter(
         "turnstile_http_requests_total",
         "HTTP requests.",
         m.get(C::HttpRequests),
     );
-    counter(
-        &mut o,
+    o.counter(
         "turnstile_http_checks_total",
         "POST /v1/check requests answered with a decision.",
         m.get(C::HttpChecks),
     );
-    counter(
-        &mut o,
+    o.counter(
         "turnstile_http_connections_rejected_total",
         "HTTP connections closed at once at --max-http-connections.",
         m.get(C::HttpRejectedConnections),
     );
-    counter(
-        &mut o,
+    o.counter(
         "turnstile_http_errors_total",
         "HTTP requests answered with a 4xx error other than 429.",
         m.get(C::HttpErrors),
     );
-    let _ = writeln!(o, "# HELP turnstile_reloads_total Rules reloads by result.\n# TYPE turnstile_reloads_total counter");
-    let _ = writeln!(
-        o,
-        "turnstile_reloads_total{{result=\"ok\"}} {}",
-        r(&m.reloads_ok)
-    );
-    let _ = writeln!(
-        o,
-        "turnstile_reloads_total{{result=\"failed\"}} {}",
-        r(&m.reloads_failed)
+}
+
+/// Reloads and snapshots.
+fn operations(o: &mut Exposition, s: &Server) {
+    let m = &s.metrics;
+    let r = |x: &AtomicU64| x.load(Ordering::Relaxed);
+    o.by(
+        "turnstile_reloads_total",
+        "counter",
+        "Rules reloads by result.",
+        "result",
+        [("ok", r(&m.reloads_ok)), ("failed", r(&m.reloads_failed))],
     );
     if s.envoy.is_some() {
-        let _ = writeln!(o, "# HELP turnstile_envoy_reloads_total Envoy configuration reloads by result.\n# TYPE turnstile_envoy_reloads_total counter");
-        for (k, v) in [
-            ("ok", &m.envoy_reloads_ok),
-            ("failed", &m.envoy_reloads_failed),
-        ] {
-            let _ = writeln!(
-                o,
-                "turnstile_envoy_reloads_total{{result=\"{k}\"}} {}",
-                r(v)
-            );
-        }
+        o.by(
+            "turnstile_envoy_reloads_total",
+            "counter",
+            "Envoy configuration reloads by result.",
+            "result",
+            [
+                ("ok", r(&m.envoy_reloads_ok)),
+                ("failed", r(&m.envoy_reloads_failed)),
+            ],
+        );
     }
-    let _ = writeln!(o, "# HELP turnstile_snapshots_total Snapshot writes by result.\n# TYPE turnstile_snapshots_total counter");
-    let _ = writeln!(
-        o,
-        "turnstile_snapshots_total{{result=\"ok\"}} {}",
-        r(&m.snapshots_ok)
+    o.by(
+        "turnstile_snapshots_total",
+        "counter",
+        "Snapshot writes by result.",
+        "result",
+        [
+            ("ok", r(&m.snapshots_ok)),
+            ("failed", r(&m.snapshots_failed)),
+        ],
     );
-    let _ = writeln!(
-        o,
-        "turnstile_snapshots_total{{result=\"failed\"}} {}",
-        r(&m.snapshots_failed)
-    );
-    gauge(
-        &mut o,
+    o.gauge(
         "turnstile_snapshot_records",
         "Records in the last snapshot written.",
         r(&m.snapshot_records),
     );
+}
 
-    // Latency histogram, summed over workers.
+/// The latency histogram, summed over workers.
+fn latency(o: &mut Exposition, m: &Metrics) {
     let mut h = [0u64; HIST];
     let mut sum = 0u64;
     for w in m.workers.iter() {
@@ -386,40 +432,61 @@ pub(crate) fn render(s: &Server) -> String {
         }
         sum += w.sum_ns.load(Ordering::Relaxed);
     }
-    let _ = writeln!(o, "# HELP turnstile_check_seconds Time to execute one CL.THROTTLE, TURNSTILE.* or /v1/check.\n# TYPE turnstile_check_seconds histogram");
+    const NAME: &str = "turnstile_check_seconds";
+    o.head(
+        NAME,
+        "histogram",
+        "Time to execute one CL.THROTTLE, TURNSTILE.* or /v1/check.",
+    );
     let mut cum = 0;
     for (i, b) in BOUNDS_NS.iter().enumerate() {
         cum += h[i];
-        let _ = writeln!(
-            o,
-            "turnstile_check_seconds_bucket{{le=\"{}\"}} {cum}",
-            *b as f64 / 1e9
+        o.sample(
+            "turnstile_check_seconds_bucket",
+            &format!("le=\"{}\"", *b as f64 / 1e9),
+            cum,
         );
     }
     cum += h[HIST - 1];
-    let _ = writeln!(o, "turnstile_check_seconds_bucket{{le=\"+Inf\"}} {cum}");
-    let _ = writeln!(o, "turnstile_check_seconds_sum {}", sum as f64 / 1e9);
-    let _ = writeln!(o, "turnstile_check_seconds_count {cum}");
+    o.sample("turnstile_check_seconds_bucket", "le=\"+Inf\"", cum);
+    o.sample("turnstile_check_seconds_sum", "", sum as f64 / 1e9);
+    o.sample("turnstile_check_seconds_count", "", cum);
+}
 
-    // The store of CL.THROTTLE.
+/// The store of CL.THROTTLE.
+fn throttle_store(o: &mut Exposition, s: &Server) {
     let st = s.throttles.store().stats();
-    let _ = writeln!(o, "# HELP turnstile_store_keys Live keys in the CL.THROTTLE store.\n# TYPE turnstile_store_keys gauge\nturnstile_store_keys{{store=\"throttle\"}} {}", st.live);
-    let _ = writeln!(o, "# HELP turnstile_store_events_total What the CL.THROTTLE store did with records.\n# TYPE turnstile_store_events_total counter");
+    o.by(
+        "turnstile_store_keys",
+        "gauge",
+        "Live keys in the CL.THROTTLE store.",
+        "store",
+        [("throttle", st.live)],
+    );
+    o.head(
+        "turnstile_store_events_total",
+        "counter",
+        "What the CL.THROTTLE store did with records.",
+    );
     for (k, v) in [
         ("inserted", st.inserted),
         ("reclaimed", st.reclaimed),
         ("evicted", st.evicted),
         ("rejected", st.rejected),
     ] {
-        let _ = writeln!(
-            o,
-            "turnstile_store_events_total{{store=\"throttle\",event=\"{k}\"}} {v}"
+        o.sample(
+            "turnstile_store_events_total",
+            &format!("store=\"throttle\",event=\"{k}\""),
+            v,
         );
     }
+}
 
-    // The rules engine.
+/// The rules engine, and where its counts live.
+fn rules(o: &mut Exposition, s: &Server) {
     if let Some(e) = &s.checks.engine {
-        let _ = writeln!(o, "# HELP turnstile_rule_events_total What each rule did: denied, would_deny (shadow), elastic (admitted from the pool), over_nominal (soft).\n# TYPE turnstile_rule_events_total counter");
+        const EVENTS: &str = "turnstile_rule_events_total";
+        o.head(EVENTS, "counter", "What each rule did: denied, would_deny (shadow), elastic (admitted from the pool), over_nominal (soft).");
         let names = e.rule_names();
         for n in &names {
             if let Some(rs) = e.rule_stats(n) {
@@ -430,68 +497,60 @@ pub(crate) fn render(s: &Server) -> String {
                     ("elastic", rs.elastic),
                     ("over_nominal", rs.over_nominal),
                 ] {
-                    let _ = writeln!(
-                        o,
-                        "turnstile_rule_events_total{{rule=\"{n}\",event=\"{k}\"}} {v}"
-                    );
+                    o.sample(EVENTS, &format!("rule=\"{n}\",event=\"{k}\""), v);
                 }
             }
         }
-        let _ = writeln!(o, "# HELP turnstile_rule_keys Live keys in each rule's store.\n# TYPE turnstile_rule_keys gauge");
-        for n in &names {
-            if let Some(k) = e.rule_keys(n) {
-                let _ = writeln!(o, "turnstile_rule_keys{{rule=\"{}\"}} {k}", label(n));
-            }
-        }
-        let _ = writeln!(o, "# HELP turnstile_shed_total Requests shed by priority.\n# TYPE turnstile_shed_total counter");
+        let keys = names
+            .iter()
+            .filter_map(|n| e.rule_keys(n).map(|k| (label(n), k)));
+        o.by(
+            "turnstile_rule_keys",
+            "gauge",
+            "Live keys in each rule's store.",
+            "rule",
+            keys.collect::<Vec<_>>(),
+        );
         let shed = e.shed_counts();
-        for p in Priority::ALL {
-            let _ = writeln!(
-                o,
-                "turnstile_shed_total{{priority=\"{p}\"}} {}",
-                shed[p.index()]
-            );
-        }
-    }
-    // Where the rules' counts live, and what the Redis backend did.
-    if s.checks.engine.is_some() {
+        o.by(
+            "turnstile_shed_total",
+            "counter",
+            "Requests shed by priority.",
+            "priority",
+            Priority::ALL.map(|p| (p, shed[p.index()])),
+        );
         let name = s.checks.backends.name();
-        let _ = writeln!(o, "# HELP turnstile_rules_backend Where the rules' counts live ([backend] in the rules file): 1 for the one in use.\n# TYPE turnstile_rules_backend gauge");
-        for b in ["memory", "redis"] {
-            let _ = writeln!(
-                o,
-                "turnstile_rules_backend{{backend=\"{b}\"}} {}",
-                u8::from(b == name)
-            );
-        }
+        o.by(
+            "turnstile_rules_backend",
+            "gauge",
+            "Where the rules' counts live ([backend] in the rules file): 1 for the one in use.",
+            "backend",
+            ["memory", "redis"].map(|b| (b, u8::from(b == name))),
+        );
     }
     if let Some((st, open)) = s.checks.backends.stats() {
-        let _ = writeln!(o, "# HELP turnstile_backend_calls_total Rules requests sent to the Redis backend, by what happened: answered by Redis, timed out, failed, not sent (circuit open); fallback counts the answers the failure policy gave (each timeout, error and short circuit).\n# TYPE turnstile_backend_calls_total counter");
-        for (k, v) in [
-            ("redis", st.redis),
-            ("timeout", st.timeouts),
-            ("error", st.errors),
-            ("short_circuited", st.short_circuited),
-            ("fallback", st.fallbacks),
-        ] {
-            let _ = writeln!(o, "turnstile_backend_calls_total{{result=\"{k}\"}} {v}");
-        }
-        counter(
-            &mut o,
+        o.by(
+            "turnstile_backend_calls_total",
+            "counter",
+            "Rules requests sent to the Redis backend, by what happened: answered by Redis, timed out, failed, not sent (circuit open); fallback counts the answers the failure policy gave (each timeout, error and short circuit).",
+            "result",
+            [
+                ("redis", st.redis),
+                ("timeout", st.timeouts),
+                ("error", st.errors),
+                ("short_circuited", st.short_circuited),
+                ("fallback", st.fallbacks),
+            ],
+        );
+        o.counter(
             "turnstile_backend_circuit_opened_total",
             "Times the Redis backend's circuit breaker opened.",
             st.opened,
         );
-        gauge(
-            &mut o,
+        o.gauge(
             "turnstile_backend_circuit_open",
             "Whether the Redis backend's circuit breaker is open now (Redis left alone, the policy answers).",
             u64::from(open),
         );
     }
-    // Envoy's rate limit service, in upstream's names.
-    if let Some(e) = &s.envoy {
-        o.push_str(&e.render_metrics());
-    }
-    o
 }

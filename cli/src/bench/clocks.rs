@@ -19,7 +19,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use turnstile::keyed::Store;
-use turnstile::{Algorithm, Clock, CoarseClock, Limiter, Limits, MonotonicClock, Nanos, TscClock};
+use turnstile::{
+    Algorithm, Clock, CoarseClock, Limit, Limiter, Limits, MonotonicClock, Nanos, TscClock,
+};
 
 /// Options of `--clocks`.
 pub struct ClockOptions {
@@ -302,6 +304,18 @@ fn cg_turnstile_single_at(s: &Store, seq: &[u64], now: Nanos) -> u64 {
         .count() as u64
 }
 
+/// `cg_turnstile_single_at` with the store's limit given with each check
+/// (`Store::check_with_at`): the same records, the limit coming from the caller.
+#[inline(never)]
+fn cg_turnstile_single_with(s: &Store, seq: &[u64], limit: &Limit, now: Nanos) -> u64 {
+    seq.iter()
+        .filter(|k| {
+            s.check_with_at(*k, black_box(limit), 1, black_box(now))
+                .is_ok_and(|d| d.allowed())
+        })
+        .count() as u64
+}
+
 #[inline(never)]
 fn cg_turnstile_batch_verdicts(s: &Store, seq: &[u64], b: usize) -> u64 {
     let mut out = vec![turnstile::Verdict::default(); b];
@@ -387,6 +401,14 @@ pub fn callgrind(a: Algorithm, keys: u64, checks: u64, batch: usize) -> crate::R
         checks,
         cg_turnstile_single_at(&s, &seq, now),
     ));
+    if a.is_packed() {
+        let limit = s.limits().limits()[0];
+        results.push((
+            "cg_turnstile_single_with",
+            checks,
+            cg_turnstile_single_with(&s, &seq, &limit, now),
+        ));
+    }
     let batch_keys = &seq[..batched];
     results.push((
         "cg_turnstile_batch",

@@ -12,7 +12,7 @@ use turnstile::Algorithm;
 /// Checks/s and latency of turnstile and governor 0.10, side by side, on the same quota and
 /// keys. Progress goes to stderr; the table (or --json) to stdout.
 #[derive(Args)]
-#[command(group(ArgGroup::new("mode").args(["clocks", "plot", "callgrind"])))]
+#[command(group(ArgGroup::new("mode").args(["clocks", "plot", "callgrind", "own_limits"])))]
 #[command(args_conflicts_with_subcommands = true)]
 pub struct BenchArgs {
     /// The service and the layer instead of the engine: `tower`, `serve`, `ab`.
@@ -70,6 +70,11 @@ pub struct BenchArgs {
     /// A fixed, untimed workload for `valgrind --tool=callgrind` (see docs/performance.md).
     #[arg(long)]
     pub callgrind: bool,
+    /// A rule whose keys have limits of their own (a limits class, from a file of --keys
+    /// entries) against the same rule's own limit, side by side; with the file's load time
+    /// and the bytes per entry (see docs/rules.md).
+    #[arg(long)]
+    pub own_limits: bool,
     /// Checks in the --callgrind workload.
     #[arg(long, value_name = "N", value_parser = parse_count, default_value = "1048576")]
     pub checks: u64,

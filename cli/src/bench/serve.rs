@@ -29,7 +29,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "PATH")]
     turnstile: Option<PathBuf>,
     /// `turnstile serve --runtime` values, comma-separated: a row of each.
-    #[arg(long, value_name = "LIST", default_value = "per-core,multi-thread")]
+    #[arg(long, value_name = "LIST", default_value = "uring,per-core")]
     runtime: String,
     /// redis-cell's module (libredis_cell.so): its CL.THROTTLE on a redis-server of its own
     /// (`--loadmodule`), beside turnstile's.
