@@ -82,13 +82,22 @@ fn memory_backend_redis_reports_the_notes_rows() {
     ]);
     assert_eq!(doc["backend"], "redis");
     let rows = doc["results"].as_array().unwrap();
-    assert_eq!(rows.len(), 9, "{rows:?}");
+    // Four counter algorithms in both layouts, sliding_log, window_ring and concurrency once
+    // checked, and the notes' two full rows.
+    assert_eq!(rows.len(), 13, "{rows:?}");
+    let packed: Vec<&Value> = rows.iter().filter(|r| r["layout"] == "packed").collect();
+    assert_eq!(packed.len(), 4, "{rows:?}");
+    for r in packed {
+        assert_eq!(r["notes_bytes_per_user"], 34, "{r}");
+        assert_eq!(r["encoding"], "listpack", "{r}");
+        assert!(r["notes_arithmetic"].is_string(), "{r}");
+    }
     let log = rows
         .iter()
         .find(|r| r["algorithm"] == "sliding_log" && r["notes_bytes_per_user"] == 12028)
         .expect("the notes' log of 500");
-    // A sorted set of 500 (skiplist by default): tens of KB, not the notes' 12.
-    assert!(log["memory_usage"].as_u64().unwrap() > 12_028, "{log}");
+    // A packed log of 500: 4 bytes an entry, a third of the notes' 12 KB at most.
+    assert!(log["memory_usage"].as_u64().unwrap() <= 4_100, "{log}");
     let ring = rows
         .iter()
         .find(|r| r["algorithm"] == "window_ring" && r["notes_bytes_per_user"] == 1588)

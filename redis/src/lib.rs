@@ -25,12 +25,14 @@
 
 #![warn(missing_docs)]
 
-pub mod bench;
+mod call;
 mod conn;
+mod deny;
+mod layout;
 pub mod lease;
-pub mod memory;
 mod permit;
 mod policy;
+mod reply;
 pub mod rules;
 mod script;
 mod store;

@@ -8,11 +8,11 @@
 //! in-memory permit that is leaked does). [`RedisPermit::release`] awaits it and answers
 //! whether Redis saw it.
 
-use crate::store::{parse_full, Error, RedisStore};
-use std::sync::atomic::Ordering;
+use crate::reply;
+use crate::store::{Error, RedisStore};
 use std::sync::Arc;
 use turnstile::keyed::StorePermit;
-use turnstile::{Decision, Limit};
+use turnstile::Decision;
 
 /// In-flight capacity of one key of a [`RedisStore`], held until released or dropped (or
 /// until its lease expires, if neither happens).
@@ -88,10 +88,6 @@ impl std::fmt::Debug for RedisPermit {
 }
 
 impl RedisStore {
-    fn is_concurrency(&self) -> bool {
-        matches!(self.limits().limits(), [Limit::Concurrency(_)])
-    }
-
     fn permit(self: &Arc<Self>, key: &str, stamp: Option<String>, d: Decision) -> RedisPermit {
         RedisPermit {
             store: Arc::clone(self),
@@ -108,11 +104,9 @@ impl RedisStore {
         cost: u64,
         now: Option<u64>,
     ) -> Result<(Decision, Option<String>), Error> {
-        if !self.is_concurrency() {
-            let v = self.call(self.check_invocation(key, now, cost)).await?;
-            return self.parse_check(v).map(|d| (d, None));
-        }
-        parse_full(self.call(self.invocation(key, now, cost, "a")).await?)
+        let mode = if self.is_concurrency() { 'a' } else { 'c' };
+        let v = self.call(&self.invocation(key, now, mode, cost)).await?;
+        reply::store(&v)
     }
 
     /// For a concurrency limit: takes `cost` of `key`'s in-flight permits in Redis, held until
@@ -157,16 +151,12 @@ impl RedisStore {
         key: &str,
         cost: u64,
     ) -> Result<RedisPermit, Decision> {
-        if !self.breaker.allow() {
-            // Relaxed: statistics.
-            self.counters
-                .short_circuited
-                .fetch_add(1, Ordering::Relaxed);
+        if !self.gate.admit(1) {
             return self.acquire_fallback(key, cost);
         }
         match self.acquire_call(key, cost, None).await {
             Ok((d, stamp)) => {
-                self.settle(key, cost, Ok(d));
+                self.answered(key, cost, &d);
                 if d.allowed() {
                     Ok(self.permit(key, stamp, d))
                 } else {
@@ -174,8 +164,7 @@ impl RedisStore {
                 }
             }
             Err(e) => {
-                // Counted as a failure; the policy's answer is given below instead.
-                self.settle_failure(e);
+                self.gate.failed(&e);
                 self.acquire_fallback(key, cost)
             }
         }
@@ -184,7 +173,7 @@ impl RedisStore {
     fn acquire_fallback(self: &Arc<Self>, key: &str, cost: u64) -> Result<RedisPermit, Decision> {
         match &self.insurance {
             Some(local) if self.is_concurrency() => {
-                self.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
+                self.gate.fell_back(1);
                 let p = local.acquire_owned(key, cost)?;
                 let mut permit = self.permit(key, None, *p.decision());
                 permit.local = Some(p);
@@ -203,7 +192,7 @@ impl RedisStore {
 
     /// Frees the lease `stamp` of `key`; answers the cells freed.
     async fn release_stamp(&self, key: &str, stamp: &str, now: Option<u64>) -> Result<u64, Error> {
-        let v = self.call(self.invocation(key, now, stamp, "x")).await?;
-        redis::from_redis_value(v).map_err(|e| Error::Reply(e.to_string()))
+        let v = self.call(&self.invocation(key, now, 'x', stamp)).await?;
+        reply::integer(&v)
     }
 }

@@ -41,18 +41,18 @@ pub struct FailureStats {
 }
 
 #[derive(Default)]
-pub(crate) struct Counters {
-    pub(crate) redis: AtomicU64,
-    pub(crate) timeouts: AtomicU64,
-    pub(crate) errors: AtomicU64,
-    pub(crate) short_circuited: AtomicU64,
-    pub(crate) fallbacks: AtomicU64,
-    pub(crate) opened: AtomicU64,
-    pub(crate) cached_denials: AtomicU64,
+struct Counters {
+    redis: AtomicU64,
+    timeouts: AtomicU64,
+    errors: AtomicU64,
+    short_circuited: AtomicU64,
+    fallbacks: AtomicU64,
+    opened: AtomicU64,
+    cached_denials: AtomicU64,
 }
 
 impl Counters {
-    pub(crate) fn snapshot(&self) -> FailureStats {
+    fn snapshot(&self) -> FailureStats {
         // Relaxed: statistics, no other memory depends on them.
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
         FailureStats {
@@ -69,7 +69,7 @@ impl Counters {
 
 /// A circuit breaker: after `threshold` consecutive failures it opens for `cooldown`, then lets
 /// one probe call through (half-open); a success closes it, a failure reopens it.
-pub(crate) struct Breaker {
+struct Breaker {
     threshold: u64,
     cooldown: Duration,
     epoch: Instant,
@@ -80,7 +80,7 @@ pub(crate) struct Breaker {
 }
 
 impl Breaker {
-    pub(crate) fn new(threshold: u64, cooldown: Duration) -> Self {
+    fn new(threshold: u64, cooldown: Duration) -> Self {
         Self {
             threshold: threshold.max(1),
             cooldown,
@@ -96,7 +96,7 @@ impl Breaker {
     }
 
     /// Whether a call may go to Redis now.
-    pub(crate) fn allow(&self) -> bool {
+    fn allow(&self) -> bool {
         // Relaxed throughout: the breaker is advisory; a race lets one call more or fewer
         // through, and no other memory is published through these words.
         let until = self.open_until.load(Ordering::Relaxed);
@@ -110,7 +110,7 @@ impl Breaker {
         !self.probing.swap(true, Ordering::Relaxed)
     }
 
-    pub(crate) fn success(&self) {
+    fn success(&self) {
         self.failures.store(0, Ordering::Relaxed);
         if self.open_until.load(Ordering::Relaxed) != 0 {
             self.open_until.store(0, Ordering::Relaxed);
@@ -119,7 +119,7 @@ impl Breaker {
     }
 
     /// Records a failure; true if this one opened (or reopened) the circuit.
-    pub(crate) fn failure(&self) -> bool {
+    fn failure(&self) -> bool {
         let f = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
         let half_open = self.probing.swap(false, Ordering::Relaxed);
         if f >= self.threshold || half_open {
@@ -130,29 +130,88 @@ impl Breaker {
         false
     }
 
-    pub(crate) fn is_open(&self) -> bool {
+    fn is_open(&self) -> bool {
         self.open_until.load(Ordering::Relaxed) != 0
     }
 }
 
-/// Counts a failed call of `backend` and tells the breaker; an opening of the circuit (at most
-/// one per cooldown) is also said in the log, so that an outage is not only in the counters.
-pub(crate) fn record_failure(
-    counters: &Counters,
-    breaker: &Breaker,
-    e: &crate::Error,
-    backend: &dyn std::fmt::Display,
-    policy: FailurePolicy,
-) {
-    // Relaxed: statistics.
-    match e {
-        crate::Error::Timeout(_) => &counters.timeouts,
-        _ => &counters.errors,
+/// The failure path of one backend (a store, a rules backend): its policy, its circuit
+/// breaker and its counters. The backend asks [`FailureGate::admit`] before a call and reports
+/// [`FailureGate::succeeded`] or [`FailureGate::failed`] after it; what the policy answers is
+/// the backend's own (an insurance store or engine), counted with [`FailureGate::fell_back`].
+pub(crate) struct FailureGate {
+    pub(crate) policy: FailurePolicy,
+    breaker: Breaker,
+    counters: Counters,
+    /// Names the backend in the log.
+    backend: String,
+}
+
+impl FailureGate {
+    pub(crate) fn new(
+        policy: FailurePolicy,
+        threshold: u64,
+        cooldown: Duration,
+        backend: String,
+    ) -> Self {
+        Self {
+            policy,
+            breaker: Breaker::new(threshold, cooldown),
+            counters: Counters::default(),
+            backend,
+        }
     }
-    .fetch_add(1, Ordering::Relaxed);
-    if breaker.failure() {
-        counters.opened.fetch_add(1, Ordering::Relaxed);
-        log_opened(e, backend, policy);
+
+    /// Whether a call for `n` checks may go to Redis now; if not they are counted as short
+    /// circuited (the caller answers them by the policy).
+    pub(crate) fn admit(&self, n: u64) -> bool {
+        if self.breaker.allow() {
+            return true;
+        }
+        // Relaxed: statistics.
+        self.counters
+            .short_circuited
+            .fetch_add(n, Ordering::Relaxed);
+        false
+    }
+
+    /// A call that Redis answered, for `n` checks.
+    pub(crate) fn succeeded(&self, n: u64) {
+        self.breaker.success();
+        self.counters.redis.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// A call that failed: counted, and the breaker told; an opening of the circuit (at most
+    /// one per cooldown) is also said in the log, so that an outage is not only in the
+    /// counters.
+    pub(crate) fn failed(&self, e: &crate::Error) {
+        match e {
+            crate::Error::Timeout(_) => &self.counters.timeouts,
+            _ => &self.counters.errors,
+        }
+        .fetch_add(1, Ordering::Relaxed);
+        if self.breaker.failure() {
+            self.counters.opened.fetch_add(1, Ordering::Relaxed);
+            log_opened(e, &self.backend, self.policy);
+        }
+    }
+
+    /// `n` checks answered by the policy.
+    pub(crate) fn fell_back(&self, n: u64) {
+        self.counters.fallbacks.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// A denial answered from a local cache.
+    pub(crate) fn cached_denial(&self) {
+        self.counters.cached_denials.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn stats(&self) -> FailureStats {
+        self.counters.snapshot()
+    }
+
+    pub(crate) fn is_open(&self) -> bool {
+        self.breaker.is_open()
     }
 }
 
@@ -161,7 +220,7 @@ pub(crate) fn record_failure(
 /// moved the `turnstile` binary's keyed batch loop and slowed it; docs/performance.md).
 #[cold]
 #[inline(never)]
-fn log_opened(e: &crate::Error, backend: &dyn std::fmt::Display, policy: FailurePolicy) {
+fn log_opened(e: &crate::Error, backend: &str, policy: FailurePolicy) {
     tracing::warn!(
         error = %e,
         backend = %backend,

@@ -24,14 +24,14 @@
 //! exactly when the in-memory engine would carry them (`Limit::carries_to`) and starts fresh
 //! otherwise. Key ids are hashed under `[backend] seed`, the same in every process.
 
+use crate::call::{fcall, Caller};
 use crate::conn::Conn;
-use crate::policy::{blind, record_failure, Breaker, Counters, FailurePolicy, FailureStats};
-use crate::script::{compose_rules, limit_args};
+use crate::policy::{blind, FailureGate, FailurePolicy, FailureStats};
+use crate::reply;
+use crate::script::{self, limit_args, record_layout};
 use crate::store::Error;
-use crate::EXPLICIT_NOW_TTL_SLACK_MS;
-use redis::{ServerErrorKind, Value};
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
+use std::fmt::Write;
 use std::time::Duration;
 use turnstile::keyed::KeyHasher;
 use turnstile::rules::{
@@ -47,13 +47,10 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// docs](self)). One per `[backend]` table; [`RedisRules::reload`] follows a reload that keeps
 /// the table as it is.
 pub struct RedisRules {
-    conn: Conn,
-    script: redis::Script,
+    caller: Caller,
     backend: RedisBackend,
     keys: KeyHasher,
-    policy: FailurePolicy,
-    breaker: Breaker,
-    counters: Counters,
+    gate: FailureGate,
     /// Policy `insurance`: the same rules in memory, every limit ÷ expected nodes.
     insurance: Option<Engine>,
 }
@@ -134,19 +131,25 @@ impl RedisRules {
                 shown()
             ))
         })?;
+        let policy = match b.policy {
+            BackendPolicy::Open => FailurePolicy::Open,
+            BackendPolicy::Closed => FailurePolicy::Closed,
+            BackendPolicy::Insurance { expected_nodes } => {
+                FailurePolicy::Insurance { expected_nodes }
+            }
+        };
+        let caller = Caller::new(conn, b.timeout);
+        let mut load_conn = caller.conn().clone();
+        caller.load(&mut load_conn, None).await.map_err(|e| {
+            rules.backend_error(format!(
+                "cannot load turnstile's library into Redis at {}: {e}",
+                shown()
+            ))
+        })?;
         Ok(Self {
-            conn,
-            script: compose_rules(),
+            caller,
             keys: KeyHasher::with_seed(b.seed, 64),
-            policy: match b.policy {
-                BackendPolicy::Open => FailurePolicy::Open,
-                BackendPolicy::Closed => FailurePolicy::Closed,
-                BackendPolicy::Insurance { expected_nodes } => {
-                    FailurePolicy::Insurance { expected_nodes }
-                }
-            },
-            breaker: Breaker::new(5, Duration::from_secs(1)),
-            counters: Counters::default(),
+            gate: FailureGate::new(policy, 5, Duration::from_secs(1), "rules".into()),
             insurance,
             backend: b,
         })
@@ -192,12 +195,12 @@ impl RedisRules {
 
     /// What the failure path did so far (`redis` counts requests Redis answered).
     pub fn stats(&self) -> FailureStats {
-        self.counters.snapshot()
+        self.gate.stats()
     }
 
     /// Whether the circuit breaker is open (Redis is being left alone).
     pub fn circuit_open(&self) -> bool {
-        self.breaker.is_open()
+        self.gate.is_open()
     }
 
     /// The hasher of the key ids (under `[backend] seed`).
@@ -213,21 +216,16 @@ impl RedisRules {
         if plan.shed().is_some() || plan.steps().is_empty() {
             return plan.finish(&[]);
         }
-        // Relaxed: statistics.
-        if !self.breaker.allow() {
-            self.counters
-                .short_circuited
-                .fetch_add(1, Ordering::Relaxed);
+        if !self.gate.admit(1) {
             return self.fallback(req);
         }
         match self.run(&plan, None).await {
             Ok(o) => {
-                self.breaker.success();
-                self.counters.redis.fetch_add(1, Ordering::Relaxed);
+                self.gate.succeeded(1);
                 plan.finish(&o)
             }
             Err(e) => {
-                self.failed(&e);
+                self.gate.failed(&e);
                 self.fallback(req)
             }
         }
@@ -292,7 +290,7 @@ impl RedisRules {
             return Ok(0);
         }
         let all: Vec<(usize, char)> = (0..plan.steps().len()).map(|i| (i, 'a')).collect();
-        let r = if self.conn.is_cluster() {
+        let r = if self.caller.conn().is_cluster() {
             let calls = groups(&plan, &all)
                 .into_values()
                 .map(|g| self.refund_call(&plan, g, now));
@@ -305,7 +303,7 @@ impl RedisRules {
             self.refund_call(&plan, all, now).await
         };
         if let Err(e) = r {
-            self.failed(&e);
+            self.gate.failed(&e);
             if let Some(ins) = &self.insurance {
                 ins.refund(req);
             }
@@ -321,14 +319,10 @@ impl RedisRules {
         v
     }
 
-    fn failed(&self, e: &Error) {
-        record_failure(&self.counters, &self.breaker, e, &"rules", self.policy);
-    }
-
     /// The policy's answer to `req`.
     fn fallback(&self, req: &Request<'_>) -> Verdict {
-        self.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
-        let decision = match (&self.insurance, self.policy) {
+        self.gate.fell_back(1);
+        let decision = match (&self.insurance, self.gate.policy) {
             (Some(e), _) => return e.explain(req),
             (None, FailurePolicy::Open) => Decision {
                 outcome: Outcome::Untracked,
@@ -358,7 +352,7 @@ impl RedisRules {
             return Ok(out);
         }
         let one_slot = steps.iter().all(|s| s.key() == steps[0].key());
-        if !self.conn.is_cluster() || one_slot {
+        if !self.caller.conn().is_cluster() || one_slot {
             let all: Vec<usize> = (0..steps.len()).collect();
             self.check_call(plan, &all, now, &mut out).await?;
             return Ok(out);
@@ -466,7 +460,7 @@ impl RedisRules {
             .enumerate()
             .map(|(i, l)| {
                 let code = limit_args(l).map_or("?", |a| a.code);
-                match layout(l) {
+                match record_layout(l) {
                     Some(h) => format!("{base}{i}{code}.{h:08x}"),
                     None => format!("{base}{i}{code}"),
                 }
@@ -474,8 +468,8 @@ impl RedisRules {
             .collect()
     }
 
-    /// The script call over the steps `idx` (whose keys share a slot): the outcomes go to
-    /// `out`; true if an enforcing step denied.
+    /// The call over the steps `idx` (whose keys share a slot): the outcomes go to `out`;
+    /// true if an enforcing step denied.
     async fn check_call<C: Clock>(
         &self,
         plan: &Plan<C>,
@@ -484,9 +478,13 @@ impl RedisRules {
         out: &mut [Option<StepOutcome>],
     ) -> Result<bool, Error> {
         let steps: Vec<(usize, char)> = idx.iter().map(|&i| (i, 'a')).collect();
-        let cmd = self.invocation(plan, &steps, now, "c")?;
-        let v = self.call(&cmd).await?;
-        parse_check(v, idx, out)
+        let cmd = self.invocation(plan, &steps, now, 'c')?;
+        let v = self.caller.call(&cmd).await?;
+        let (denier, got) = reply::rules(&v, idx.len())?;
+        for (&i, (main, pool)) in idx.iter().zip(got) {
+            out[i] = main.map(|main| StepOutcome { main, pool });
+        }
+        Ok(denier != 0)
     }
 
     /// The refund call over `steps` (index and target: `a` as the engine, `m` the limits, `p`
@@ -497,74 +495,54 @@ impl RedisRules {
         steps: Vec<(usize, char)>,
         now: Option<u64>,
     ) -> Result<(), Error> {
-        let cmd = self.invocation(plan, &steps, now, "r")?;
-        self.call(&cmd).await?;
-        Ok(())
+        let cmd = self.invocation(plan, &steps, now, 'r')?;
+        reply::integer(&self.caller.call(&cmd).await?).map(|_| ())
     }
 
+    /// The call of `op` ("c" check, "r" refund) over `steps`: their keys, the plan's spec
+    /// (rules.lua), their costs and (refunds) their targets.
     fn invocation<C: Clock>(
         &self,
         plan: &Plan<C>,
         steps: &[(usize, char)],
         now: Option<u64>,
-        op: &str,
+        op: char,
     ) -> Result<redis::Cmd, Error> {
         let all = plan.steps();
         let mut keys = Vec::new();
-        let mut argv: Vec<String> = Vec::new();
-        match now {
-            Some(n) => argv.extend([n.to_string(), EXPLICIT_NOW_TTL_SLACK_MS.to_string()]),
-            None => argv.extend([String::new(), "0".into()]),
-        }
-        argv.extend([op.to_string(), steps.len().to_string()]);
+        let mut spec = steps.len().to_string();
+        let mut costs = String::new();
+        let mut targets = String::new();
         for &(i, target) in steps {
             let s = &all[i];
             keys.extend(self.names(plan, s, false));
             keys.extend(self.names(plan, s, true));
-            let mut flags = String::new();
-            if s.is_shadow() {
-                flags.push('s');
+            spec.push(' ');
+            match (s.is_shadow(), s.may_draw_pool()) {
+                (true, true) => spec.push_str("se"),
+                (true, false) => spec.push('s'),
+                (false, true) => spec.push('e'),
+                (false, false) => spec.push('-'),
             }
-            if s.may_draw_pool() {
-                flags.push('e');
+            push_limits(&mut spec, Some(plan.limits(s)))?;
+            push_limits(&mut spec, plan.pool_limits(s))?;
+            if !costs.is_empty() {
+                costs.push(' ');
             }
-            if target != 'a' {
-                flags.push(target);
-            }
-            if flags.is_empty() {
-                flags.push('-');
-            }
-            argv.push(flags);
-            argv.push(s.cost().to_string());
-            push_limits(&mut argv, Some(plan.limits(s)))?;
-            push_limits(&mut argv, plan.pool_limits(s))?;
+            // Writing to a String cannot fail.
+            let _ = write!(costs, "{}", s.cost());
+            targets.push(target);
         }
-        let mut c = redis::cmd("EVALSHA");
-        c.arg(self.script.get_hash())
-            .arg(keys.len())
-            .arg(keys)
-            .arg(argv);
-        Ok(c)
-    }
-
-    /// One script call with the timeout; `NOSCRIPT` (a restart, a failover, `SCRIPT FLUSH`)
-    /// loads the script and calls again.
-    async fn call(&self, cmd: &redis::Cmd) -> Result<Value, Error> {
-        let mut conn = self.conn.clone();
-        let run = async {
-            let v = match cmd.query_async::<Value>(&mut conn).await {
-                Err(e) if e.kind() == redis::ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    self.script.load_async(&mut conn).await?;
-                    cmd.query_async::<Value>(&mut conn).await?
-                }
-                r => r?,
-            };
-            Ok(v)
+        let op = match now {
+            Some(n) => format!("{op}{n}"),
+            None => op.to_string(),
         };
-        match tokio::time::timeout(self.backend.timeout, run).await {
-            Ok(r) => r,
-            Err(_) => Err(Error::Timeout(self.backend.timeout)),
-        }
+        let f = self.caller.rules_fn();
+        Ok(if op.starts_with('r') {
+            fcall(f, &keys, (op, spec, costs, targets))
+        } else {
+            fcall(f, &keys, (op, spec, costs))
+        })
     }
 }
 
@@ -591,80 +569,17 @@ fn escape(name: &str, out: &mut String) {
     }
 }
 
-/// A hash of what a limit's record means, when more than its algorithm says (what
-/// `Limit::carries_to` compares): records read alike exactly when these are equal. FNV-1a, so
-/// that every process and version names a key alike.
-fn layout(l: &Limit) -> Option<u32> {
-    let words: Vec<u64> = match l {
-        Limit::FixedWindow(p) => vec![p.window],
-        Limit::SlidingWindow(p) => vec![p.window],
-        Limit::WindowRing(p) => vec![p.window, p.buckets, p.width as u64],
-        Limit::SlidingLog(p) => vec![p.limit, p.window, p.tick],
-        Limit::TokenBucket(_) | Limit::LeakyBucket(_) | Limit::Concurrency(_) => return None,
-    };
-    let mut h: u32 = 0x811c_9dc5;
-    for b in words.iter().flat_map(|w| w.to_le_bytes()) {
-        h = (h ^ b as u32).wrapping_mul(0x0100_0193);
-    }
-    Some(h)
-}
-
-fn push_limits(argv: &mut Vec<String>, limits: Option<&Limits>) -> Result<(), Error> {
+/// Appends `limits` (none: a count of 0) to a plan's spec.
+fn push_limits(spec: &mut String, limits: Option<&Limits>) -> Result<(), Error> {
     let Some(limits) = limits else {
-        argv.push("0".into());
+        spec.push_str(" 0");
         return Ok(());
     };
-    argv.push(limits.limits().len().to_string());
-    for l in limits.limits() {
-        let a = limit_args(l)?;
-        argv.push(a.code.to_string());
-        argv.extend(a.params.iter().map(u64::to_string));
-    }
+    let args = limits
+        .limits()
+        .iter()
+        .map(limit_args)
+        .collect::<Result<Vec<_>, _>>()?;
+    script::push_limits(spec, limits, &args);
     Ok(())
-}
-
-/// Six integers as a decision; `None` for outcome -1 (not asked).
-fn decision(f: &[i64]) -> Result<Option<Decision>, ()> {
-    let outcome = match f[0] {
-        -1 => return Ok(None),
-        0 => Outcome::Allowed,
-        1 => Outcome::Limited,
-        2 => Outcome::NeverFits,
-        _ => return Err(()),
-    };
-    let u = |x: i64| x.max(0) as u64;
-    Ok(Some(Decision {
-        outcome,
-        limit: u(f[1]),
-        remaining: u(f[2]),
-        reset_after_ns: u(f[3]),
-        retry_after_ns: (f[4] >= 0).then(|| u(f[4])),
-        delay_ns: u(f[5]),
-    }))
-}
-
-/// A check reply for the steps `idx`: their outcomes into `out`; whether a step denied.
-fn parse_check(v: Value, idx: &[usize], out: &mut [Option<StepOutcome>]) -> Result<bool, Error> {
-    if let Value::ServerError(e) = v {
-        return Err(Error::Redis(e.into()));
-    }
-    let dbg = format!("{v:?}");
-    let bad = || Error::Reply(dbg.clone());
-    let Value::Array(items) = v else {
-        return Err(bad());
-    };
-    if items.len() != 1 + 12 * idx.len() {
-        return Err(bad());
-    }
-    let mut f = Vec::with_capacity(items.len());
-    for x in &items {
-        f.push(redis::from_redis_value_ref::<i64>(x).map_err(|_| bad())?);
-    }
-    for (k, &i) in idx.iter().enumerate() {
-        let at = 1 + 12 * k;
-        let main = decision(&f[at..at + 6]).map_err(|_| bad())?;
-        let pool = decision(&f[at + 6..at + 12]).map_err(|_| bad())?;
-        out[i] = main.map(|main| StepOutcome { main, pool });
-    }
-    Ok(f[0] != 0)
 }

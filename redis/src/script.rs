@@ -1,189 +1,371 @@
-//! The Lua scripts: one file per algorithm under `lua/`, composed per store into one script
-//! (a value: its SHA is computed once; `EVALSHA`, reloaded on `NOSCRIPT`).
+//! The Lua library: one file per part under `lua/`, composed into one Redis Functions library
+//! (`FUNCTION LOAD`), named by a hash of its text so that every version has its own, and the
+//! limits' parameters as the library reads them (a spec string per store, [`store_spec`]).
 //!
-//! A store's script is `fast.lua` (one fixed_window / token_bucket limit's check, before any
-//! helper is built), `prelude.lua`, the files of the algorithms its limits use,
-//! `limits.lua` (several limits all-or-nothing) and `driver.lua` (one key's call). The rules
-//! engine's script ([`compose_rules`]) is the prelude, every algorithm a rule may use,
-//! `limits.lua` and `rules.lua` (one request's matching rules in one call). Each file's header
-//! states its KEYS, ARGV and reply. Lua numbers are doubles, so absolute times travel as
-//! decimal strings and every duration must stay below [`MAX_DURATION_NS`].
+//! The library holds every algorithm; its top level (the helpers, the algorithm tables) runs
+//! once, when Redis loads it, and each call runs only the registered function (with `EVAL`,
+//! the whole script's chunk ran on every call). Each file's header states what it reads and
+//! answers. Lua numbers are doubles: absolute times travel as decimal strings, and every
+//! duration must stay below [`MAX_DURATION_NS`].
 
 use redis::Script;
+use std::fmt::Write;
+use std::sync::OnceLock;
 use turnstile::{ConfigError, Limit, Limits};
 
-const PRELUDE: &str = include_str!("../lua/prelude.lua");
-const DRIVER: &str = include_str!("../lua/driver.lua");
-const FAST: &str = include_str!("../lua/fast.lua");
-const LIMITS: &str = include_str!("../lua/limits.lua");
-const RULES: &str = include_str!("../lua/rules.lua");
-const FIXED_WINDOW: &str = include_str!("../lua/fixed_window.lua");
-const SLIDING_WINDOW: &str = include_str!("../lua/sliding_window.lua");
-const TOKEN_BUCKET: &str = include_str!("../lua/token_bucket.lua");
-const LEAKY_BUCKET: &str = include_str!("../lua/leaky_bucket.lua");
-const ZSET: &str = include_str!("../lua/zset.lua");
-const SLIDING_LOG: &str = include_str!("../lua/sliding_log.lua");
-const CONCURRENCY: &str = include_str!("../lua/concurrency.lua");
-const WINDOW_RING: &str = include_str!("../lua/window_ring.lua");
+/// The parts, in the order the library needs them (each uses only those before it).
+const PARTS: [&str; 14] = [
+    include_str!("../lua/prelude.lua"),
+    include_str!("../lua/record.lua"),
+    include_str!("../lua/fixed_window.lua"),
+    include_str!("../lua/sliding_window.lua"),
+    include_str!("../lua/token_bucket.lua"),
+    include_str!("../lua/leaky_bucket.lua"),
+    include_str!("../lua/sliding_log.lua"),
+    include_str!("../lua/window_ring.lua"),
+    include_str!("../lua/concurrency.lua"),
+    include_str!("../lua/limits.lua"),
+    include_str!("../lua/spec.lua"),
+    include_str!("../lua/fast.lua"),
+    include_str!("../lua/store.lua"),
+    include_str!("../lua/rules.lua"),
+];
 
 /// The longest window, period, τ or lease a script handles exactly: 2^52 ns (52 days). Lua's
 /// doubles hold integers exactly below 2^53, and the scripts' arithmetic keeps every
 /// intermediate under twice a duration.
 pub const MAX_DURATION_NS: u64 = 1 << 52;
 
-/// The longest sliding_log window and concurrency lease on Redis: 2^51 ns (26 days). Their
-/// sorted sets score times after a base that moves up once a score passes 2^51
-/// (`lua/zset.lua`), so a score plus a window stays below 2^53.
+/// The longest sliding_log window and concurrency lease on Redis: 2^51 ns (26 days). A log's
+/// entries and a lease's score are kept within 2^52 ns of a base that moves, so a time plus
+/// a window stays below 2^53.
 pub const MAX_ZSET_DURATION_NS: u64 = 1 << 51;
 
-/// One limit as the script sees it: algorithm code, keys it takes, parameters.
+/// The composed library: its text and the names it registers.
+#[derive(Debug)]
+pub(crate) struct Library {
+    /// `#!lua name=...` and the parts.
+    pub(crate) code: String,
+    /// The library's name, `turnstile_<hash>`.
+    pub(crate) name: String,
+    /// The store's function (store.lua).
+    pub(crate) store: String,
+    /// The rules engine's function (rules.lua).
+    pub(crate) rules: String,
+}
+
+/// The library of this build (composed once).
+pub(crate) fn library() -> &'static Library {
+    static LIB: OnceLock<Library> = OnceLock::new();
+    LIB.get_or_init(|| compose(&PARTS))
+}
+
+/// The library of `parts`: named by the SHA-1 of their text (12 hex digits), its functions
+/// registered under the same suffix, so that two versions loaded on one server never replace
+/// each other's functions.
+fn compose(parts: &[&str]) -> Library {
+    let body = parts.concat();
+    let hash = Script::new(&body).get_hash()[..12].to_string();
+    let (name, store, rules) = (
+        format!("turnstile_{hash}"),
+        format!("ts_{hash}"),
+        format!("tsr_{hash}"),
+    );
+    let code = format!(
+        "#!lua name={name}\n{body}\nredis.register_function('{store}', store_call)\nredis.register_function('{rules}', rules_call)\n"
+    );
+    Library {
+        code,
+        name,
+        store,
+        rules,
+    }
+}
+
+/// One limit as the library sees it: its algorithm's code and parameters.
 #[derive(Clone, Debug)]
 pub(crate) struct LimitArgs {
     pub(crate) code: &'static str,
     pub(crate) params: Vec<u64>,
 }
 
-fn too_long(field: &'static str, what: &str, ns: u64) -> ConfigError {
+impl LimitArgs {
+    /// Whether its records may be packed in buckets (record.lua): one short value per key.
+    pub(crate) fn packable(&self) -> bool {
+        matches!(self.code, "fw" | "sw" | "tb" | "lb")
+    }
+
+    /// Appends `<code> <parameters...>` to a spec.
+    pub(crate) fn push_to(&self, spec: &mut String) {
+        spec.push(' ');
+        spec.push_str(self.code);
+        for p in &self.params {
+            // Writing to a String cannot fail.
+            let _ = write!(spec, " {p}");
+        }
+    }
+}
+
+fn too_long(field: &'static str, what: &str, ns: u64, max: u64) -> ConfigError {
+    let (pow, days) = if max == MAX_DURATION_NS {
+        (52, 52)
+    } else {
+        (51, 26)
+    };
     ConfigError::new(
         field,
         format!(
-            "{what} of {ns} ns is longer than the 2^52 ns (52 days) a Redis script computes exactly; shorten it or use the in-memory store"
+            "{what} of {ns} ns is longer than the 2^{pow} ns ({days} days) a Redis script computes exactly; shorten it or use the in-memory store"
         ),
     )
 }
 
-/// The script's parameters for `l`, or why Redis cannot run it.
+/// The library's parameters for `l`, or why Redis cannot run it.
 pub(crate) fn limit_args(l: &Limit) -> Result<LimitArgs, ConfigError> {
-    let check = |field, what, ns: u64| {
-        if ns > MAX_DURATION_NS {
-            Err(too_long(field, what, ns))
+    let check = |field, what, ns: u64, max: u64| {
+        if ns > max {
+            Err(too_long(field, what, ns, max))
         } else {
             Ok(())
         }
     };
-    Ok(match l {
+    let (code, params) = match l {
         Limit::FixedWindow(p) => {
-            check("window", "a window", p.window)?;
-            LimitArgs {
-                code: "fw",
-                params: vec![p.limit, p.window, p.count_denied as u64],
-            }
+            check("window", "a window", p.window, MAX_DURATION_NS)?;
+            ("fw", vec![p.limit, p.window, p.count_denied as u64])
         }
         Limit::SlidingWindow(p) => {
-            check("window", "a window", p.window)?;
-            LimitArgs {
-                code: "sw",
-                params: vec![p.limit, p.window, p.count_denied as u64],
-            }
+            check("window", "a window", p.window, MAX_DURATION_NS)?;
+            ("sw", vec![p.limit, p.window, p.count_denied as u64])
         }
         Limit::TokenBucket(p) => {
-            check("burst", "a bucket span (capacity x interval)", p.tau)?;
-            LimitArgs {
-                code: "tb",
-                params: vec![p.capacity, p.interval, p.tau],
-            }
+            let what = "a bucket span (capacity x interval)";
+            check("burst", what, p.tau, MAX_DURATION_NS)?;
+            ("tb", vec![p.capacity, p.interval, p.tau])
         }
         Limit::LeakyBucket(p) => {
-            check("burst", "a bucket span ((burst + 1) x interval)", p.tau)?;
-            LimitArgs {
-                code: "lb",
-                params: vec![p.capacity(), p.interval, p.tau, p.free],
-            }
+            let what = "a bucket span ((burst + 1) x interval)";
+            check("burst", what, p.tau, MAX_DURATION_NS)?;
+            ("lb", vec![p.capacity(), p.interval, p.tau, p.free])
         }
         Limit::SlidingLog(p) => {
-            if p.window > MAX_ZSET_DURATION_NS {
-                return Err(ConfigError::new(
-                    "window",
-                    format!("a sliding_log window of {} ns is longer than the 2^51 ns (26 days) a Redis sorted set scores exactly; shorten it or use the in-memory store", p.window),
-                ));
-            }
-            LimitArgs {
-                code: "sl",
-                params: vec![p.limit, p.window, p.count_denied as u64, p.tick],
-            }
+            let what = "a sliding_log window";
+            check("window", what, p.window, MAX_ZSET_DURATION_NS)?;
+            let params = vec![p.limit, p.window, p.count_denied as u64, p.tick];
+            ("sl", params)
         }
         Limit::WindowRing(p) => {
             // The ring spans N + 1 sub-windows; the script's arithmetic keeps that span exact.
+            let span = p.sub.saturating_mul(p.buckets + 1);
             check(
                 "window",
                 "a ring of N + 1 sub-windows",
-                p.sub.saturating_mul(p.buckets + 1),
+                span,
+                MAX_DURATION_NS,
             )?;
-            LimitArgs {
-                code: "wr",
-                params: vec![
-                    p.limit,
-                    p.window,
-                    p.count_denied as u64,
-                    p.sub,
-                    p.buckets,
-                    p.max_count(),
-                    (p.width as u64).div_ceil(8),
-                ],
-            }
+            let bytes = (p.width as u64).div_ceil(8);
+            let (cd, max) = (p.count_denied as u64, p.max_count());
+            (
+                "wr",
+                vec![p.limit, p.window, cd, p.sub, p.buckets, max, bytes],
+            )
         }
         Limit::Concurrency(p) => {
-            if p.lease > MAX_ZSET_DURATION_NS {
-                return Err(ConfigError::new(
-                    "window",
-                    format!("a concurrency lease of {} ns is longer than the 2^51 ns (26 days) a Redis sorted set scores exactly; shorten it or use the in-memory store", p.lease),
-                ));
-            }
-            LimitArgs {
-                code: "cc",
-                params: vec![p.limit, p.lease],
-            }
-        }
-    })
-}
-
-/// The script for `limits`: the prelude, each algorithm used (once), the driver.
-pub(crate) fn compose(limits: &Limits) -> Result<(Script, Vec<LimitArgs>), ConfigError> {
-    let args = limits
-        .limits()
-        .iter()
-        .map(limit_args)
-        .collect::<Result<Vec<_>, _>>()?;
-    // fast.lua first: its check of one fixed_window / token_bucket limit returns before the
-    // prelude's helpers are built; it declares the time driver.lua reuses.
-    let mut src = String::from(FAST);
-    src.push_str(PRELUDE);
-    let mut add = |code: &str, text: &str| {
-        if args.iter().any(|a| a.code == code) && !src.contains(text) {
-            src.push_str(text);
+            check(
+                "window",
+                "a concurrency lease",
+                p.lease,
+                MAX_ZSET_DURATION_NS,
+            )?;
+            ("cc", vec![p.limit, p.lease])
         }
     };
-    add("fw", FIXED_WINDOW);
-    add("sw", SLIDING_WINDOW);
-    // leaky_bucket reuses token_bucket's GCRA helpers.
-    add("tb", TOKEN_BUCKET);
-    add("lb", TOKEN_BUCKET);
-    add("lb", LEAKY_BUCKET);
-    add("sl", ZSET);
-    add("cc", ZSET);
-    add("sl", SLIDING_LOG);
-    add("cc", CONCURRENCY);
-    add("wr", WINDOW_RING);
-    src.push_str(LIMITS);
-    src.push_str(DRIVER);
-    Ok((Script::new(&src), args))
+    Ok(LimitArgs { code, params })
 }
 
-/// The rules engine's script: every algorithm a rule may use (all but concurrency, which
-/// rules refuse), `limits.lua` and `rules.lua`.
-pub(crate) fn compose_rules() -> Script {
-    let src = [
-        PRELUDE,
-        FIXED_WINDOW,
-        SLIDING_WINDOW,
-        TOKEN_BUCKET,
-        LEAKY_BUCKET,
-        ZSET,
-        SLIDING_LOG,
-        WINDOW_RING,
-        LIMITS,
-        RULES,
-    ]
-    .concat();
-    Script::new(&src)
+/// A store's spec (spec.lua): its layout ("b": records packed in buckets where the algorithm
+/// allows it; "k": a plain key per record), then the limits ([`push_limits`]).
+pub(crate) fn store_spec(packed: bool, limits: &Limits, args: &[LimitArgs]) -> String {
+    let mut s = String::from(if packed { "b" } else { "k" });
+    push_limits(&mut s, limits, args);
+    s
+}
+
+/// Appends limits to a spec: their count (with "+" when their record takes more than 64 words
+/// in memory: limits.lua keeps a counted denial then, as `Limits::count_denial` does), then
+/// each one's code and parameters.
+pub(crate) fn push_limits(spec: &mut String, limits: &Limits, args: &[LimitArgs]) {
+    let big = if limits.words() > 64 { "+" } else { "" };
+    // Writing to a String cannot fail.
+    let _ = write!(spec, " {}{big}", args.len());
+    for a in args {
+        a.push_to(spec);
+    }
+}
+
+/// A hash of what a limit's record means, when more than its algorithm says (what
+/// `Limit::carries_to` compares): records read alike exactly when these are equal.
+pub(crate) fn record_layout(l: &Limit) -> Option<u32> {
+    Some(fnv(&match l {
+        Limit::FixedWindow(p) => vec![p.window],
+        Limit::SlidingWindow(p) => vec![p.window],
+        Limit::WindowRing(p) => vec![p.window, p.buckets, p.width as u64],
+        Limit::SlidingLog(p) => vec![p.limit, p.window, p.tick],
+        Limit::TokenBucket(_) | Limit::LeakyBucket(_) | Limit::Concurrency(_) => return None,
+    }))
+}
+
+/// A hash of what a packed record's value means (fixed_window.lua's and sliding_window.lua's
+/// encodings: one integer when the counts fit below the window, sliding_window's counts
+/// split by the limit's K): the records of one bucket are all read (and swept) alike exactly
+/// when these are equal.
+pub(crate) fn packed_layout(l: &Limit) -> Option<u32> {
+    use turnstile::algo::{fixed_window, sliding_window};
+    Some(fnv(&match l {
+        Limit::FixedWindow(p) => {
+            let cap = if p.count_denied {
+                fixed_window::MAX_LIMIT
+            } else {
+                p.limit
+            };
+            vec![p.window, (cap < p.window) as u64]
+        }
+        Limit::SlidingWindow(p) => {
+            let cap = if p.count_denied {
+                sliding_window::MAX_LIMIT
+            } else {
+                p.limit
+            };
+            let k = cap + 1;
+            vec![p.window, if k * k <= p.window { k } else { 0 }]
+        }
+        _ => return record_layout(l),
+    }))
+}
+
+/// FNV-1a over the words' bytes: stable across processes and versions, as the names it makes
+/// must be for every process to name a key alike.
+fn fnv(words: &[u64]) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in words.iter().flat_map(|w| w.to_le_bytes()) {
+        h = (h ^ b as u32).wrapping_mul(0x0100_0193);
+    }
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn the_library_registers_both_functions_under_its_hash() {
+        let lib = library();
+        assert!(lib.code.starts_with(&format!("#!lua name={}\n", lib.name)));
+        let hash = lib.name.strip_prefix("turnstile_").unwrap();
+        assert_eq!(hash.len(), 12);
+        assert_eq!(lib.store, format!("ts_{hash}"));
+        assert_eq!(lib.rules, format!("tsr_{hash}"));
+        assert!(lib.code.contains(&format!(
+            "redis.register_function('{}', store_call)",
+            lib.store
+        )));
+        assert!(lib.code.contains(&format!(
+            "redis.register_function('{}', rules_call)",
+            lib.rules
+        )));
+        // Another text, another name.
+        let other = compose(&["-- x\n"]);
+        assert_ne!(other.name, lib.name);
+    }
+
+    #[test]
+    fn every_loop_of_the_library_is_a_numeric_for_or_bounded_by_one() {
+        // A `while` or `repeat` loop's end depends on its body; every loop of the library is
+        // a numeric `for` (bounds fixed before it starts) or a generic `for` over a finite
+        // string or table.
+        for part in PARTS {
+            for (i, line) in part.lines().enumerate() {
+                let code = line.split("--").next().unwrap_or("");
+                assert!(
+                    !code.contains("while ") && !code.contains("repeat"),
+                    "line {}: {line}",
+                    i + 1
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn specs_list_each_limit_with_its_parameters() {
+        let h = Duration::from_secs(3600);
+        let fw = limit_args(&Limit::fixed_window(500, h).unwrap()).unwrap();
+        let tb = limit_args(&Limit::token_bucket(10, 10, h).unwrap()).unwrap();
+        let l = |v: Vec<Limit>| Limits::new(v).unwrap();
+        let both = l(vec![
+            Limit::fixed_window(500, h).unwrap(),
+            Limit::token_bucket(10, 10, h).unwrap(),
+        ]);
+        assert_eq!(
+            store_spec(true, &both, &[fw.clone(), tb.clone()]),
+            "b 2 fw 500 3600000000000 0 tb 10 360000000000 3600000000000"
+        );
+        let one = l(vec![Limit::fixed_window(500, h).unwrap()]);
+        assert_eq!(
+            store_spec(false, &one, std::slice::from_ref(&fw)),
+            "k 1 fw 500 3600000000000 0"
+        );
+        let big = l(vec![Limit::sliding_log(500, h).unwrap()]);
+        let a = limit_args(&big.limits()[0]).unwrap();
+        assert!(store_spec(false, &big, &[a]).starts_with("k 1+ sl 500 "));
+        assert!(fw.packable() && tb.packable());
+        let sl = limit_args(&Limit::sliding_log(500, h).unwrap()).unwrap();
+        assert!(!sl.packable());
+        assert_eq!(sl.params[3], 3600000000000u64.div_ceil(1 << 30));
+    }
+
+    #[test]
+    fn durations_past_what_doubles_hold_are_refused() {
+        let l = Limit::token_bucket(10_000, 1, Duration::from_secs(3600)).unwrap();
+        let e = limit_args(&l).unwrap_err();
+        assert!(e.message.contains("2^52"), "{e}");
+        let day = Duration::from_secs(86_400);
+        let l = Limit::sliding_log(10, day * 27).unwrap();
+        assert!(limit_args(&l).unwrap_err().message.contains("2^51"));
+        let l = Limit::concurrency(10, day * 26).unwrap();
+        assert!(limit_args(&l).is_ok());
+    }
+
+    #[test]
+    fn layouts_differ_exactly_when_records_read_differently() {
+        let m = Duration::from_secs(60);
+        let a = Limit::fixed_window(5, m).unwrap();
+        let b = Limit::fixed_window(7, m).unwrap();
+        let c = Limit::fixed_window(5, m * 2).unwrap();
+        assert_eq!(record_layout(&a), record_layout(&b));
+        assert_ne!(record_layout(&a), record_layout(&c));
+        assert_eq!(record_layout(&Limit::token_bucket(5, 5, m).unwrap()), None);
+        // Packed: the encoding too (one integer when the counts fit below the window).
+        assert_eq!(packed_layout(&a), packed_layout(&b));
+        let cd = |l: Limit| match l {
+            Limit::FixedWindow(mut p) => {
+                p.count_denied = true;
+                Limit::FixedWindow(p)
+            }
+            l => l,
+        };
+        let tiny = Duration::from_millis(7);
+        let (x, y) = (
+            Limit::fixed_window(1, tiny).unwrap(),
+            cd(Limit::fixed_window(1, tiny).unwrap()),
+        );
+        assert_eq!(record_layout(&x), record_layout(&y));
+        assert_ne!(
+            packed_layout(&x),
+            packed_layout(&y),
+            "2^24 - 1 counts do not fit below 7 ms"
+        );
+        let sw = |n| Limit::sliding_window(n, m).unwrap();
+        assert_ne!(packed_layout(&sw(5)), packed_layout(&sw(7)));
+    }
 }

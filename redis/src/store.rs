@@ -1,23 +1,23 @@
 //! [`RedisStore`]: the same [`Limits`] and [`Decision`]s as `turnstile::keyed::Store`, kept in
-//! Redis or a Redis Cluster, one atomic script call per decision.
+//! Redis or a Redis Cluster, one atomic function call per decision.
 
+use crate::call::{fcall, Caller};
 use crate::conn::Conn;
-use crate::policy::{
-    blind, insurance, record_failure, Breaker, Counters, FailurePolicy, FailureStats,
-};
-use crate::script::{compose, LimitArgs};
-use redis::{ServerErrorKind, Value};
-use std::collections::HashMap;
+use crate::deny::DenyCache;
+use crate::layout::Layout;
+use crate::policy::{blind, insurance, FailureGate, FailurePolicy, FailureStats};
+use crate::reply;
+use crate::script::{limit_args, store_spec};
+use redis::{Cmd, ToRedisArgs};
 use std::fmt;
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 use turnstile::keyed::Store;
-use turnstile::{ConfigError, Decision, Limits, Outcome};
+use turnstile::{ConfigError, Decision, Limit, Limits};
 
 /// Milliseconds added to every TTL when a call passes an explicit `now` (tests): such a `now`
 /// is not the server's clock, so a TTL computed from it must not expire the key under the
-/// test's feet. Production calls (server `TIME`) add nothing.
+/// test's feet. Production calls (server `TIME`) add nothing. (The library's `SLACK_MS`.)
 pub const EXPLICIT_NOW_TTL_SLACK_MS: u64 = 3_600_000;
 
 /// Why a call to Redis gave no decision.
@@ -29,7 +29,8 @@ pub enum Error {
     Redis(redis::RedisError),
     /// No answer within the per-call timeout.
     Timeout(Duration),
-    /// The script answered something that is not a decision (a bug; the reply is given).
+    /// The library answered something that is not a decision (a bug; the reply is given), or
+    /// the server cannot run it (see the message).
     Reply(String),
     /// A key cannot be used (see the message).
     Key(String),
@@ -41,7 +42,7 @@ impl fmt::Display for Error {
             Error::Config(e) => write!(f, "{e}"),
             Error::Redis(e) => write!(f, "redis: {e}"),
             Error::Timeout(t) => write!(f, "redis did not answer within {t:?}"),
-            Error::Reply(r) => write!(f, "unexpected script reply: {r}"),
+            Error::Reply(r) => write!(f, "unexpected reply: {r}"),
             Error::Key(m) => write!(f, "{m}"),
         }
     }
@@ -73,11 +74,12 @@ pub struct RedisStoreBuilder {
     breaker_cooldown: Duration,
     deny_cache: bool,
     insurance_keys: u64,
+    capacity: Option<u64>,
 }
 
 impl RedisStoreBuilder {
     /// Key prefix (a namespace, e.g. the rule's name); default `"ts:"`. Must not contain `{`
-    /// or `}` (the key itself is the hash tag).
+    /// or `}` (the key, or its bucket, is the hash tag).
     pub fn prefix(mut self, p: impl Into<String>) -> Self {
         self.prefix = p.into();
         self
@@ -117,20 +119,34 @@ impl RedisStoreBuilder {
         self.insurance_keys = keys;
         self
     }
+    /// Packs the records of fixed_window, sliding_window, token_bucket and leaky_bucket limits
+    /// as fields of hashes of 32 to 64 keys each, sized for `keys` live keys: about 27-29
+    /// bytes of Redis memory per key and limit instead of 130-170 (docs/redis.md). Every
+    /// process sharing these limits must give the same `keys` (it maps keys to hashes); more
+    /// keys than that still work, in larger hashes. Default: a Redis key per record.
+    pub fn capacity(mut self, keys: u64) -> Self {
+        self.capacity = Some(keys);
+        self
+    }
 
-    /// Connects to one Redis node.
+    /// Connects to one Redis node (7.0 or later) and loads the library.
     pub async fn connect(self, url: &str) -> Result<RedisStore, Error> {
         let conn = Conn::single(url, self.connect_timeout).await?;
-        self.build(conn)
+        let store = self.build(conn)?;
+        store.load().await?;
+        Ok(store)
     }
 
-    /// Connects to a Redis Cluster through any of its nodes.
+    /// Connects to a Redis Cluster through any of its nodes and loads the library on every
+    /// master.
     pub async fn connect_cluster(self, urls: &[&str]) -> Result<RedisStore, Error> {
         let conn = Conn::cluster(urls, self.connect_timeout).await?;
-        self.build(conn)
+        let store = self.build(conn)?;
+        store.load().await?;
+        Ok(store)
     }
 
-    /// Builds over an existing connection.
+    /// Builds over an existing connection (the library is loaded on first use).
     pub fn build(self, conn: Conn) -> Result<RedisStore, Error> {
         if self.prefix.contains(['{', '}']) {
             return Err(Error::Key(format!(
@@ -138,23 +154,9 @@ impl RedisStoreBuilder {
                 self.prefix
             )));
         }
-        let (script, largs) = compose(&self.limits)?;
-        let mut tail = vec![largs.len().to_string()];
-        for a in &largs {
-            tail.push(a.code.to_string());
-            tail.extend(a.params.iter().map(u64::to_string));
-        }
-        // fast.lua answers an admission of one fixed_window / token_bucket limit as
-        // "<remaining> <reset_after>"; the limit it leaves out is this one.
-        let fast_limit = match largs.as_slice() {
-            [a] if a.code == "fw" || a.code == "tb" => Some(a.params[0]),
-            _ => None,
-        };
-        let suffixes = largs
-            .iter()
-            .enumerate()
-            .map(|(i, a): (usize, &LimitArgs)| format!(":{i}{}", a.code))
-            .collect();
+        let ls = self.limits.limits();
+        let args = ls.iter().map(limit_args).collect::<Result<Vec<_>, _>>()?;
+        let layout = Layout::new(&self.prefix, ls, &args, self.capacity);
         let insurance = match self.policy {
             FailurePolicy::Insurance { expected_nodes } => Some(Arc::new(
                 insurance(&self.limits, expected_nodes, self.insurance_keys).ok_or_else(|| {
@@ -166,50 +168,38 @@ impl RedisStoreBuilder {
             )),
             _ => None,
         };
+        let backend = format!("store {:?}", self.prefix);
         Ok(RedisStore {
-            conn,
-            script,
-            fast_limit,
-            tail,
-            suffixes,
-            prefix: self.prefix,
-            timeout: self.timeout,
-            policy: self.policy,
-            breaker: Breaker::new(self.breaker_threshold, self.breaker_cooldown),
-            counters: Counters::default(),
+            caller: Caller::new(conn, self.timeout),
+            spec: store_spec(layout.packed(), &self.limits, &args),
+            concurrency: matches!(ls, [Limit::Concurrency(_)]),
+            single: ls.first().map_or(0, Limit::capacity),
+            layout,
+            gate: FailureGate::new(
+                self.policy,
+                self.breaker_threshold,
+                self.breaker_cooldown,
+                backend,
+            ),
             insurance,
-            deny_cache: self.deny_cache.then(|| Mutex::new(HashMap::new())),
+            deny: self.deny_cache.then(DenyCache::default),
             limits: self.limits,
         })
     }
 }
 
-/// The over-limit cache: key → (deny until, the smallest cost denied, the decision).
-type DenyCache = HashMap<String, (Instant, u64, Decision)>;
-
-/// Entries the over-limit cache holds before it drops the expired ones (then, if still full,
-/// all of them).
-const DENY_CACHE_MAX: usize = 65_536;
-
 /// Limits for many keys, in Redis. See the crate docs.
 pub struct RedisStore {
-    conn: Conn,
-    script: redis::Script,
-    /// For one fixed_window / token_bucket limit, checked by fast.lua: the limit an admission
-    /// leaves out of its short reply.
-    fast_limit: Option<u64>,
-    /// ARGV from [5] on: the number of limits, then each one's code and parameters.
-    tail: Vec<String>,
-    /// Each limit's key suffix (`:<index><code>`).
-    suffixes: Vec<String>,
-    prefix: String,
-    timeout: Duration,
-    policy: FailurePolicy,
-    pub(crate) breaker: Breaker,
-    pub(crate) counters: Counters,
+    caller: Caller,
+    /// The library's spec of these limits (spec.lua).
+    spec: String,
+    layout: Layout,
+    concurrency: bool,
+    /// The first limit's capacity (the failure policy's blind answers name it).
+    single: u64,
+    pub(crate) gate: FailureGate,
     pub(crate) insurance: Option<Arc<Store>>,
-    /// key → (deny until, the smallest cost denied, the decision).
-    deny_cache: Option<Mutex<DenyCache>>,
+    deny: Option<DenyCache>,
     limits: Limits,
 }
 
@@ -226,6 +216,7 @@ impl RedisStore {
             breaker_cooldown: Duration::from_secs(1),
             deny_cache: false,
             insurance_keys: 100_000,
+            capacity: None,
         }
     }
 
@@ -236,103 +227,76 @@ impl RedisStore {
 
     /// The connection (for tests and tools).
     pub fn connection(&self) -> Conn {
-        self.conn.clone()
+        self.caller.conn().clone()
     }
 
-    /// The script's SHA1 (what `EVALSHA` names).
-    pub fn script_sha(&self) -> &str {
-        self.script.get_hash()
+    /// The name of the Functions library the store calls (`FUNCTION LIST` shows it).
+    pub fn library_name(&self) -> &str {
+        self.caller.library_name()
     }
 
-    /// The Redis keys of `key`, one per limit, all sharing the hash tag `{key}`.
+    /// Loads the library (done on first use, and again whenever Redis lost it).
+    pub async fn load(&self) -> Result<(), Error> {
+        let mut conn = self.caller.conn().clone();
+        self.caller.load(&mut conn, None).await
+    }
+
+    /// The Redis keys of `key`'s records, one per limit, all sharing one hash tag: the key's
+    /// own, or with [`RedisStoreBuilder::capacity`] its bucket's (a hash holding many keys'
+    /// records: see [`RedisStore::record_field`]).
     pub fn redis_keys(&self, key: &str) -> Vec<String> {
-        self.suffixes
-            .iter()
-            .map(|s| format!("{}{{{key}}}{s}", self.prefix))
-            .collect()
+        self.layout.names(key).keys
+    }
+
+    /// With [`RedisStoreBuilder::capacity`], the field holding `key`'s record in each of its
+    /// limits' buckets (the limits whose records are packed); else `None`.
+    pub fn record_field(&self, key: &str) -> Option<Vec<u8>> {
+        self.layout.names(key).field
     }
 
     /// What the failure path did so far.
     pub fn stats(&self) -> FailureStats {
-        self.counters.snapshot()
+        self.gate.stats()
     }
 
     /// Whether the circuit breaker is open (Redis is being left alone).
     pub fn circuit_open(&self) -> bool {
-        self.breaker.is_open()
+        self.gate.is_open()
     }
 
+    pub(crate) fn is_concurrency(&self) -> bool {
+        self.concurrency
+    }
+
+    /// The call of `mode` (check "c", refund "r", acquire "a", release "x") for `key` at `now`
+    /// (`None`: the server's TIME), `arg` the cost or the stamp.
     pub(crate) fn invocation(
         &self,
         key: &str,
         now: Option<u64>,
-        cost: impl redis::ToRedisArgs,
-        mode: &str,
-    ) -> redis::Cmd {
-        let mut c = redis::cmd("EVALSHA");
-        c.arg(self.script.get_hash()).arg(self.suffixes.len());
-        for s in &self.suffixes {
-            c.arg(format!("{}{{{key}}}{s}", self.prefix));
-        }
-        match now {
-            Some(n) => c.arg(n).arg(cost).arg(mode).arg(EXPLICIT_NOW_TTL_SLACK_MS),
-            None => c.arg("").arg(cost).arg(mode).arg(0),
+        mode: char,
+        arg: impl ToRedisArgs,
+    ) -> Cmd {
+        let names = self.layout.names(key);
+        let op = match now {
+            Some(n) => format!("{mode}{n}"),
+            None => mode.to_string(),
         };
-        c.arg(&self.tail);
-        c
+        let f = self.caller.store_fn();
+        match names.field {
+            Some(field) => fcall(f, &names.keys, (&self.spec, op, arg, field)),
+            None => fcall(f, &names.keys, (&self.spec, op, arg)),
+        }
     }
 
-    /// One script call with the timeout; `NOSCRIPT` (a restart, a failover, `SCRIPT FLUSH`)
-    /// loads the script and calls again.
-    pub(crate) async fn call(&self, cmd: redis::Cmd) -> Result<Value, Error> {
-        let mut conn = self.conn.clone();
-        let run = async {
-            match cmd.query_async::<Value>(&mut conn).await {
-                Err(e) if e.kind() == redis::ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    self.script.load_async(&mut conn).await?;
-                    Ok(cmd.query_async::<Value>(&mut conn).await?)
-                }
-                r => Ok(r?),
-            }
-        };
-        match tokio::time::timeout(self.timeout, run).await {
-            Ok(r) => r,
-            Err(_) => Err(Error::Timeout(self.timeout)),
-        }
+    /// One call (timeout, reload: call.rs).
+    pub(crate) async fn call(&self, cmd: &Cmd) -> Result<redis::Value, Error> {
+        self.caller.call(cmd).await
     }
 
     async fn decide(&self, key: &str, now: Option<u64>, cost: u64) -> Result<Decision, Error> {
-        let v = self.call(self.check_invocation(key, now, cost)).await?;
-        self.parse_check(v)
-    }
-
-    /// A check of `cost`: fast.lua's short arguments when it answers this store's checks
-    /// (five instead of nine: each argument costs the server about a GET), else driver.lua's.
-    pub(crate) fn check_invocation(&self, key: &str, now: Option<u64>, cost: u64) -> redis::Cmd {
-        if self.fast_limit.is_none() || cost == 0 {
-            return self.invocation(key, now, cost, "c");
-        }
-        // `tail` is ["1", code, parameters...] for one limit.
-        let mut c = redis::cmd("EVALSHA");
-        c.arg(self.script.get_hash())
-            .arg(1)
-            .arg(format!("{}{{{key}}}{}", self.prefix, self.suffixes[0]))
-            .arg(&self.tail[1])
-            .arg(cost)
-            .arg(&self.tail[2..]);
-        if let Some(n) = now {
-            c.arg(n).arg(EXPLICIT_NOW_TTL_SLACK_MS);
-        }
-        c
-    }
-
-    /// A check's reply: fast.lua's short admission or driver.lua's decision.
-    pub(crate) fn parse_check(&self, v: Value) -> Result<Decision, Error> {
-        match (&v, self.fast_limit) {
-            (Value::BulkString(b), Some(limit)) => parse_short(b, limit)
-                .ok_or_else(|| Error::Reply(format!("{:?}", String::from_utf8_lossy(b)))),
-            _ => parse(v),
-        }
+        let v = self.call(&self.invocation(key, now, 'c', cost)).await?;
+        reply::store(&v).map(|(d, _)| d)
     }
 
     /// Checks a request of `cost` for `key` on Redis, at the server's time; no failure policy
@@ -360,113 +324,58 @@ impl RedisStore {
 
     /// Gives `n` back to `key`'s limits.
     pub async fn refund(&self, key: &str, n: u64) -> Result<(), Error> {
-        self.uncache(key);
-        self.call(self.invocation(key, None, n, "r")).await?;
-        Ok(())
+        self.refund_inner(key, n, None).await
     }
 
     /// [`RedisStore::refund`] at an explicit `now`.
     pub async fn refund_at(&self, key: &str, n: u64, now: u64) -> Result<(), Error> {
-        self.uncache(key);
-        self.call(self.invocation(key, Some(now), n, "r")).await?;
-        Ok(())
+        self.refund_inner(key, n, Some(now)).await
+    }
+
+    async fn refund_inner(&self, key: &str, n: u64, now: Option<u64>) -> Result<(), Error> {
+        if let Some(c) = &self.deny {
+            c.forget(key);
+        }
+        let v = self.call(&self.invocation(key, now, 'r', n)).await?;
+        reply::integer(&v).map(|_| ())
     }
 
     /// Checks a request of `cost` for `key`: Redis if it answers within the timeout, else the
     /// failure policy (counted in [`RedisStore::stats`]). Never fails.
     pub async fn check(&self, key: &str, cost: u64) -> Decision {
-        if let Some(d) = self.cached_denial(key, cost) {
+        if let Some(d) = self.deny.as_ref().and_then(|c| c.lookup(key, cost)) {
+            self.gate.cached_denial();
             return d;
         }
-        if !self.breaker.allow() {
-            self.counters
-                .short_circuited
-                .fetch_add(1, Ordering::Relaxed);
+        if !self.gate.admit(1) {
             return self.fallback(key, cost);
         }
-        let r = self.try_check(key, cost).await;
-        self.settle(key, cost, r)
-    }
-
-    /// The policy's bookkeeping after one call.
-    pub(crate) fn settle(&self, key: &str, cost: u64, r: Result<Decision, Error>) -> Decision {
-        // Relaxed: statistics.
-        match r {
+        match self.try_check(key, cost).await {
             Ok(d) => {
-                self.breaker.success();
-                self.counters.redis.fetch_add(1, Ordering::Relaxed);
-                self.remember(key, cost, &d);
+                self.answered(key, cost, &d);
                 d
             }
             Err(e) => {
-                self.settle_failure(e);
+                self.gate.failed(&e);
                 self.fallback(key, cost)
             }
         }
     }
 
-    /// Counts a failed call and tells the breaker.
-    pub(crate) fn settle_failure(&self, e: Error) {
-        let backend = format_args!("store {:?}", self.prefix);
-        record_failure(&self.counters, &self.breaker, &e, &backend, self.policy);
+    /// A decision Redis gave: counted, and remembered if the deny cache is on.
+    pub(crate) fn answered(&self, key: &str, cost: u64, d: &Decision) {
+        self.gate.succeeded(1);
+        if let Some(c) = &self.deny {
+            c.remember(key, cost, d);
+        }
     }
 
+    /// The failure policy's decision (counted).
     pub(crate) fn fallback(&self, key: &str, cost: u64) -> Decision {
-        self.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
-        match (&self.insurance, self.policy) {
-            (Some(s), _) => s.check(key, cost),
-            (None, p) => blind(p, self.limits.limits()[0].capacity()),
-        }
-    }
-
-    fn remember(&self, key: &str, cost: u64, d: &Decision) {
-        let (Some(cache), Some(retry)) = (&self.deny_cache, d.retry_after_ns) else {
-            return;
-        };
-        if d.outcome != Outcome::Limited {
-            return;
-        }
-        let until = Instant::now() + Duration::from_nanos(retry);
-        // A lock on the cache: taken only with the deny cache on, beside a network round trip
-        // (tens of µs) it is small; entries are per key, so a sharded map would buy little.
-        let mut m = cache.lock().unwrap_or_else(|p| p.into_inner());
-        if m.len() >= DENY_CACHE_MAX {
-            let now = Instant::now();
-            m.retain(|_, e| e.0 > now);
-            if m.len() >= DENY_CACHE_MAX {
-                m.clear();
-            }
-        }
-        let e = m.entry(key.to_owned()).or_insert((until, cost, *d));
-        if cost <= e.1 {
-            *e = (until, cost, *d);
-        }
-    }
-
-    fn cached_denial(&self, key: &str, cost: u64) -> Option<Decision> {
-        let cache = self.deny_cache.as_ref()?;
-        let mut m = cache.lock().unwrap_or_else(|p| p.into_inner());
-        let &(until, min_cost, d) = m.get(key)?;
-        let now = Instant::now();
-        if now >= until {
-            m.remove(key);
-            return None;
-        }
-        if cost < min_cost {
-            return None;
-        }
-        self.counters.cached_denials.fetch_add(1, Ordering::Relaxed);
-        let left = (until - now).as_nanos() as u64;
-        Some(Decision {
-            retry_after_ns: Some(left.max(1)),
-            reset_after_ns: d.reset_after_ns.max(left),
-            ..d
-        })
-    }
-
-    fn uncache(&self, key: &str) {
-        if let Some(c) = &self.deny_cache {
-            c.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+        self.gate.fell_back(1);
+        match &self.insurance {
+            Some(s) => s.check(key, cost),
+            None => blind(self.gate.policy, self.single),
         }
     }
 
@@ -489,34 +398,24 @@ impl RedisStore {
     /// [`RedisStore::check`] for many keys, pipelined; the failure policy answers all of them
     /// if the pipeline fails.
     pub async fn check_many(&self, keys: &[&str], cost: u64) -> Vec<Decision> {
-        if !self.breaker.allow() {
-            self.counters
-                .short_circuited
-                .fetch_add(keys.len() as u64, Ordering::Relaxed);
+        let n = keys.len() as u64;
+        if !self.gate.admit(n) {
             return keys.iter().map(|k| self.fallback(k, cost)).collect();
         }
         match self.try_check_many(keys, cost).await {
             Ok(v) => {
-                for (k, d) in keys.iter().zip(&v) {
-                    self.remember(k, cost, d);
+                self.gate.succeeded(n);
+                if let Some(c) = &self.deny {
+                    for (k, d) in keys.iter().zip(&v) {
+                        c.remember(k, cost, d);
+                    }
                 }
-                self.breaker.success();
-                self.counters
-                    .redis
-                    .fetch_add(keys.len() as u64, Ordering::Relaxed);
                 v
             }
-            Err(e) => keys
-                .iter()
-                .enumerate()
-                .map(|(i, k)| {
-                    if i == 0 {
-                        self.settle(k, cost, Err(Error::Reply(e.to_string())))
-                    } else {
-                        self.fallback(k, cost)
-                    }
-                })
-                .collect(),
+            Err(e) => {
+                self.gate.failed(&e);
+                keys.iter().map(|k| self.fallback(k, cost)).collect()
+            }
         }
     }
 
@@ -526,104 +425,20 @@ impl RedisStore {
         now: Option<u64>,
         cost: u64,
     ) -> Result<Vec<Decision>, Error> {
-        if self.conn.is_cluster() {
+        if self.caller.conn().is_cluster() {
             let calls = keys.iter().map(|k| self.decide(k, now, cost));
             return futures_util::future::join_all(calls)
                 .await
                 .into_iter()
                 .collect();
         }
-        let mut pipe = redis::pipe();
-        for k in keys {
-            pipe.add_command(self.check_invocation(k, now, cost));
-        }
-        pipe.ignore_errors();
-        let mut conn = self.conn.clone();
-        let run = async {
-            let mut vals: Vec<Value> = pipe.query_async(&mut conn).await?;
-            let noscript = |v: &Value| matches!(v, Value::ServerError(e) if e.kind() == Some(ServerErrorKind::NoScript));
-            if vals.iter().any(noscript) {
-                // The script cache was lost mid-stream: load it and run the calls that did not.
-                self.script.load_async(&mut conn).await?;
-                let again: Vec<usize> = (0..vals.len()).filter(|&i| noscript(&vals[i])).collect();
-                let mut p2 = redis::pipe();
-                for &i in &again {
-                    p2.add_command(self.check_invocation(keys[i], now, cost));
-                }
-                p2.ignore_errors();
-                let redo: Vec<Value> = p2.query_async(&mut conn).await?;
-                for (i, v) in again.into_iter().zip(redo) {
-                    vals[i] = v;
-                }
-            }
-            Ok::<_, Error>(vals)
-        };
-        let vals = match tokio::time::timeout(self.timeout, run).await {
-            Ok(r) => r?,
-            Err(_) => return Err(Error::Timeout(self.timeout)),
-        };
-        vals.into_iter().map(|v| self.parse_check(v)).collect()
+        let cmds: Vec<Cmd> = keys
+            .iter()
+            .map(|k| self.invocation(k, now, 'c', cost))
+            .collect();
+        let vals = self.caller.pipeline(&cmds).await?;
+        vals.iter()
+            .map(|v| reply::store(v).map(|(d, _)| d))
+            .collect()
     }
-}
-
-/// fast.lua's admission, "<remaining> <reset_after ns>", of a limit of `limit`.
-fn parse_short(b: &[u8], limit: u64) -> Option<Decision> {
-    let s = std::str::from_utf8(b).ok()?;
-    let (remaining, reset) = s.split_once(' ')?;
-    Some(Decision {
-        outcome: Outcome::Allowed,
-        limit,
-        remaining: remaining.parse().ok()?,
-        reset_after_ns: reset.parse().ok()?,
-        retry_after_ns: None,
-        delay_ns: 0,
-    })
-}
-
-/// A script reply as a [`Decision`].
-pub(crate) fn parse(v: Value) -> Result<Decision, Error> {
-    parse_full(v).map(|(d, _)| d)
-}
-
-/// A script reply as a [`Decision`] and, after an acquire, the permit's stamp.
-pub(crate) fn parse_full(v: Value) -> Result<(Decision, Option<String>), Error> {
-    if let Value::ServerError(e) = v {
-        return Err(Error::Redis(e.into()));
-    }
-    let dbg = format!("{v:?}");
-    let bad = || Error::Reply(dbg.clone());
-    let Value::Array(items) = v else {
-        return Err(bad());
-    };
-    let mut f = [0i64; 6];
-    for (i, x) in f.iter_mut().enumerate() {
-        let item = items.get(i).ok_or_else(bad)?;
-        *x = redis::from_redis_value_ref(item).map_err(|_| bad())?;
-    }
-    let stamp = match items.get(6) {
-        None => None,
-        Some(x) => {
-            let s: String = redis::from_redis_value_ref(x).map_err(|_| bad())?;
-            (!s.is_empty()).then_some(s)
-        }
-    };
-    let [o, limit, remaining, reset, retry, delay] = f;
-    let outcome = match o {
-        0 => Outcome::Allowed,
-        1 => Outcome::Limited,
-        2 => Outcome::NeverFits,
-        _ => return Err(bad()),
-    };
-    let u = |x: i64| x.max(0) as u64;
-    Ok((
-        Decision {
-            outcome,
-            limit: u(limit),
-            remaining: u(remaining),
-            reset_after_ns: u(reset),
-            retry_after_ns: (retry >= 0).then(|| u(retry)),
-            delay_ns: u(delay),
-        },
-        stamp,
-    ))
 }

@@ -1,5 +1,5 @@
 //! RedisStore against a real redis-server at the server's own time: the notes' race, the
-//! script cache lost (SCRIPT FLUSH, restart), TTLs that leave nothing behind, pipelined
+//! library lost (FUNCTION FLUSH, restart), TTLs that leave nothing behind, pipelined
 //! checks, and the failure policy (a paused, a sleeping, a killed server).
 
 mod common;
@@ -74,7 +74,7 @@ fn concurrent_clients_never_exceed_the_limit() {
 }
 
 #[test]
-fn script_cache_lost_is_reloaded() {
+fn a_lost_library_is_reloaded() {
     let mut server = common::Server::start();
     let rt = common::runtime();
     rt.block_on(async {
@@ -84,16 +84,23 @@ fn script_cache_lost_is_reloaded() {
             .await
             .unwrap();
         assert!(store.try_check("k", 1).await.unwrap().allowed());
-        assert_eq!(server.cli(&["script", "exists", store.script_sha()]), "1");
-        server.cli(&["script", "flush"]);
-        assert_eq!(server.cli(&["script", "exists", store.script_sha()]), "0");
+        let lib = store.library_name().to_string();
+        let listed = |server: &common::Server| {
+            server
+                .cli(&["function", "list", "libraryname", &lib])
+                .contains(&lib)
+        };
+        assert!(listed(&server));
+        server.cli(&["function", "flush"]);
+        assert!(!listed(&server));
         let d = store.try_check("k", 1).await.unwrap();
-        assert_eq!(d.remaining, 8, "the state survived, the script came back");
-        server.cli(&["script", "flush"]);
+        assert_eq!(d.remaining, 8, "the state survived, the library came back");
+        assert!(listed(&server));
+        server.cli(&["function", "flush"]);
         let many = store.try_check_many(&["k", "a", "b"], 1).await.unwrap();
         let rem: Vec<u64> = many.iter().map(|d| d.remaining).collect();
         assert_eq!(rem, vec![7, 9, 9], "pipelined after a flush");
-        // A restart: empty data, empty script cache, same port; the connection comes back.
+        // A restart: empty data, no library, same port; the connection comes back.
         server.restart();
         let t0 = Instant::now();
         let d = loop {
@@ -105,7 +112,7 @@ fn script_cache_lost_is_reloaded() {
                 }
             }
         };
-        assert_eq!(d.remaining, 9, "a fresh server, the script reloaded");
+        assert_eq!(d.remaining, 9, "a fresh server, the library reloaded");
     });
 }
 

@@ -1,0 +1,44 @@
+-- store.lua: RedisStore's function (registered at the end of the library).
+--
+-- keys: each limit's key, in the order of the limits: a plain key or a bucket (record.lua);
+--       every key of one call shares one {hash tag}: one Cluster slot.
+-- args: [1] the store's spec (spec.lua);
+--       [2] op: "c" check / peek (cost 0), "r" refund, "a" acquire (concurrency: a check
+--           that also answers the permit's stamp), "x" release; then the explicit now in ns
+--           if any (else the server's TIME);
+--       [3] cost (for a refund the amount given back; for a release the permit's stamp);
+--       [4] the key's field in its buckets (layout "b" only).
+-- Reply: check: "<outcome> <limit> <remaining> <reset_after> <retry_after> <delay>"
+--        (outcome 0 allowed, 1 limited, 2 never fits; retry -1: none), or for an admission
+--        without delay "<limit> <remaining> <reset_after>"; acquire: the same and
+--        " <stamp>" when a lease was taken; refund: 0; release: the cells freed.
+-- Several limits are all-or-nothing exactly as turnstile::Limits::decide (limits.lua).
+local function store_call(keys, args)
+  local ls = cached(args[1], parse_store)
+  if #keys ~= #ls then
+    return redis.error_reply('ERR turnstile: ' .. #keys .. ' keys for ' .. #ls .. ' limits')
+  end
+  local op = args[2]
+  local s, n = call_time(op)
+  local mode = string.sub(op, 1, 1)
+  if mode == 'c' and ls[2] == nil then
+    local fast = FAST[ls[1].alg.code]
+    if fast then
+      local out = fast(keys[1], args[4], ls[1].p, s, n, args[3] + 0)
+      if out then return out end
+    end
+  end
+  local b = bind(ls, keys, 1, args[4])
+  if mode == 'x' then return b[1][1].release(b[1][2], b[1][3], s, n, args[3]) end
+  local cost = args[3] + 0
+  if mode == 'r' then
+    for i = 1, #b do b[i][1].refund(b[i][2], b[i][3], s, n, cost) end
+    rec_flush_all(b)
+    return 0
+  end
+  CC_OUT.stamp = nil
+  local d = reply(decide(b, s, n, cost, true))
+  rec_flush_all(b)
+  if mode == 'a' and CC_OUT.stamp then d = d .. ' ' .. CC_OUT.stamp end
+  return d
+end
