@@ -38,16 +38,26 @@ use crate::check::Answer;
 use crate::cmd::rules::RemoteCall;
 use crate::cmd::session::Effect;
 use crate::cmd::throttle::Throttle;
-use crate::cmd::{self, Args, CmdError, Command};
+use crate::cmd::{self, Args, Command};
 use crate::config::Access;
 use crate::metrics::{Tally, C};
-use crate::resp::{parse_command, Bounds, Out, Parsed, Proto};
+use crate::resp::{Bounds, Out, Proto};
 use crate::state::Server;
 use crate::throttle::LastStore;
 use std::net::SocketAddr;
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
+
+mod ahead;
+mod multi;
+mod session;
+
+use ahead::Ahead;
+use multi::{queue, runs_in_multi, Queue};
+#[cfg(test)]
+use multi::RANGE;
+pub(crate) use session::{BufferStats, Session};
 
 /// Output waiting for the client past which the connection stops reading and running
 /// commands (unless the deferred budget lends it room).
@@ -84,85 +94,6 @@ pub(crate) fn max_bytes(bounds: &Bounds) -> usize {
         + FIXED
 }
 
-/// What the connection knows of its client.
-pub(crate) struct Session {
-    pub(crate) proto: Proto,
-    pub(crate) access: Access,
-    pub(crate) id: u64,
-    pub(crate) name: Vec<u8>,
-    pub(crate) lib_name: Vec<u8>,
-    pub(crate) lib_ver: Vec<u8>,
-    pub(crate) peer: Option<SocketAddr>,
-    pub(crate) local: Option<SocketAddr>,
-    pub(crate) since: Instant,
-    pub(crate) last: LastStore,
-    /// Counts since the last flush to the shared metrics.
-    pub(crate) tally: Tally,
-    /// Whether a `MULTI` is open (for `CLIENT INFO`).
-    pub(crate) in_multi: bool,
-    /// The socket's descriptor, if it has one (for `CLIENT INFO`).
-    pub(crate) fd: Option<i32>,
-    /// The connection's buffers when its last connection command ran (for `CLIENT INFO`).
-    pub(crate) buffers: BufferStats,
-}
-
-/// A connection's buffers, as `CLIENT INFO` reports them.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct BufferStats {
-    /// Input not yet answered, and free input space.
-    pub(crate) qbuf: usize,
-    pub(crate) qbuf_free: usize,
-    /// Bytes of the queued `MULTI` commands.
-    pub(crate) multi_mem: usize,
-    /// The input buffer's size.
-    pub(crate) rbs: usize,
-    /// Output waiting for the client, and the output buffer's size.
-    pub(crate) obl: usize,
-    pub(crate) omem: usize,
-}
-
-impl Session {
-    /// Back to a new connection's state (`RESET`).
-    pub(crate) fn reset(&mut self, access: Access) {
-        self.proto = Proto::Resp2;
-        self.access = access;
-        self.name.clear();
-        self.in_multi = false;
-    }
-
-    /// This connection's line of `CLIENT INFO`: every field of Redis 7's (clients such as
-    /// redis-py parse them all), those without a meaning here as Redis gives them for a
-    /// client that does not use them.
-    pub(crate) fn info_line(&self) -> String {
-        let addr = |a: Option<SocketAddr>| a.map_or_else(String::new, |a| a.to_string());
-        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-        let b = &self.buffers;
-        format!(
-            "id={} addr={} laddr={} fd={} name={} age={} idle=0 flags={} db=0 sub=0 psub=0 ssub=0 multi={} qbuf={} qbuf-free={} argv-mem=0 multi-mem={} rbs={} rbp={} obl={} oll=0 omem={} tot-mem={} events=r cmd=client|info user={} redir=-1 resp={} lib-name={} lib-ver={}\n",
-            self.id,
-            addr(self.peer),
-            addr(self.local),
-            self.fd.unwrap_or(-1),
-            text(&self.name),
-            self.since.elapsed().as_secs(),
-            if self.in_multi { "x" } else { "N" },
-            if self.in_multi { 0 } else { -1 },
-            b.qbuf,
-            b.qbuf_free,
-            b.multi_mem,
-            b.rbs,
-            b.rbs,
-            b.obl,
-            b.omem,
-            b.rbs + b.omem + b.multi_mem,
-            "default",
-            if self.proto == Proto::Resp3 { 3 } else { 2 },
-            text(&self.lib_name),
-            text(&self.lib_ver),
-        )
-    }
-}
-
 /// What the driver does next.
 pub(crate) enum Step {
     /// Write the output, then read (if [`Connection::wants_read`]) or wait for the output to
@@ -172,53 +103,6 @@ pub(crate) enum Step {
     Remote(RemoteCall),
     /// Write the output that is left (bounded in time), then close.
     Close,
-}
-
-/// A command parsed ahead: where its frame starts in the input buffer, its arguments' ranges
-/// (relative to that start) in `Ahead::ranges`, and for a `CL.THROTTLE` its parsed arguments
-/// and the key's id if it was prefetched.
-struct Item {
-    start: usize,
-    /// Where its frame ends in the input buffer.
-    end: usize,
-    args: Range<usize>,
-    throttle: Option<(crate::throttle::Params, i64, Option<u64>)>,
-}
-
-#[derive(Default)]
-struct Ahead {
-    items: Vec<Item>,
-    next: usize,
-    ranges: Vec<Range<usize>>,
-}
-
-/// An open `MULTI`: the queued commands' arguments, copied out of the input buffer.
-#[derive(Default)]
-struct Queue {
-    bytes: Vec<u8>,
-    ranges: Vec<Range<usize>>,
-    /// Per command, its arguments in `ranges`.
-    commands: Vec<Range<usize>>,
-    /// A command was refused at queue time: `EXEC` aborts.
-    dirty: bool,
-    /// Bytes of the deferred budget it holds.
-    reserved: usize,
-}
-
-/// What a queued command holds beyond its arguments' bytes: a range per argument, and one.
-const RANGE: usize = std::mem::size_of::<Range<usize>>();
-
-impl Queue {
-    /// Bytes the queued commands hold: their arguments, and a range per argument and per
-    /// command (16 bytes each: 8 times the bytes of a `PING`).
-    fn size(&self) -> usize {
-        self.bytes.len() + (self.ranges.len() + self.commands.len()) * RANGE
-    }
-
-    /// What its vectors have allocated.
-    fn capacity(&self) -> usize {
-        self.bytes.capacity() + (self.ranges.capacity() + self.commands.capacity()) * RANGE
-    }
 }
 
 /// A RESP connection (module docs).
@@ -513,75 +397,6 @@ impl Connection {
         Step::Close
     }
 
-    /// Parses the next commands of the input (up to [`AHEAD`] once authenticated, one
-    /// before), prefetching the keys of `CL.THROTTLE`s. False when there is no whole command.
-    fn parse_ahead(&mut self) -> bool {
-        self.ahead.items.clear();
-        self.ahead.ranges.clear();
-        self.ahead.next = 0;
-        let most = if self.session.access == Access::None {
-            1
-        } else {
-            AHEAD
-        };
-        let bounds = *self.bounds();
-        let mut at = self.start;
-        while self.ahead.items.len() < most && at < self.filled {
-            let buf = &self.input[at..self.filled];
-            match parse_command(buf, &bounds, &mut self.scratch) {
-                Ok(Parsed::Incomplete) => break,
-                Ok(Parsed::Command { consumed }) => {
-                    let from = self.ahead.ranges.len();
-                    self.ahead.ranges.extend_from_slice(&self.scratch);
-                    let args = Args {
-                        buf,
-                        ranges: &self.scratch,
-                    };
-                    // A CL.THROTTLE outside a transaction: its arguments parsed now, its key
-                    // prefetched (a malformed one is parsed again when it runs, to answer
-                    // its error).
-                    let throttle = (self.queue.is_none()
-                        && self.session.access != Access::None
-                        && args.len() >= 5
-                        && cmd::named(args.name(), "CL.THROTTLE"))
-                    .then(|| Command::parse(args).ok())
-                    .flatten()
-                    .and_then(|c| match c {
-                        Command::Throttle(t) => Some((
-                            t.params,
-                            t.quantity,
-                            Some(LastStore::prefetch(&self.srv.throttles, t.key)),
-                        )),
-                        _ => None,
-                    });
-                    self.ahead.items.push(Item {
-                        start: at,
-                        end: at + consumed,
-                        args: from..self.ahead.ranges.len(),
-                        throttle,
-                    });
-                    at += consumed;
-                }
-                Err(e) => {
-                    if !self.ahead.items.is_empty() {
-                        // Run what came before; the error is met again next time.
-                        break;
-                    }
-                    self.srv.metrics.add(C::ProtocolErrors, 1);
-                    tracing::debug!(conn = self.session.id, error = %e, "protocol error; closing");
-                    let mut o = Out {
-                        buf: &mut self.out,
-                        proto: self.session.proto,
-                    };
-                    o.error_fmt(format_args!("ERR {e}"));
-                    self.closing = true;
-                    return false;
-                }
-            }
-        }
-        !self.ahead.items.is_empty()
-    }
-
     /// Runs the parsed command `i`; a remote call if it needs Redis.
     fn run_item(&mut self, i: usize) -> Option<RemoteCall> {
         let item = &self.ahead.items[i];
@@ -684,47 +499,6 @@ impl Connection {
         }
     }
 
-    /// Runs queued command `next` of an `EXEC`; a remote call if it needs Redis.
-    fn exec_one(&mut self, next: usize) -> Option<RemoteCall> {
-        let Some(q) = &self.queue else {
-            self.exec = None;
-            return None;
-        };
-        let Some(cmd) = q.commands.get(next).cloned() else {
-            // Done: the transaction is over.
-            let q = self.queue.take().expect("checked above");
-            self.srv.buffers.release(q.reserved);
-            self.session.in_multi = false;
-            self.exec = None;
-            self.account();
-            return None;
-        };
-        self.exec = Some(next + 1);
-        let args = Args {
-            buf: &q.bytes,
-            ranges: &q.ranges[cmd],
-        };
-        let srv = &*self.srv;
-        let s = &mut self.session;
-        s.last.unmark();
-        let mut o = Out {
-            buf: &mut self.out,
-            proto: s.proto,
-        };
-        match Command::parse(args) {
-            Err(e) => {
-                e.write(args, &mut o);
-                None
-            }
-            Ok(c) => {
-                let (call, effect) = apply(srv, s, c, &mut o);
-                // QUIT and RESET run at once, never queued; nothing else has an effect.
-                debug_assert_eq!(effect, Effect::None);
-                call
-            }
-        }
-    }
-
     /// The answer of the [`Step::Remote`] call, which the driver awaited.
     pub(crate) fn resume(&mut self, call: RemoteCall, answer: Answer) {
         let mut o = Out {
@@ -783,59 +557,6 @@ fn allowed_unauthenticated(name: &[u8]) -> bool {
     ["AUTH", "HELLO", "QUIT", "RESET"]
         .iter()
         .any(|n| cmd::named(name, n))
-}
-
-/// Commands that run at once inside a `MULTI` instead of being queued, as in Redis.
-fn runs_in_multi(name: &[u8]) -> bool {
-    ["EXEC", "DISCARD", "MULTI", "WATCH", "QUIT", "RESET"]
-        .iter()
-        .any(|n| cmd::named(name, n))
-}
-
-/// Queues a command of an open `MULTI`, or refuses it (and dirties the transaction): an
-/// unknown command or a wrong number of arguments, as Redis refuses them at queue time, or a
-/// queue that is full.
-fn queue(srv: &Server, q: &mut Queue, args: Args<'_>, o: &mut Out<'_>) {
-    if let Some(spec) = cmd::lookup(args.name()) {
-        // Only arity is checked now; other errors are the command's own, at EXEC.
-        if let Err(CmdError::WrongArgs) = Command::parse_as(spec, args) {
-            q.dirty = true;
-            CmdError::WrongArgs.write(args, o);
-            return;
-        }
-    } else {
-        q.dirty = true;
-        CmdError::Unknown.write(args, o);
-        return;
-    }
-    let size = (0..args.len()).map(|i| args.get(i).len()).sum::<usize>() + (args.len() + 1) * RANGE;
-    let after = q.size() + size;
-    let over = after.saturating_sub(QUEUE_FREE);
-    let fits = q.commands.len() < MAX_QUEUED
-        && after <= srv.resp.output_limit
-        && (over <= q.reserved || {
-            let more = (over - q.reserved).div_ceil(BUDGET_STEP) * BUDGET_STEP;
-            srv.buffers.reserve(more) && {
-                q.reserved += more;
-                true
-            }
-        });
-    if !fits {
-        q.dirty = true;
-        o.error(&format!(
-            "ERR the transaction is too large: at most {MAX_QUEUED} commands and {} bytes queued (arguments, and 16 per argument and per command) between MULTI and EXEC (--client-output-limit); send it in parts",
-            srv.resp.output_limit
-        ));
-        return;
-    }
-    let from = q.ranges.len();
-    for i in 0..args.len() {
-        let s = q.bytes.len();
-        q.bytes.extend_from_slice(args.get(i));
-        q.ranges.push(s..q.bytes.len());
-    }
-    q.commands.push(from..q.ranges.len());
-    o.simple("QUEUED");
 }
 
 /// Runs a parsed command (not `MULTI`, `EXEC`, `DISCARD`).
