@@ -1,0 +1,112 @@
+//! What the tests need beyond the Rust toolchain: the one table to edit when a test starts
+//! using another program or client library.
+//!
+//! * [`APT`]: Debian packages, each with the program on `PATH` that says it is installed.
+//!   `cargo xtask test` installs the missing ones with `apt-get` (as root, or through
+//!   `sudo -n`), or prints the one command that does.
+//! * [`PIP`]: Python packages, installed into a virtualenv of the project's own
+//!   (`target/test-deps/venv`, made with `python3 -m venv`). The tests find its interpreter in
+//!   `TURNSTILE_TEST_PYTHON`.
+//! * [`NPM`]: Node packages, installed into `target/test-deps/node` (`npm install --prefix`).
+//!   The tests find its `node_modules` in `TURNSTILE_TEST_NODE_PATH` (give it to `node` as
+//!   `NODE_PATH`).
+//!
+//! The Python and Node entries bring their own prerequisites (`python3`, `python3-venv`;
+//! `nodejs`, `npm`) from apt when the table holds any. Pin versions in the specs
+//! (`redis==5.0.8`, `ioredis@5.4.1`): the installed set is remembered, and a changed spec
+//! installs again.
+//!
+//! A test that needs an entry should also fail with a message naming `cargo xtask test` when
+//! the program or variable is missing, so that a bare `cargo test` says what to do.
+
+/// A Debian package and what shows it is installed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Apt {
+    /// The package `apt-get install` takes.
+    pub package: &'static str,
+    /// What shows it is there.
+    pub probe: Probe,
+    /// Which tests need it.
+    pub why: &'static str,
+}
+
+/// How `cargo xtask` tells whether a package is installed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Probe {
+    /// A program on `PATH`.
+    Program(&'static str),
+    /// A module `python3` can import.
+    PythonModule(&'static str),
+}
+
+/// A Python package for the project's virtualenv.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pip {
+    /// A requirement as `pip install` takes it, pinned: `redis==5.0.8`.
+    pub spec: &'static str,
+    /// Which tests need it.
+    pub why: &'static str,
+}
+
+/// A Node package for the project's `node_modules`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Npm {
+    /// A package as `npm install` takes it, pinned: `ioredis@5.4.1`.
+    pub spec: &'static str,
+    /// Which tests need it.
+    pub why: &'static str,
+}
+
+/// Debian packages of programs the tests run.
+pub const APT: &[Apt] = &[
+    Apt {
+        package: "redis-server",
+        probe: Probe::Program("redis-server"),
+        why: "turnstile-redis, turnstile-tower (redis), turnstile serve's [backend] redis tests start their own redis-server",
+    },
+    Apt {
+        package: "redis-tools",
+        probe: Probe::Program("redis-cli"),
+        why: "the server's RESP tests talk to it with redis-cli; the Redis Cluster tests create their cluster with it",
+    },
+    Apt {
+        package: "curl",
+        probe: Probe::Program("curl"),
+        why: "the CLI's serve tests and the docs test call the HTTP API with curl",
+    },
+];
+
+/// Python packages the tests import (none yet).
+pub const PIP: &[Pip] = &[];
+
+/// Node packages the tests require (none yet).
+pub const NPM: &[Npm] = &[];
+
+/// What Python packages need from apt: an interpreter and its venv module (Debian splits
+/// `ensurepip` into python3-venv).
+pub const PYTHON_APT: &[Apt] = &[
+    Apt {
+        package: "python3",
+        probe: Probe::Program("python3"),
+        why: "the Python clients' virtualenv",
+    },
+    Apt {
+        package: "python3-venv",
+        probe: Probe::PythonModule("ensurepip"),
+        why: "python3 -m venv (ensurepip)",
+    },
+];
+
+/// What Node packages need from apt.
+pub const NODE_APT: &[Apt] = &[
+    Apt {
+        package: "nodejs",
+        probe: Probe::Program("node"),
+        why: "the Node clients",
+    },
+    Apt {
+        package: "npm",
+        probe: Probe::Program("npm"),
+        why: "npm install of the Node clients",
+    },
+];
