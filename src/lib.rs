@@ -32,11 +32,6 @@ pub(crate) mod record;
 pub mod rules;
 pub(crate) mod sync;
 
-/// The README's examples, compiled and run as doctests.
-#[cfg(doctest)]
-#[doc = include_str!("../README.md")]
-pub struct ReadmeDoctests;
-
 pub use algo::{Algorithm, Limit, LimitSpec, Limits};
 #[cfg(feature = "coarse-clock")]
 pub use clock::CoarseClock;

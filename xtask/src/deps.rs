@@ -26,8 +26,20 @@ pub struct Apt {
     pub package: &'static str,
     /// What shows it is there.
     pub probe: Probe,
+    /// Who needs it.
+    pub scope: Scope,
     /// Which tests need it.
     pub why: &'static str,
+}
+
+/// Who needs a package: `cargo xtask test` installs [`Scope::Tests`], `cargo xtask docs`
+/// both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Scope {
+    /// `cargo test --release --workspace`.
+    Tests,
+    /// The docs test only (a program a page's commands run).
+    Docs,
 }
 
 /// How `cargo xtask` tells whether a package is installed.
@@ -62,16 +74,19 @@ pub const APT: &[Apt] = &[
     Apt {
         package: "redis-server",
         probe: Probe::Program("redis-server"),
+        scope: Scope::Tests,
         why: "turnstile-redis, turnstile-tower (redis), turnstile serve's [backend] redis tests start their own redis-server",
     },
     Apt {
         package: "redis-tools",
         probe: Probe::Program("redis-cli"),
+        scope: Scope::Tests,
         why: "the server's RESP tests talk to it with redis-cli; the Redis Cluster tests create their cluster with it",
     },
     Apt {
         package: "curl",
         probe: Probe::Program("curl"),
+        scope: Scope::Tests,
         why: "the CLI's serve tests and the docs test call the HTTP API with curl",
     },
 ];
@@ -88,11 +103,13 @@ pub const PYTHON_APT: &[Apt] = &[
     Apt {
         package: "python3",
         probe: Probe::Program("python3"),
+        scope: Scope::Tests,
         why: "the Python clients' virtualenv",
     },
     Apt {
         package: "python3-venv",
         probe: Probe::PythonModule("ensurepip"),
+        scope: Scope::Tests,
         why: "python3 -m venv (ensurepip)",
     },
 ];
@@ -102,11 +119,13 @@ pub const NODE_APT: &[Apt] = &[
     Apt {
         package: "nodejs",
         probe: Probe::Program("node"),
+        scope: Scope::Tests,
         why: "the Node clients",
     },
     Apt {
         package: "npm",
         probe: Probe::Program("npm"),
+        scope: Scope::Tests,
         why: "npm install of the Node clients",
     },
 ];

@@ -5,7 +5,7 @@
 //! probes take the `PATH` to search as an argument (`cargo xtask deps --path ''` shows what a
 //! fresh machine would get), and `--dry-run` prints the commands instead of running them.
 
-use crate::deps::{Apt, Probe, APT, NODE_APT, NPM, PIP, PYTHON_APT};
+use crate::deps::{Apt, Probe, Scope, APT, NODE_APT, NPM, PIP, PYTHON_APT};
 use std::ffi::{OsStr, OsString};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -102,6 +102,8 @@ pub struct Options {
     pub extra_pip: Vec<String>,
     /// Node packages beyond the table's.
     pub extra_npm: Vec<String>,
+    /// Whose packages: the tests' (default) or also the docs test's.
+    pub scope: Scope,
 }
 
 impl Options {
@@ -116,6 +118,7 @@ impl Options {
             target_dir: target_dir(root),
             extra_pip: Vec::new(),
             extra_npm: Vec::new(),
+            scope: Scope::Tests,
         }
     }
 
@@ -134,7 +137,7 @@ impl Options {
     /// The Debian packages this run needs: the table's, and Python's or Node's own when
     /// there are packages of theirs to install.
     pub fn apt_needed(&self) -> Vec<&'static Apt> {
-        let mut v: Vec<&'static Apt> = APT.iter().collect();
+        let mut v: Vec<&'static Apt> = APT.iter().filter(|a| a.scope <= self.scope).collect();
         if !self.pip_specs().is_empty() {
             v.extend(PYTHON_APT);
         }
@@ -376,7 +379,7 @@ mod tests {
     use super::*;
 
     fn table() -> Vec<&'static Apt> {
-        APT.iter().collect()
+        APT.iter().filter(|a| a.scope == Scope::Tests).collect()
     }
 
     #[test]
@@ -456,6 +459,7 @@ mod tests {
             target_dir: std::env::temp_dir().join("xtask-plan-test"),
             extra_pip: pip.iter().map(|s| s.to_string()).collect(),
             extra_npm: npm.iter().map(|s| s.to_string()).collect(),
+            scope: Scope::Tests,
         }
     }
 
