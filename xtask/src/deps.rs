@@ -89,6 +89,12 @@ pub const APT: &[Apt] = &[
         scope: Scope::Tests,
         why: "the CLI's serve tests and the docs test call the HTTP API with curl",
     },
+    Apt {
+        package: "valgrind",
+        probe: Probe::Program("valgrind"),
+        scope: Scope::Docs,
+        why: "docs/performance.md's instruction counts (callgrind)",
+    },
 ];
 
 /// Python packages the tests import (none yet).

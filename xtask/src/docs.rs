@@ -101,21 +101,28 @@ impl Fence {
     }
 }
 
-/// The fenced blocks of a Markdown text (``` fences; a fence inside a list may be indented).
+/// The fenced blocks of a Markdown text, as CommonMark reads backtick fences: an opening line
+/// of three or more backticks and an info string without backticks (a fence inside a list may
+/// be indented), closed by a line of at least as many backticks and nothing else.
 pub fn fences(file: &str, text: &str) -> Result<Vec<Fence>, String> {
+    let ticks = |l: &str| l.len() - l.trim_start_matches('`').len();
     let mut out = Vec::new();
-    let mut open: Option<(usize, String, usize, Vec<String>)> = None;
+    // (opening line, info, indent, backticks, body)
+    let mut open: Option<(usize, String, usize, usize, Vec<String>)> = None;
     for (i, raw) in text.lines().enumerate() {
         let indent = raw.len() - raw.trim_start().len();
         let line = raw.trim_start();
         match &mut open {
             None => {
-                if let Some(info) = line.strip_prefix("```") {
-                    open = Some((i + 1, info.trim().to_string(), indent, Vec::new()));
+                let n = ticks(line);
+                let info = &line[n..];
+                if n >= 3 && !info.contains('`') {
+                    open = Some((i + 1, info.trim().to_string(), indent, n, Vec::new()));
                 }
             }
-            Some((start, info, ind, body)) => {
-                if line.starts_with("```") {
+            Some((start, info, ind, n, body)) => {
+                let t = line.trim_end();
+                if ticks(t) >= *n && ticks(t) == t.len() {
                     out.push(Fence {
                         file: file.to_string(),
                         line: *start,
@@ -124,7 +131,7 @@ pub fn fences(file: &str, text: &str) -> Result<Vec<Fence>, String> {
                     });
                     open = None;
                 } else {
-                    let cut = (*ind).min(raw.len() - raw.trim_start().len());
+                    let cut = (*ind).min(indent);
                     body.push(raw[cut..].to_string());
                 }
             }
@@ -666,6 +673,14 @@ mod tests {
         for no in ["an issue of layout", "issues: none", "issue ##5"] {
             assert!(!names_an_issue(&text(no)), "{no}");
         }
+    }
+
+    #[test]
+    fn inline_code_of_backticks_is_not_a_fence() {
+        let text = "* ```` ```sh ```` is run\n  ```` ```sh ````.\n````md\n```sh\nx\n```\n````\n";
+        let f = fences("f.md", text).unwrap();
+        assert_eq!(f.len(), 1);
+        assert_eq!((f[0].info.as_str(), f[0].body.len()), ("md", 3));
     }
 
     #[test]

@@ -470,8 +470,14 @@ mod tests {
         let base = names(&opts(&[], &[]));
         assert_eq!(
             base.len(),
-            APT.len() + if PIP.is_empty() { 0 } else { 2 } + if NPM.is_empty() { 0 } else { 2 }
+            table().len() + if PIP.is_empty() { 0 } else { 2 } + if NPM.is_empty() { 0 } else { 2 }
         );
+        // The docs test's own packages only for the docs test.
+        let docs = names(&Options {
+            scope: Scope::Docs,
+            ..opts(&[], &[])
+        });
+        assert!(docs.contains(&"valgrind") && !base.contains(&"valgrind"));
         let py = names(&opts(&["redis==5.0.8"], &[]));
         assert!(py.contains(&"python3") && py.contains(&"python3-venv"));
         let node = names(&opts(&[], &["ioredis@5.4.1"]));
