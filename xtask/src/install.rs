@@ -293,14 +293,28 @@ fn run(opts: &Options, cmd: &[String]) -> Result<(), String> {
     }
 }
 
-/// The specs a folder was last installed with (one per line), if any.
-fn stamp_of(dir: &Path) -> Option<String> {
-    std::fs::read_to_string(dir.join(".turnstile-specs")).ok()
+/// Whether `dir` was last installed with exactly `specs` (its stamp file) and `made` exists.
+fn up_to_date(dir: &Path, made: &Path, specs: &[String]) -> bool {
+    made.exists()
+        && std::fs::read_to_string(dir.join(".turnstile-specs")).ok() == Some(specs.join("\n"))
 }
 
-fn write_stamp(dir: &Path, specs: &[String]) -> Result<(), String> {
+/// Runs `cmd` with `specs` appended, then records them as `dir`'s stamp (not when dry).
+fn install_specs(opts: &Options, cmd: &[&str], dir: &Path, specs: &[String]) -> Result<(), String> {
+    let mut v: Vec<String> = cmd.iter().map(|s| s.to_string()).collect();
+    v.extend(specs.iter().cloned());
+    run(opts, &v)?;
+    if opts.dry_run {
+        return Ok(());
+    }
     std::fs::write(dir.join(".turnstile-specs"), specs.join("\n"))
         .map_err(|e| format!("cannot write {}: {e}", dir.display()))
+}
+
+/// `name` as found on the search path, or just `name`.
+fn program(opts: &Options, name: &str) -> String {
+    find_program(&opts.search_path, name)
+        .map_or_else(|| name.to_string(), |p| p.display().to_string())
 }
 
 /// The virtualenv with the Python packages; its interpreter, or `None` if there are none.
@@ -311,31 +325,25 @@ fn ensure_pip(opts: &Options) -> Result<Option<PathBuf>, String> {
     }
     let venv = opts.target_dir.join("test-deps").join("venv");
     let python = venv.join("bin").join("python");
-    if python.exists() && stamp_of(&venv).as_deref() == Some(specs.join("\n").as_str()) {
+    if up_to_date(&venv, &python, &specs) {
         return Ok(Some(python));
     }
-    let py3 = find_program(&opts.search_path, "python3")
-        .map_or_else(|| "python3".to_string(), |p| p.display().to_string());
+    let (py, dir) = (python.display().to_string(), venv.display().to_string());
     if !python.exists() {
         run(
             opts,
-            &[py3, "-m".into(), "venv".into(), venv.display().to_string()],
+            &[program(opts, "python3"), "-m".into(), "venv".into(), dir],
         )?;
     }
-    let mut install: Vec<String> = [
-        python.display().to_string(),
-        "-m".into(),
-        "pip".into(),
-        "install".into(),
-        "--quiet".into(),
-        "--disable-pip-version-check".into(),
-    ]
-    .into();
-    install.extend(specs.iter().cloned());
-    run(opts, &install)?;
-    if !opts.dry_run {
-        write_stamp(&venv, &specs)?;
-    }
+    let pip = [
+        py.as_str(),
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+    ];
+    install_specs(opts, &pip, &venv, &specs)?;
     Ok(Some(python))
 }
 
@@ -347,30 +355,24 @@ fn ensure_npm(opts: &Options) -> Result<Option<PathBuf>, String> {
     }
     let dir = opts.target_dir.join("test-deps").join("node");
     let modules = dir.join("node_modules");
-    if modules.exists() && stamp_of(&dir).as_deref() == Some(specs.join("\n").as_str()) {
+    if up_to_date(&dir, &modules, &specs) {
         return Ok(Some(modules));
     }
     if !opts.dry_run {
         std::fs::create_dir_all(&dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     }
-    let npm = find_program(&opts.search_path, "npm")
-        .map_or_else(|| "npm".to_string(), |p| p.display().to_string());
-    let mut install: Vec<String> = [
-        npm,
-        "install".into(),
-        "--prefix".into(),
-        dir.display().to_string(),
-        "--no-audit".into(),
-        "--no-fund".into(),
-        "--loglevel=error".into(),
-    ]
-    .into();
-    install.extend(specs.iter().cloned());
-    run(opts, &install)?;
-    if !opts.dry_run {
-        write_stamp(&dir, &specs)?;
-    }
+    let (npm, prefix) = (program(opts, "npm"), dir.display().to_string());
+    let cmd = [
+        npm.as_str(),
+        "install",
+        "--prefix",
+        &prefix,
+        "--no-audit",
+        "--no-fund",
+        "--loglevel=error",
+    ];
+    install_specs(opts, &cmd, &dir, &specs)?;
     Ok(Some(modules))
 }
 
