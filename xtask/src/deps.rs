@@ -97,8 +97,17 @@ pub const APT: &[Apt] = &[
     },
 ];
 
-/// Python packages the tests import (none yet).
-pub const PIP: &[Pip] = &[];
+/// Python packages the tests import.
+pub const PIP: &[Pip] = &[
+    Pip {
+        spec: "grpcio==1.85.3",
+        why: "cli/tests/envoy_clients.rs: a gRPC client of Envoy's own rls.proto",
+    },
+    Pip {
+        spec: "grpcio-tools==1.85.1",
+        why: "cli/tests/envoy_clients.rs compiles rls.proto's stubs at test time",
+    },
+];
 
 /// Node packages the tests require (none yet).
 pub const NPM: &[Npm] = &[];
