@@ -56,6 +56,9 @@ mod loom_u128 {
         pub(crate) fn load(&self, _order: Ordering) -> u128 {
             *self.0.lock().unwrap()
         }
+        pub(crate) fn store(&self, v: u128, _order: Ordering) {
+            *self.0.lock().unwrap() = v;
+        }
         pub(crate) fn compare_exchange(
             &self,
             current: u128,

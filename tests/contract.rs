@@ -14,7 +14,10 @@
 //!   again within the bound.
 //!
 //! [`check_contract`] works on anything that decides on a copy of its state ([`Subject`]):
-//! one limit or several over one record (`Limits`) here; more subjects can be added.
+//! one limit or several over one record (`Limits`) here, the holders of a record, and one
+//! packed record whose limit changes between checks (a store given the limit with each check:
+//! the contract holds for the limit a decision was made by, whatever limits wrote the record
+//! before); more subjects can be added.
 //! `PROPTEST_CASES=N` runs N cases per property.
 
 use proptest::prelude::*;
@@ -400,17 +403,31 @@ fn unit(l: &Limit) -> u64 {
 
 /// Drives `subject` through `ops` (time step, cost), checking every decision's contract.
 pub fn drive<T: Subject>(
-    mut subject: T,
+    subject: T,
     start: u64,
     w: u64,
     cap: u64,
     ops: &[(u8, u64, u8, u64)],
     idle_raw: &[u64],
 ) -> Result<(), TestCaseError> {
+    drive_with(subject, start, w, cap, ops, idle_raw, |_, _| {})
+}
+
+/// [`drive`], with `before(subject, i)` run before operation `i`'s decision.
+fn drive_with<T: Subject>(
+    mut subject: T,
+    start: u64,
+    w: u64,
+    cap: u64,
+    ops: &[(u8, u64, u8, u64)],
+    idle_raw: &[u64],
+    mut before: impl FnMut(&mut T, usize),
+) -> Result<(), TestCaseError> {
     let mut now = start;
     let idle = idles(w, idle_raw);
     for (i, &(sk, sr, ck, cr)) in ops.iter().enumerate() {
         now = step(sk, sr, now, w);
+        before(&mut subject, i);
         let c = cost(ck, cr, cap);
         let (_, after) = check_contract(&subject, now, c, &idle, &format!("op {i}"))?;
         subject = after;
@@ -635,5 +652,197 @@ proptest! {
     #[test]
     fn the_store_keeps_the_contract(case in several()) {
         run_several(case, Some(Holder::Store))?;
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// One packed record whose limit changes between checks: decided over a plain record, and by
+// the keyed store given the limit with each check (`Store::check_with_at`).
+// ------------------------------------------------------------------------------------------
+
+/// One packed record, decided by the member `cur` of `family` (limits whose records read
+/// alike: `Limit::carries_to`).
+#[derive(Clone, Debug)]
+struct Relimited {
+    family: Vec<Limit>,
+    cur: usize,
+    rec: Vec<u64>,
+}
+
+impl Relimited {
+    fn record(&self) -> Record {
+        Record {
+            limits: Limits::new(vec![self.family[self.cur]]).unwrap(),
+            rec: self.rec.clone(),
+        }
+    }
+}
+
+impl Subject for Relimited {
+    fn decide(&mut self, now: u64, cost: u64) -> Decision {
+        let mut r = self.record();
+        let d = r.decide(now, cost);
+        self.rec = r.rec;
+        d
+    }
+    fn idle_in(&mut self, now: u64) -> u64 {
+        self.record().idle_in(now)
+    }
+    fn fresh(&self) -> Self {
+        Self {
+            rec: vec![0; self.rec.len()],
+            ..self.clone()
+        }
+    }
+    fn same_state(&self, other: &Self) -> bool {
+        self.rec == other.rec
+    }
+    fn probe_costs(&self) -> Vec<u64> {
+        self.record().probe_costs()
+    }
+    fn alias_bound(&self, t: u64) -> Option<u64> {
+        self.record().alias_bound(t)
+    }
+}
+
+/// The keyed store, given a member of `family` with each check: its state is the checks it
+/// was given (time, cost, member), replayed into a new store for every decision, as
+/// [`Replay`] does.
+#[derive(Clone, Debug)]
+struct ReplayWith {
+    family: Vec<Limit>,
+    cur: usize,
+    ops: Vec<(u64, u64, usize)>,
+}
+
+impl ReplayWith {
+    fn relimited(&self) -> Relimited {
+        let mut r = Relimited {
+            family: self.family.clone(),
+            cur: 0,
+            rec: vec![0],
+        };
+        for &(now, cost, cur) in &self.ops {
+            r.cur = cur;
+            r.decide(now, cost);
+        }
+        r.cur = self.cur;
+        r
+    }
+}
+
+impl Subject for ReplayWith {
+    fn decide(&mut self, now: u64, cost: u64) -> Decision {
+        use std::sync::Arc;
+        use turnstile::keyed::Store;
+        use turnstile::ManualClock;
+        let s = Store::builder(Limits::new(vec![self.family[0]]).unwrap())
+            .capacity(4)
+            .shards(1)
+            .seed(3)
+            .build_with_clock(Arc::new(ManualClock::new(0)))
+            .unwrap();
+        for &(t, c, cur) in &self.ops {
+            s.check_with_at(&1u64, &self.family[cur], c, t).unwrap();
+        }
+        let d = s.check_with_at(&1u64, &self.family[self.cur], cost, now);
+        self.ops.push((now, cost, self.cur));
+        d.unwrap()
+    }
+    fn idle_in(&mut self, now: u64) -> u64 {
+        self.relimited().idle_in(now)
+    }
+    fn fresh(&self) -> Self {
+        Self {
+            ops: vec![],
+            ..self.clone()
+        }
+    }
+    fn same_state(&self, other: &Self) -> bool {
+        self.relimited().same_state(&other.relimited())
+    }
+    fn probe_costs(&self) -> Vec<u64> {
+        self.relimited().probe_costs()
+    }
+    fn alias_bound(&self, t: u64) -> Option<u64> {
+        self.relimited().alias_bound(t)
+    }
+}
+
+/// 2 to 4 limits of one packed algorithm that read each other's records (a window algorithm's
+/// share the first one's window), the ops, which member decides each, idles.
+type Family = (
+    Vec<LimitSpec>,
+    u64,
+    Vec<(u8, u64, u8, u64)>,
+    Vec<u8>,
+    Vec<u64>,
+);
+
+fn family() -> impl Strategy<Value = Family> {
+    (
+        (0usize..4).prop_flat_map(|k| prop::collection::vec(spec([0, 2, 4, 5][k]), 2..=4)),
+        prop_oneof![Just(0u64), 0u64..1 << 40, any::<u64>()],
+        prop::collection::vec(
+            (any::<u8>(), any::<u64>(), any::<u8>(), any::<u64>()),
+            1..20,
+        ),
+        prop::collection::vec(any::<u8>(), 20),
+        prop::collection::vec(any::<u64>(), 2),
+    )
+        .prop_map(|(mut specs, start, ops, picks, idle)| {
+            let w = specs[0].window;
+            for s in &mut specs {
+                if matches!(
+                    s.algorithm,
+                    Algorithm::FixedWindow | Algorithm::SlidingWindow
+                ) {
+                    s.window = w;
+                }
+            }
+            (specs, start, ops, picks, idle)
+        })
+}
+
+fn run_family(
+    (specs, start, ops, picks, idle_raw): Family,
+    store: bool,
+) -> Result<(), TestCaseError> {
+    let Some((family, w, cap)) = build_several(&specs) else {
+        return Ok(());
+    };
+    for l in &family {
+        prop_assert!(family[0].carries_to(l), "{:?} reads {:?}", family[0], l);
+    }
+    let n = family.len();
+    let pick = |i: usize| picks[i % picks.len()] as usize % n;
+    if store {
+        let r = ReplayWith {
+            family,
+            cur: 0,
+            ops: vec![],
+        };
+        drive_with(r, start, w, cap, &ops, &idle_raw, |r, i| r.cur = pick(i))
+    } else {
+        let r = Relimited {
+            family,
+            cur: 0,
+            rec: vec![0],
+        };
+        drive_with(r, start, w, cap, &ops, &idle_raw, |r, i| r.cur = pick(i))
+    }
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn a_record_keeps_the_contract_as_its_limit_changes(case in family()) {
+        run_family(case, false)?;
+    }
+
+    #[test]
+    fn the_store_given_limits_per_check_keeps_the_contract(case in family()) {
+        run_family(case, true)?;
     }
 }

@@ -5,7 +5,7 @@
 //! |---|---|
 //! | fixed_window | `HashMap<window index, count>` |
 //! | sliding_window | per-window counts, ⌊prev × (W − e) / W⌋ + cur in u128 |
-//! | token_bucket | the notes' tokens + last timestamp, tokens kept exactly as a u128 over T |
+//! | token_bucket | the notes' tokens + last timestamp, tokens kept exactly as an i128 over T |
 //! | leaky_bucket | nginx's `excess` (`max(0, excess − elapsed/T + 1)`), scaled by T |
 //! | sliding_log | a log of admission ticks (⌈now / tick⌉), plus an exact-ns safety log |
 //! | window_ring | per-sub-window counts; those inside (now − W, now] whole, the straddling one by its share |
@@ -21,7 +21,9 @@
 //! Parameters reach the extremes (limit 1 and each MAX_LIMIT, windows from 1 ms to a day),
 //! start times the encodings' edges (the halves and wraps of the window-index ranges, the
 //! sliding log's u32 rebase, 2^62 ns). `Limits` (several limits, all-or-nothing) is checked
-//! against the models composed. `PROPTEST_CASES=N` runs N cases per property instead of the
+//! against the models composed. The packed algorithms are also driven with their limit changing
+//! between checks (a store given the limit per check), each model carrying its state over by
+//! the algorithm's stated rule. `PROPTEST_CASES=N` runs N cases per property instead of the
 //! defaults (kept small for debug builds).
 
 use proptest::prelude::*;
@@ -308,12 +310,13 @@ impl Model for SlidingWindowModel {
 
 /// token_bucket in the notes' form: tokens and the last timestamp, refilled continuously at one
 /// token per T = ⌈period / rate⌉ ns, capped at the capacity. Tokens are exact: `tokens` is
-/// tokens × T (so one nanosecond refills 1/T of a token, exactly).
+/// tokens × T (so one nanosecond refills 1/T of a token, exactly). Below zero only after the
+/// limit changed to a smaller bucket ([`Relimit`]): the key then owes what the old one lent.
 #[derive(Clone, Debug)]
 struct TokenBucketModel {
     capacity: u64,
     interval: u64,
-    tokens: u128,
+    tokens: i128,
     last: u64,
 }
 
@@ -324,19 +327,21 @@ impl TokenBucketModel {
         Self {
             capacity,
             interval,
-            tokens: capacity as u128 * interval as u128,
+            tokens: capacity as i128 * interval as i128,
             last: start,
         }
     }
+    fn full(&self) -> i128 {
+        self.capacity as i128 * self.interval as i128
+    }
     fn refill(&mut self, now: u64) {
         if now > self.last {
-            let full = self.capacity as u128 * self.interval as u128;
-            self.tokens = (self.tokens + (now - self.last) as u128).min(full);
+            self.tokens = (self.tokens + (now - self.last) as i128).min(self.full());
             self.last = now;
         }
     }
     fn whole(&self) -> u64 {
-        (self.tokens / self.interval as u128) as u64
+        (self.tokens.max(0) / self.interval as i128) as u64
     }
 }
 
@@ -349,7 +354,7 @@ impl Model for TokenBucketModel {
         if cost > self.capacity {
             return Answer::deny(self.whole(), true);
         }
-        let need = cost as u128 * self.interval as u128;
+        let need = cost as i128 * self.interval as i128;
         if self.tokens >= need {
             self.tokens -= need;
             return Answer::allow(self.whole());
@@ -358,8 +363,7 @@ impl Model for TokenBucketModel {
     }
     fn refund(&mut self, now: u64, n: u64) {
         self.refill(now);
-        let full = self.capacity as u128 * self.interval as u128;
-        self.tokens = (self.tokens + n as u128 * self.interval as u128).min(full);
+        self.tokens = (self.tokens + n as i128 * self.interval as i128).min(self.full());
     }
 }
 
@@ -394,7 +398,8 @@ impl LeakyBucketModel {
         }
     }
     fn remaining(&self, queue: i128) -> u64 {
-        (((self.burst + 1) * self.interval - queue) / self.interval) as u64
+        // Below zero only after the limit changed to a smaller queue ([`Relimit`]).
+        (((self.burst + 1) * self.interval - queue) / self.interval).max(0) as u64
     }
 }
 
@@ -908,10 +913,21 @@ fn probe_backwards<S: Sut>(
 }
 
 fn drive<S: Sut, M: Model>(
+    sut: S,
+    model: M,
+    plan: &Plan,
+    ops: &[RawOp],
+) -> Result<(), TestCaseError> {
+    drive_with(sut, model, plan, ops, |_, _, _, _| {})
+}
+
+/// [`drive`], with `between(sut, model, now, op)` run before each operation (at its time).
+fn drive_with<S: Sut, M: Model>(
     mut sut: S,
     mut model: M,
     plan: &Plan,
     ops: &[RawOp],
+    mut between: impl FnMut(&mut S, &mut M, u64, &RawOp),
 ) -> Result<(), TestCaseError> {
     let mut now = plan.start;
     for (i, op) in ops.iter().take(plan.max_ops).enumerate() {
@@ -919,6 +935,7 @@ fn drive<S: Sut, M: Model>(
             .jump
             .unwrap_or_else(|| step(op.step, op.step_raw, now, &plan.units));
         prop_assert!(now < TIME_CEILING);
+        between(&mut sut, &mut model, now, op);
         let cost = cost_of(op.cost, op.cost_raw, plan.cap);
         let refund = plan.refunds && op.act % 16 >= 14;
         let c = if op.act % 16 >= 12 && !refund {
@@ -1978,4 +1995,212 @@ fn drive_limits(
         }
     }
     Ok(())
+}
+
+// ------------------------------------------------------------------------------------------
+// Limits changing between checks (a store given the limit with each check,
+// `keyed::Store::check_with`). The implementation keeps its packed state and decides it by
+// the new parameters; each model states the algorithm's carry rule in its own terms.
+// ------------------------------------------------------------------------------------------
+
+/// A model whose limit changes to `to`'s at `now`, its state carried over.
+trait Relimit: Model {
+    fn relimit(&mut self, now: u64, to: &Self);
+}
+
+/// The window's count is kept and compared with the new limit (the window stays: it is the
+/// packed record's layout).
+impl Relimit for FixedWindowModel {
+    fn relimit(&mut self, _now: u64, to: &Self) {
+        assert_eq!(self.window, to.window, "a window store keeps its window");
+        (self.limit, self.count_denied) = (to.limit, to.count_denied);
+    }
+}
+
+/// Both windows' counts are kept, weighted and compared with the new limit.
+impl Relimit for SlidingWindowModel {
+    fn relimit(&mut self, _now: u64, to: &Self) {
+        assert_eq!(self.window, to.window, "a window store keeps its window");
+        (self.limit, self.count_denied) = (to.limit, to.count_denied);
+    }
+}
+
+/// The backlog (full − tokens, in ns: the time until the bucket is full, what the TAT holds)
+/// is kept; the new bucket holds its capacity less that backlog, below zero if it is smaller.
+impl Relimit for TokenBucketModel {
+    fn relimit(&mut self, now: u64, to: &Self) {
+        self.refill(now);
+        let backlog = self.full() - self.tokens;
+        (self.capacity, self.interval) = (to.capacity, to.interval);
+        self.tokens = self.full() - backlog;
+    }
+}
+
+/// The queue's drain time (the TAT) is kept: `queue(now)` ns, drained from now on at the new
+/// rate (nginx keeps the queued count instead; the two agree when the rate stays).
+impl Relimit for LeakyBucketModel {
+    fn relimit(&mut self, now: u64, to: &Self) {
+        let q = self.queue(now);
+        (self.interval, self.burst, self.delay) = (to.interval, to.burst, to.delay);
+        if self.node.is_some() {
+            self.node = Some((q - self.interval, now));
+        }
+    }
+}
+
+/// Drives the implementation and the model through `ops`, the limit moving between checks to
+/// a member of `family` (picked by each op's spare bits, or kept).
+fn drive_changing<M: Relimit>(
+    family: &[(Packed, M)],
+    plan: &Plan,
+    ops: &[RawOp],
+) -> Result<(), TestCaseError> {
+    let sut = PackedSut::new(family[0].0);
+    drive_with(
+        sut,
+        family[0].1.clone(),
+        plan,
+        ops,
+        |sut, model, now, op| {
+            let j = (op.back_raw >> 48) as usize % (family.len() + 1);
+            if let Some((p, m)) = family.get(j) {
+                sut.p = *p;
+                model.relimit(now, m);
+            }
+        },
+    )
+}
+
+/// A token bucket's parameters: (capacity, rate, period).
+fn bucket() -> impl Strategy<Value = (u64, u64, u64)> {
+    (
+        prop_oneof![Just(1u64), Just(15), Just(250), 1u64..=1000],
+        window(),
+        0u8..4,
+        any::<u64>(),
+    )
+        .prop_map(|(rate, period, kind, raw)| {
+            let max_cap = token_bucket::MAX_TAU / period.div_ceil(rate);
+            let capacity = match kind {
+                0 => 1,
+                1 => 1 + raw % 20,
+                2 => 1 + raw % max_cap,
+                _ => max_cap,
+            };
+            (capacity, rate, period)
+        })
+}
+
+proptest! {
+    #![proptest_config(config(128))]
+
+    #[test]
+    fn fixed_window_keeps_its_count_across_limits(
+        window in window(),
+        members in prop::collection::vec((limit(fixed_window::MAX_LIMIT), any::<bool>()), 2..5),
+        (sk, sr) in start_raw(), ops in raw_ops(40),
+    ) {
+        let family: Vec<_> = members.iter().map(|&(limit, count_denied)| {
+            let p = fixed_window::Params::new(limit, window, count_denied).unwrap();
+            let m = FixedWindowModel { limit, window, count_denied, counts: HashMap::new() };
+            (Packed::Fw(p), m)
+        }).collect();
+        let cap = members.iter().map(|m| m.0).max().unwrap();
+        let start = start_time(sk, sr, &boundaries(window, fixed_window::INDEX_BITS), 4 * window);
+        let back = (fixed_window::AHEAD - 1).saturating_mul(window);
+        drive_changing(&family, &plan(start, vec![window], cap, back), &ops)?;
+    }
+
+    #[test]
+    fn sliding_window_keeps_its_counts_across_limits(
+        window in window(),
+        members in prop::collection::vec((limit(sliding_window::MAX_LIMIT), any::<bool>()), 2..5),
+        (sk, sr) in start_raw(), ops in raw_ops(40),
+    ) {
+        let family: Vec<_> = members.iter().map(|&(limit, count_denied)| {
+            let p = sliding_window::Params::new(limit, window, count_denied).unwrap();
+            let m = SlidingWindowModel { limit, window, count_denied, counts: HashMap::new() };
+            (Packed::Sw(p), m)
+        }).collect();
+        let cap = members.iter().map(|m| m.0).max().unwrap();
+        let start = start_time(sk, sr, &boundaries(window, sliding_window::INDEX_BITS), 4 * window);
+        let back = (sliding_window::AHEAD - 1).saturating_mul(window);
+        drive_changing(&family, &plan(start, vec![window], cap, back), &ops)?;
+    }
+
+    /// redis-cell's rule: the TAT is kept whatever the new capacity, rate and period.
+    #[test]
+    fn token_bucket_keeps_its_tat_across_limits(
+        members in prop::collection::vec(bucket(), 2..5), (sk, sr) in start_raw(),
+        ops in raw_ops(40),
+    ) {
+        let start = bucket_start(sk, sr);
+        let family: Vec<_> = members.iter().map(|&(capacity, rate, period)| {
+            let p = token_bucket::Params::new(capacity, rate, period).unwrap();
+            (Packed::Tb(p), TokenBucketModel::new(capacity, rate, period, start))
+        }).collect();
+        let cap = members.iter().map(|m| m.0).max().unwrap();
+        let units = members.iter().flat_map(|&(c, r, p)| {
+            let t = p.div_ceil(r);
+            [t, c * t, p]
+        }).collect();
+        drive_changing(&family, &plan(start, units, cap, u64::MAX), &ops)?;
+    }
+
+    /// The TAT is kept: the queue drains from then on at the new rate, by the new burst.
+    #[test]
+    fn leaky_bucket_keeps_its_tat_across_limits(
+        members in prop::collection::vec(
+            (prop_oneof![Just(1u64), Just(10), 1u64..=1000], window(), 0u8..4, any::<u64>(),
+             prop::option::of(any::<u64>())),
+            2..5,
+        ),
+        (sk, sr) in start_raw(), ops in raw_ops(40),
+    ) {
+        let family: Vec<_> = members.iter().map(|&(rate, period, kind, raw, delay_raw)| {
+            let max_burst = token_bucket::MAX_TAU / period.div_ceil(rate) - 1;
+            let burst = match kind {
+                0 => 0,
+                1 => raw % 20,
+                2 => raw % max_burst,
+                _ => max_burst,
+            };
+            let delay = delay_raw.map(|d| d % (burst + 1));
+            let mode = match delay {
+                None => leaky_bucket::Mode::Meter,
+                Some(delay) => leaky_bucket::Mode::Shaper { delay },
+            };
+            let p = leaky_bucket::Params::new(rate, period, burst, mode).unwrap();
+            (Packed::Lb(p), LeakyBucketModel::new(rate, period, burst, delay))
+        }).collect();
+        let cap = family.iter().map(|(p, _)| match p {
+            Packed::Lb(p) => p.capacity(),
+            _ => unreachable!(),
+        }).max().unwrap();
+        let units = family.iter().flat_map(|(p, _)| match p {
+            Packed::Lb(p) => [p.interval, p.tau],
+            _ => unreachable!(),
+        }).collect();
+        let start = bucket_start(sk, sr);
+        drive_changing(&family, &plan(start, units, cap, u64::MAX), &ops)?;
+    }
+}
+
+/// redis-cell's answers, from its own sequence: `CL.THROTTLE m 2 10 60` three times, then
+/// `CL.THROTTLE m 5 10 60`, answered `[0, 6, 2, -1, 24]` (remaining 2, reset in 24 s).
+#[test]
+fn token_bucket_answers_redis_cells_change_of_parameters() {
+    let t = 60 * S / 10;
+    let small = token_bucket::Params::with_interval(3, t).unwrap();
+    let large = token_bucket::Params::with_interval(6, t).unwrap();
+    let now = 1_000 * S;
+    let mut tat = 0;
+    for _ in 0..3 {
+        let (s, d) = token_bucket::decide(tat, now, &small, 1);
+        assert!(d.allowed());
+        tat = s;
+    }
+    let (_, d) = token_bucket::decide(tat, now, &large, 1);
+    assert!(d.allowed());
+    assert_eq!((d.limit, d.remaining, d.reset_after_ns), (6, 2, 24 * S));
 }

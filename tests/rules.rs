@@ -310,7 +310,7 @@ limits = [{ algorithm = "fixed_window", limit = 5, window = "1m" }]
 
 #[test]
 fn overrides_per_key() {
-    // The notes' config store: user:241531 → 5 requests per 1 s.
+    // The notes' config store: customer 241531 → 5 requests per 1 s.
     let (e, clock) = engine(
         r#"
 [[rule]]
@@ -318,7 +318,7 @@ name = "customers"
 key = "customer"
 limits = [{ algorithm = "sliding_window", limit = 100, window = "1s" }]
 [[rule.override]]
-key = "user:241531"
+key = "241531"
 limits = [{ time_window_sec = 1, capacity = 5 }]
 [[rule.override]]
 key = 42
@@ -846,7 +846,7 @@ soft_percent = 10
 match = { route_prefix = "/v1/", method = "POST", priority = ["post", "critical"] }
 limits = [{ algorithm = "fixed_window", limit = 500, window = "1h" }]
 [[rule.override]]
-key = { customer = "user:241531", route = "/v1/x" }
+key = { customer = "241531", route = "/v1/x" }
 limits = [{ limit = 5, window = "1s" }]
 "#,
         "f",
@@ -867,10 +867,7 @@ limits = [{ limit = 5, window = "1s" }]
                 .priority(Priority::Critical)
                 .limit(fw(500, Duration::from_secs(3600)))
                 .override_parts(
-                    &[
-                        (KeyPart::Customer, "user:241531"),
-                        (KeyPart::Route, "/v1/x"),
-                    ],
+                    &[(KeyPart::Customer, "241531"), (KeyPart::Route, "/v1/x")],
                     vec![LimitSpec::new(
                         Algorithm::SlidingWindow,
                         5,
@@ -1155,5 +1152,21 @@ proptest! {
             prop_assert_eq!(named.rule_stats(&n), general.rule_stats(&n), "rule {}", n);
             prop_assert_eq!(local.rule_stats(&n), general.rule_stats(&n), "rule {}", n);
         }
+    }
+}
+
+/// A customer override key is a decimal id as it is counted: a tag or leading zeros are refused
+/// (they would otherwise merge `user:1` and `org:1` into customer 1), with what to write.
+#[test]
+fn customer_override_keys_are_never_merged() {
+    for key in ["\"user:1\"", "\"org:1\"", "\"01\"", "\"-1\""] {
+        let text = format!(
+            "[[rule]]\nname = \"c\"\nkey = \"customer\"\nlimits = [{{ limit = 1, window = \"1s\" }}]\n[[rule.override]]\nkey = {key}\nlimits = [{{ limit = 2, window = \"1s\" }}]\n"
+        );
+        let e = Rules::parse(&text, "f").unwrap_err().to_string();
+        assert!(
+            e.contains("is not a customer id") && e.contains("api_key"),
+            "{key}: {e}"
+        );
     }
 }

@@ -42,7 +42,7 @@ enum Command {
     #[command(
         after_help = "Try it:\n  turnstile serve --rules examples/rules.toml\n  redis-cli -p 6380 CL.THROTTLE user:1 15 30 60\n  redis-cli -p 6380 TURNSTILE.CHECK customer 42\n  curl -s -XPOST localhost:8080/v1/check -d '{\"key_class\":\"customer\",\"key\":\"42\"}'\n  curl -s localhost:8080/metrics\n\nLogs go to standard error (RUST_LOG=debug for more). SIGHUP reloads; SIGTERM or SIGINT\nstops after answering what clients sent and writing the snapshot."
     )]
-    Serve(turnstile_server::ServeArgs),
+    Serve(Box<turnstile_server::ServeArgs>),
     /// Rules files: validate them, or import envoyproxy/ratelimit's YAML.
     Rules {
         #[command(subcommand)]
@@ -68,7 +68,7 @@ fn main() {
         Command::Bench(a) => bench::run(a),
         Command::Memory(a) => memory::run(a),
         Command::Accuracy(a) => accuracy::run(a),
-        Command::Serve(a) => turnstile_server::run(a).map_err(|e| e.to_string()),
+        Command::Serve(a) => turnstile_server::run(*a).map_err(|e| e.to_string()),
         Command::Rules { command } => rules::run(command),
         Command::Completions { shell } => completions(shell),
     };

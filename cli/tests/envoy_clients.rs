@@ -8,6 +8,8 @@
 //! ones the envoy-types crate ships (found with `cargo metadata`), or `TURNSTILE_TEST_ENVOY_PROTOS`.
 
 use serde_json::{json, Value};
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -144,9 +146,15 @@ fn serve(config: &Path, env: &[(&str, &str)]) -> Command {
 impl Server {
     /// Starts the server on `config` and waits (at most 30 s) until gRPC accepts.
     fn start(config: &Path, env: &[(&str, &str)]) -> Server {
+        Self::start_with(config, env, &[])
+    }
+
+    /// [`Server::start`] with more flags.
+    fn start_with(config: &Path, env: &[(&str, &str)], extra: &[&std::ffi::OsStr]) -> Server {
         let grpc = free_port();
         let child = serve(config, env)
             .args(["--grpc", &format!("127.0.0.1:{grpc}")])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -558,6 +566,39 @@ fn merge_domain_config() {
         rules.contains("test-domain.key1_value1") && rules.contains("test-domain.key2_value2"),
         "{rules}"
     );
+}
+
+/// Over TLS with a password: the client trusts the server's certificate (made here) and sends
+/// `authorization: Bearer PASSWORD`; without the password the call is UNAUTHENTICATED.
+#[test]
+fn tls_and_a_password_over_grpc() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = common::self_signed(dir.path());
+    let config = clients().join("envoy/merged/metadata.yaml");
+    let flags: Vec<&std::ffi::OsStr> = vec![
+        "--tls-cert".as_ref(),
+        cert.as_os_str(),
+        "--tls-key".as_ref(),
+        key.as_os_str(),
+        "--requirepass".as_ref(),
+        "s3cret".as_ref(),
+    ];
+    let s = Server::start_with(&config, &[], &flags);
+    let target = format!("127.0.0.1:{}", s.grpc);
+    let ask = |extra: &[&str]| {
+        let mut args = vec!["--target", &target, "--ca", cert.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let out = client(&args, &json!([request("nope", &[&[("k", "v")]])]));
+        assert!(out.status.success(), "{out:?}");
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    // An unknown domain is answered OK: the call went through.
+    let a = ask(&["--token", "s3cret"]);
+    assert_eq!(a["response"]["overallCode"], "OK", "{a}");
+    let a = ask(&[]);
+    assert_eq!(a["error"]["code"], "UNAUTHENTICATED", "{a}");
+    let a = ask(&["--token", "wrong"]);
+    assert_eq!(a["error"]["code"], "UNAUTHENTICATED", "{a}");
 }
 
 /// The client fails, saying how to install what it needs, when grpcio is not importable

@@ -8,19 +8,40 @@ use libfuzzer_sys::fuzz_target;
 use turnstile_server::resp::{parse_command, Bounds, Parsed};
 
 fuzz_target!(|data: &[u8]| {
-    let bounds = Bounds {
-        max_args: 8,
-        max_bulk: 128,
-        max_inline: 128,
+    // The first byte picks the bounds: small ones, or those of a client that has not
+    // authenticated (whose errors are worded for that case).
+    let Some((&pick, data)) = data.split_first() else {
+        return;
+    };
+    let bounds = if pick & 1 == 0 {
+        Bounds {
+            max_args: 8,
+            max_bulk: 128,
+            max_inline: 128,
+            unauthenticated: false,
+        }
+    } else {
+        Bounds::UNAUTHENTICATED
     };
     let mut args = Vec::new();
     let mut at = 0;
     while at < data.len() {
         let buf = &data[at..];
         match parse_command(buf, &bounds, &mut args) {
-            Ok(Parsed::Incomplete) | Err(_) => break,
+            Ok(Parsed::Incomplete) => break,
+            Err(e) => {
+                // Errors are worded for the bounds they broke.
+                use turnstile_server::resp::ProtocolError as P;
+                let unauth = matches!(
+                    e,
+                    P::UnauthenticatedBulkLength | P::UnauthenticatedMultibulkLength
+                );
+                assert!(!unauth || bounds.unauthenticated);
+                break;
+            }
             Ok(Parsed::Command { consumed }) => {
                 assert!(consumed > 0 && consumed <= buf.len());
+                assert!(consumed <= bounds.max_frame());
                 let parts: Vec<&[u8]> = args.iter().map(|r| &buf[r.clone()]).collect();
                 assert!(args.iter().all(|r| r.start <= r.end && r.end <= consumed));
                 // The same command, with the rest of the buffer cut off, parses the same.

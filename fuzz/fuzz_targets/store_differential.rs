@@ -14,7 +14,12 @@
 //! * `StoreFull` / `Untracked` only when the table really is full of keys that are not idle;
 //! * sliding_log, independently of its code: admissions in any window never exceed the limit
 //!   (a plain list of admission times per key, restarted when time steps back);
-//! * the keyless `Limiter` with the same limits, fed key 0's operations, matches the model too.
+//! * the keyless `Limiter` with the same limits, fed key 0's operations, matches the model too;
+//! * limits given per check (`Store::check_with_at`, `refund_with_at`) on a packed store: a
+//!   check or refund whose byte has its high bit set is decided by a variant of the store's
+//!   limit (another limit, burst, rate or `count_denied`; the same window for a window
+//!   algorithm), the model deciding the same record by it; a limit the store cannot read is
+//!   refused, touching nothing.
 //!
 //! Shapes: *roomy* (capacity 64 for 13 keys, 1-4 shards; nothing is ever reclaimed, so time
 //! may also go backwards) and *tiny* (one shard of one bucket, 1-6 arena records, any
@@ -183,6 +188,27 @@ fn build(s: &Spec) -> Option<Limit> {
     }
 }
 
+/// Variant `v` (0..16) of `s`: what a check given its own limit brings (`Store::check_with_at`).
+/// Buckets vary in every parameter; windows in limit and `count_denied` and, for variants of
+/// 12 and up, in window too (which the store must refuse).
+fn variant(s: &Spec, v: u8) -> Spec {
+    let window = match s.alg {
+        Alg::TokenBucket | Alg::LeakyBucket => s.window.wrapping_add(v as u16 / 2),
+        _ if v >= 12 => s.window.wrapping_add(1),
+        _ => s.window,
+    };
+    Spec {
+        alg: s.alg,
+        limit: s.limit.wrapping_add(v),
+        window,
+        unit: s.unit,
+        burst: s.burst.wrapping_add(3 * v),
+        buckets: s.buckets,
+        delay: s.delay.map(|d| d.wrapping_add(v)),
+        count_denied: s.count_denied ^ (v & 1 == 1),
+    }
+}
+
 /// Independent check of sliding_log: the times of admitted units per key.
 struct LogBound {
     /// The limit's L and W (ns).
@@ -224,14 +250,18 @@ struct Model {
 
 impl Model {
     fn check(&mut self, id: u64, cost: u64, now: u64) -> Decision {
+        let limits = self.limits.clone();
+        self.check_by(&limits, id, cost, now)
+    }
+
+    /// A check decided by `limits` (the store's, or one given with the check).
+    fn check_by(&mut self, limits: &Limits, id: u64, cost: u64, now: u64) -> Decision {
         if cost == 0 && !self.recs.contains_key(&id) {
-            return self
-                .limits
-                .decide(&mut vec![0; self.limits.words()][..], now, 0);
+            return limits.decide(&mut vec![0; limits.words()][..], now, 0);
         }
-        let w = self.limits.words();
+        let w = limits.words();
         let rec = self.recs.entry(id).or_insert_with(|| vec![0; w]);
-        self.limits.decide(&mut rec[..], now, cost)
+        limits.decide(&mut rec[..], now, cost)
     }
 
     /// An idle record decides as a fresh one would (what makes reclaiming it invisible).
@@ -258,6 +288,8 @@ impl Model {
 
 struct Run<'a> {
     store: Store<ManualClock>,
+    /// The store's limit as specified (variants of it are given with checks).
+    spec: Spec,
     limiter: Limiter<&'a ManualClock>,
     clock: &'a ManualClock,
     limiter_rec: Vec<u64>,
@@ -271,9 +303,13 @@ struct Run<'a> {
 
 impl Run<'_> {
     fn full_decision(&self, o: Outcome) -> Decision {
+        self.full_decision_by(&self.model.limits, o)
+    }
+
+    /// A refusal as a check decided by `limits` gets it.
+    fn full_decision_by(&self, limits: &Limits, o: Outcome) -> Decision {
         // A refusal hints when a record one request makes now is reclaimable.
         let retry = (o == Outcome::StoreFull).then(|| {
-            let limits = &self.model.limits;
             let mut rec = vec![0u64; limits.words()];
             limits.decide(&mut rec[..], self.now, 1);
             limits
@@ -282,7 +318,7 @@ impl Run<'_> {
         });
         Decision {
             outcome: o,
-            limit: self.model.limits.limits()[0].capacity(),
+            limit: limits.limits()[0].capacity(),
             remaining: 0,
             reset_after_ns: 0,
             retry_after_ns: retry,
@@ -299,6 +335,12 @@ impl Run<'_> {
     }
 
     fn check(&mut self, k: usize, cost: u64, got: Decision) {
+        let limits = self.model.limits.clone();
+        self.check_by(&limits, k, cost, got)
+    }
+
+    /// [`Run::check`] of a check decided by `limits`.
+    fn check_by(&mut self, limits: &Limits, k: usize, cost: u64, got: Decision) {
         let id = self.ids[k];
         let now = self.now;
         if matches!(got.outcome, Outcome::StoreFull | Outcome::Untracked) {
@@ -307,7 +349,7 @@ impl Run<'_> {
                 panic!("a roomy store refused key {k}: {got:?}");
             };
             assert!(cost > 0, "a peek never inserts: {got:?}");
-            assert_eq!(got, self.full_decision(got.outcome));
+            assert_eq!(got, self.full_decision_by(limits, got.outcome));
             assert_eq!(
                 got.outcome == Outcome::Untracked,
                 policy == FullPolicy::AllowUntracked,
@@ -333,10 +375,10 @@ impl Run<'_> {
             }
             return;
         }
-        let want = self.model.check(id, cost, now);
+        let want = self.model.check_by(limits, id, cost, now);
         assert_eq!(
             got, want,
-            "check of key {k} ({}) cost {cost} at {now}",
+            "check of key {k} ({}) cost {cost} at {now} by {limits:?}",
             KEYS[k]
         );
         if cost > 0 && got.outcome == Outcome::Allowed {
@@ -373,6 +415,21 @@ impl Run<'_> {
         let n_keys = self.ids.len();
         let now = self.now;
         match *op {
+            Op::Check { key, cost } if cost & 0x80 != 0 && self.store.is_inline() => {
+                let k = key as usize % n_keys;
+                let given = self.given((cost >> 3) & 0xf);
+                let cost = (cost % 5) as u64;
+                let Some(limit) = given else {
+                    return;
+                };
+                match self.store.check_with_at(&self.keys[k], &limit, cost, now) {
+                    Ok(got) => {
+                        let limits = Limits::new(vec![limit]).expect("one limit");
+                        self.check_by(&limits, k, cost, got);
+                    }
+                    Err(e) => self.refused(&limit, e),
+                }
+            }
             Op::Check { key, cost } => {
                 let k = key as usize % n_keys;
                 let cost = (cost % 5) as u64;
@@ -380,6 +437,26 @@ impl Run<'_> {
                 self.check(k, cost, got);
                 if k == 0 {
                     self.limiter_op(Some(cost), None, false);
+                }
+            }
+            Op::Refund { key, n } if n & 0x80 != 0 && self.store.is_inline() => {
+                let k = key as usize % n_keys;
+                let given = self.given((n >> 3) & 0xf);
+                let n = (n % 5) as u64;
+                let Some(limit) = given else {
+                    return;
+                };
+                let id = self.ids[k];
+                match self.store.refund_with_at(&self.keys[k], &limit, n, now) {
+                    Ok(()) => {
+                        if let Some(r) = self.model.recs.get_mut(&id) {
+                            limit.refund(&mut r[..], now, n);
+                        }
+                        for lb in &mut self.logs {
+                            lb.refund(id, n);
+                        }
+                    }
+                    Err(e) => self.refused(&limit, e),
                 }
             }
             Op::Peek { key } => {
@@ -475,6 +552,19 @@ impl Run<'_> {
                 }
             }
         }
+    }
+
+    /// Variant `v` of the store's limit, if it builds.
+    fn given(&self, v: u8) -> Option<Limit> {
+        build(&variant(&self.spec, v))
+    }
+
+    /// A limit given with a check was refused: exactly when the store's records do not read
+    /// alike under it (the store checked nothing: the invariants after the op see to that).
+    fn refused(&self, limit: &Limit, e: turnstile::keyed::LimitMismatch) {
+        let own = self.model.limits.limits()[0];
+        assert!(!own.carries_to(limit), "{limit:?} refused ({e}) by a store of {own:?}");
+        assert!(!e.to_string().is_empty());
     }
 
     /// Key 0's operation on the keyless limiter, against its own model record.
@@ -613,6 +703,7 @@ fuzz_target!(|input: Input| {
         .collect();
     let clock = ManualClock::new(start);
     let mut run = Run {
+        spec: input.first,
         limiter: Limiter::with_limits(limits.clone(), &clock),
         limiter_rec: vec![0; limits.words()],
         clock: &clock,

@@ -519,3 +519,48 @@ fn tag_is_cleared_after_a_slot_dies() {
         assert!(s.loom_tags_exact(), "tags at rest");
     });
 }
+
+/// Limits given per check (`Store::check_with_at`): two threads check one key of a token
+/// bucket store, each by its own limit, A (2 per 2 s) and B (3, one per 2 s). The record is one
+/// TAT, updated by the one CAS path whatever decides it, so the outcome is one of the two
+/// serial orders': A then B admits both (TAT now + 3 s), B then A admits B only (A's bucket
+/// of 2 s cannot take the 2 s B drew plus its own 1 s; TAT now + 2 s). `new`: the key is
+/// inserted by these checks (the insertion path), else it is live already (the CAS loop).
+fn two_limits_one_key(new: bool) {
+    loom::model(move || {
+        let a = Limit::token_bucket(2, 1, SEC).unwrap();
+        let b = Limit::token_bucket(3, 1, 2 * SEC).unwrap();
+        let wide = Limit::token_bucket(10, 1, SEC).unwrap();
+        let s = store(vec![a], 1, FullPolicy::Reject);
+        // A live key that drew nothing at T: a check of cost 0 does not insert, so give it 1
+        // ns of backlog from long ago (idle, but live).
+        if !new {
+            assert!(s
+                .check_with_at(&7u64, &wide, 1, T - 5_000 * MS)
+                .unwrap()
+                .allowed());
+        }
+        let (sa, sb) = (s.clone(), s.clone());
+        let ds = spawn_all(vec![
+            Box::new(move || sa.check_with_at(&7u64, &a, 1, T).unwrap()),
+            Box::new(move || sb.check_with_at(&7u64, &b, 1, T).unwrap()),
+        ]);
+        let left = s.peek_with_at(&7u64, &wide, T).unwrap().remaining;
+        match (ds[0].allowed(), ds[1].allowed()) {
+            (true, true) => assert_eq!(left, 7, "A then B: TAT now + 3 s; {ds:?}"),
+            (false, true) => assert_eq!(left, 8, "B then A: TAT now + 2 s; {ds:?}"),
+            _ => panic!("no serial order answers {ds:?}"),
+        }
+        assert_eq!(live_once(&s), vec![7]);
+    });
+}
+
+#[test]
+fn limits_given_per_check_insert_a_key_once() {
+    two_limits_one_key(true);
+}
+
+#[test]
+fn limits_given_per_check_share_one_record() {
+    two_limits_one_key(false);
+}

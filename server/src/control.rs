@@ -2,7 +2,8 @@
 //! SIGHUP reloads), the rules file watch (its modification time, polled), and the periodic
 //! snapshot. Also the reload and snapshot steps that HTTP and shutdown share.
 
-use crate::{ServeError, Shared};
+use crate::state::Server;
+use crate::ServeError;
 use axum::http::StatusCode;
 use serde_json::json;
 use std::sync::atomic::Ordering;
@@ -15,7 +16,7 @@ use std::time::Duration;
 /// `kept`, `carried`, `fresh` and `removed` rule names at the top and the Envoy reload under
 /// `envoy`; any refusal makes the whole answer an error (422): each refused file's
 /// `file:line:column: message`, joined by `; ` (the other file is reloaded all the same).
-pub(crate) fn reload(s: &Shared, why: &str) -> Result<serde_json::Value, (StatusCode, String)> {
+pub(crate) fn reload(s: &Server, why: &str) -> Result<serde_json::Value, (StatusCode, String)> {
     let rules = reload_rules(s, why);
     let envoy = reload_envoy(s, why);
     if rules.is_none() && envoy.is_none() {
@@ -32,7 +33,7 @@ pub(crate) fn reload(s: &Shared, why: &str) -> Result<serde_json::Value, (Status
             report["carried"] = json!(r.carried);
             report["fresh"] = json!(r.fresh);
             report["removed"] = json!(r.removed);
-            report["backend"] = json!(s.backends.name());
+            report["backend"] = json!(s.checks.backends.name());
         }
         Some(Err(e)) => errors.push(e),
         None => {}
@@ -52,23 +53,23 @@ pub(crate) fn reload(s: &Shared, why: &str) -> Result<serde_json::Value, (Status
 }
 
 /// Reloads the rules file, if there is one.
-fn reload_rules(s: &Shared, why: &str) -> Option<Result<turnstile::rules::ReloadReport, String>> {
-    let (Some(engine), Some(path)) = (&s.engine, &s.args.rules) else {
+fn reload_rules(s: &Server, why: &str) -> Option<Result<turnstile::rules::ReloadReport, String>> {
+    let (Some(engine), Some(path)) = (&s.checks.engine, &s.files.rules) else {
         return None;
     };
-    let mut mtime = s.reload_lock.lock().unwrap_or_else(|e| e.into_inner());
+    let mut mtime = s.rules_mtime.lock().unwrap_or_else(|e| e.into_inner());
     *mtime = std::fs::metadata(path).and_then(|m| m.modified()).ok();
     let reloaded = turnstile::rules::Rules::from_file(path).and_then(|rules| {
         // The backend first: a Redis that cannot be reached refuses the reload.
-        let change = s.backends.prepare(&rules)?;
+        let change = s.checks.backends.prepare(&rules)?;
         let r = engine.reload(rules.clone())?;
-        s.backends.commit(change, &rules);
+        s.checks.backends.commit(change, &rules);
         Ok(r)
     });
     Some(match reloaded {
         Ok(r) => {
             s.metrics.reloads_ok.fetch_add(1, Ordering::Relaxed);
-            tracing::info!(trigger = why, kept = ?r.kept, carried = ?r.carried, fresh = ?r.fresh, removed = ?r.removed, backend = s.backends.name(), "rules reloaded");
+            tracing::info!(trigger = why, kept = ?r.kept, carried = ?r.carried, fresh = ?r.fresh, removed = ?r.removed, backend = s.checks.backends.name(), "rules reloaded");
             Ok(r)
         }
         Err(e) => {
@@ -81,11 +82,11 @@ fn reload_rules(s: &Shared, why: &str) -> Option<Result<turnstile::rules::Reload
 
 /// Reloads the Envoy configuration, if there is one: its domains, or why it was refused
 /// (`file:line:column: message`).
-fn reload_envoy(s: &Shared, why: &str) -> Option<Result<usize, String>> {
-    let (Some(envoy), Some(path)) = (&s.envoy, &s.args.envoy_config) else {
+fn reload_envoy(s: &Server, why: &str) -> Option<Result<usize, String>> {
+    let (Some(envoy), Some(path)) = (&s.envoy, &s.files.envoy_config) else {
         return None;
     };
-    let mut st = s.envoy_lock.lock().unwrap_or_else(|e| e.into_inner());
+    let mut st = s.envoy_stamp.lock().unwrap_or_else(|e| e.into_inner());
     // The stamp is taken before reading, so that a change made during the read is seen by the
     // next look at the files.
     *st = stamp(path);
@@ -144,14 +145,14 @@ pub(crate) fn stamp(path: &std::path::Path) -> Stamp {
 }
 
 /// Writes the snapshot if one is configured.
-pub(crate) fn snapshot(s: &Shared) -> Result<(), String> {
-    let Some(path) = &s.args.snapshot else {
+pub(crate) fn snapshot(s: &Server) -> Result<(), String> {
+    let Some(path) = &s.files.snapshot else {
         return Ok(());
     };
     let _g = s.snapshot_lock.lock().unwrap_or_else(|e| e.into_inner());
     let t0 = std::time::Instant::now();
-    let snap = crate::snapshot::collect(&s.throttles, s.engine.as_ref());
-    let n: usize = snap.stores.iter().map(|(_, r)| r.len()).sum::<usize>()
+    let snap = crate::snapshot::collect(&s.throttles, s.checks.engine.as_ref());
+    let n: usize = snap.throttle.len()
         + snap
             .rules
             .iter()
@@ -175,7 +176,7 @@ pub(crate) fn snapshot(s: &Shared) -> Result<(), String> {
 }
 
 /// The snapshot on shutdown, after the workers stopped.
-pub(crate) fn final_snapshot(s: &Shared) -> Result<(), ServeError> {
+pub(crate) fn final_snapshot(s: &Server) -> Result<(), ServeError> {
     snapshot(s).map_err(ServeError::Other)
 }
 
@@ -219,7 +220,7 @@ pub(crate) fn prepare() -> Result<Prepared, ServeError> {
 
 /// Starts the control thread on what [`prepare`] made.
 pub(crate) fn spawn(
-    shared: &Arc<Shared>,
+    shared: &Arc<Server>,
     prepared: Prepared,
 ) -> Result<std::thread::JoinHandle<()>, ServeError> {
     let Prepared {
@@ -244,10 +245,10 @@ pub(crate) fn spawn(
                     i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                     i
                 };
-                let mut snap = every(s.args.snapshot_every);
-                let watching = (s.args.rules.is_some() || s.args.envoy_config.is_some())
-                    && !s.args.watch_every.is_zero();
-                let mut watch = every(s.args.watch_every);
+                let mut snap = every(s.files.snapshot_every);
+                let watching = (s.files.rules.is_some() || s.files.envoy_config.is_some())
+                    && !s.files.watch_every.is_zero();
+                let mut watch = every(s.files.watch_every);
                 let mut stop = s.shutdown.subscribe();
                 loop {
                     let stopping = *stop.borrow();
@@ -261,7 +262,7 @@ pub(crate) fn spawn(
                             let s = s.clone();
                             let _ = tokio::task::spawn_blocking(move || reload(&s, "SIGHUP")).await;
                         }
-                        _ = snap.tick(), if !stopping && s.args.snapshot.is_some() => {
+                        _ = snap.tick(), if !stopping && s.files.snapshot.is_some() => {
                             let s = s.clone();
                             let _ = tokio::task::spawn_blocking(move || snapshot(&s)).await;
                         }
@@ -278,7 +279,7 @@ pub(crate) fn spawn(
         .map_err(ServeError::Runtime)
 }
 
-fn signal_stop(s: &Shared, stopping: bool, name: &str) {
+fn signal_stop(s: &Server, stopping: bool, name: &str) {
     if stopping {
         tracing::warn!(
             signal = name,
@@ -295,17 +296,17 @@ fn signal_stop(s: &Shared, stopping: bool, name: &str) {
 
 /// Reloads the rules file if its modification time changed, and the Envoy configuration if
 /// one of its files changed.
-fn watch_file(s: &Shared) {
-    if let Some(path) = &s.args.rules {
+fn watch_file(s: &Server) {
+    if let Some(path) = &s.files.rules {
         let now = std::fs::metadata(path).and_then(|m| m.modified()).ok();
-        let last = *s.reload_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let last = *s.rules_mtime.lock().unwrap_or_else(|e| e.into_inner());
         if now.is_some() && now != last {
             let _ = reload_rules(s, "file changed");
         }
     }
-    if let Some(path) = &s.args.envoy_config {
+    if let Some(path) = &s.files.envoy_config {
         let now = stamp(path);
-        let changed = *s.envoy_lock.lock().unwrap_or_else(|e| e.into_inner()) != now;
+        let changed = *s.envoy_stamp.lock().unwrap_or_else(|e| e.into_inner()) != now;
         if changed {
             let _ = reload_envoy(s, "file changed");
         }

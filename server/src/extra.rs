@@ -7,7 +7,8 @@
 //!
 //! [`start`]: crate::start
 
-use crate::{envoy, stopped, ServeError, Shared};
+use crate::state::{stopped, Server};
+use crate::{envoy, ServeArgs, ServeError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -16,7 +17,7 @@ const GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The Envoy service `--envoy-config` asks for (`None` without it). A `--grpc` without
 /// `--envoy-config` is refused, as is a configuration that does not load.
-pub(crate) fn envoy(args: &crate::ServeArgs) -> Result<Option<Arc<envoy::Envoy>>, ServeError> {
+pub(crate) fn envoy(args: &ServeArgs) -> Result<Option<Arc<envoy::Envoy>>, ServeError> {
     let path = match (args.grpc, &args.envoy_config) {
         (None, None) => return Ok(None),
         (Some(a), None) => {
@@ -40,8 +41,8 @@ pub(crate) type Grpc = (Vec<JoinHandle<()>>, Option<std::net::SocketAddr>);
 
 /// Starts the gRPC listener if `--grpc` was given. Called once by `start`, after the RESP and
 /// HTTP listeners are bound.
-pub(crate) fn spawn(shared: &Arc<Shared>) -> Result<Grpc, ServeError> {
-    let (Some(addr), Some(service)) = (shared.args.grpc, shared.envoy.clone()) else {
+pub(crate) fn spawn(shared: &Arc<Server>, args: &ServeArgs) -> Result<Grpc, ServeError> {
+    let (Some(addr), Some(service)) = (args.grpc, shared.envoy.clone()) else {
         return Ok((Vec::new(), None));
     };
     let listener =
@@ -56,6 +57,14 @@ pub(crate) fn spawn(shared: &Arc<Shared>) -> Result<Grpc, ServeError> {
         .enable_all()
         .build()
         .map_err(ServeError::Runtime)?;
+    let auth = shared.http.auth.clone();
+    let guard = envoy::grpc::Guard {
+        tls: shared.tls.as_ref().map(|t| t.grpc.clone()),
+        authorize: auth.required().then(|| -> envoy::grpc::Authorize {
+            Arc::new(move |token: &[u8]| auth.grant(None, token, false).is_some())
+        }),
+        max_connections: shared.http.max_connections,
+    };
     let mut rx = shared.shutdown.subscribe();
     let mut rx_grace = shared.shutdown.subscribe();
     tracing::info!(grpc = %bound, "envoy rate limit service (gRPC)");
@@ -70,8 +79,12 @@ pub(crate) fn spawn(shared: &Arc<Shared>) -> Result<Grpc, ServeError> {
                         return;
                     }
                 };
-                let serve =
-                    envoy::grpc::serve(l, service, async move { stopped(&mut rx).await });
+                let serve = envoy::grpc::serve_with(
+                    l,
+                    service,
+                    async move { stopped(&mut rx).await },
+                    guard,
+                );
                 // Envoy keeps its connection open: after the shutdown signal, calls in
                 // flight get GRACE to finish, then the runtime closes what is left.
                 let grace = async move {

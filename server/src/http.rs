@@ -3,10 +3,11 @@
 //! ([`crate::envoy::json_router`], whose own body limit applies). Errors are JSON
 //! `{"error": "..."}`; a body over `--max-body` gets 413.
 
-use crate::conn::{count, ms_up, request};
+use crate::check::{count, ms_up, request};
+use crate::config::Access;
 use crate::metrics::C;
+use crate::state::{stopped, Server};
 use crate::watchdog::{ConnState, Watchdog};
-use crate::Shared;
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderName, HeaderValue, Method, StatusCode};
@@ -20,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::borrow::Cow;
 use std::convert::Infallible;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use turnstile::rules::Priority;
@@ -136,17 +138,17 @@ fn one() -> u64 {
     1
 }
 
-fn error(shared: &Shared, status: StatusCode, msg: impl Into<String>) -> Response {
+fn error(shared: &Server, status: StatusCode, msg: impl Into<String>) -> Response {
     shared.metrics.add(C::HttpErrors, 1);
     (status, Json(json!({ "error": msg.into() }))).into_response()
 }
 
 /// `POST /v1/check` from [`Dispatch`]: the body read up to `--max-body` (413 past it, as the
 /// router's `DefaultBodyLimit` answers), then decided.
-async fn check_direct(s: Arc<Shared>, body: Body) -> Response {
+async fn check_direct(s: Arc<Server>, body: Body) -> Response {
     use http_body_util::BodyExt;
     s.metrics.add(C::HttpRequests, 1);
-    let limit = s.args.max_body;
+    let limit = s.http.max_body;
     let body = match http_body_util::Limited::new(body, limit).collect().await {
         Ok(b) => b.to_bytes(),
         Err(e) => {
@@ -168,7 +170,7 @@ async fn check_direct(s: Arc<Shared>, body: Body) -> Response {
     check_body(s, body).await
 }
 
-async fn check_body(s: Arc<Shared>, body: Bytes) -> Response {
+async fn check_body(s: Arc<Server>, body: Bytes) -> Response {
     let b: CheckBody = match serde_json::from_slice(&body) {
         Ok(b) => b,
         Err(e) => {
@@ -179,7 +181,7 @@ async fn check_body(s: Arc<Shared>, body: Bytes) -> Response {
             )
         }
     };
-    let Some(engine) = &s.engine else {
+    let Some(engine) = &s.checks.engine else {
         return error(
             &s,
             StatusCode::SERVICE_UNAVAILABLE,
@@ -205,7 +207,7 @@ async fn check_body(s: Arc<Shared>, body: Bytes) -> Response {
             Err(e) => return error(&s, StatusCode::BAD_REQUEST, e),
         }
     }
-    let v = match s.backends.redis() {
+    let v = match s.checks.backends.redis() {
         // Boxed: the Redis round trip's future is large, and the in-memory path should not
         // carry (and copy, when axum boxes the handler's future) its space on every request.
         Some(redis) => Box::pin(redis.explain(engine, &req)).await,
@@ -272,7 +274,7 @@ async fn check_body(s: Arc<Shared>, body: Bytes) -> Response {
     res
 }
 
-async fn metrics(State(s): State<Arc<Shared>>) -> Response {
+async fn metrics(State(s): State<Arc<Server>>) -> Response {
     s.metrics.add(C::HttpRequests, 1);
     (
         [(
@@ -284,12 +286,12 @@ async fn metrics(State(s): State<Arc<Shared>>) -> Response {
         .into_response()
 }
 
-async fn healthz(State(s): State<Arc<Shared>>) -> Response {
+async fn healthz(State(s): State<Arc<Server>>) -> Response {
     s.metrics.add(C::HttpRequests, 1);
     Json(json!({ "status": "ok" })).into_response()
 }
 
-async fn reload(State(s): State<Arc<Shared>>) -> Response {
+async fn reload(State(s): State<Arc<Server>>) -> Response {
     s.metrics.add(C::HttpRequests, 1);
     let s2 = s.clone();
     match tokio::task::spawn_blocking(move || crate::control::reload(&s2, "POST /v1/reload")).await
@@ -307,7 +309,7 @@ async fn reload(State(s): State<Arc<Shared>>) -> Response {
 /// A known path with another method: 405 with the `{"error": ...}` body of every other error
 /// (axum adds `Allow`).
 async fn method_not_allowed(
-    State(s): State<Arc<Shared>>,
+    State(s): State<Arc<Server>>,
     method: axum::http::Method,
     uri: axum::http::Uri,
 ) -> Response {
@@ -322,7 +324,7 @@ async fn method_not_allowed(
     )
 }
 
-async fn not_found(State(s): State<Arc<Shared>>, uri: axum::http::Uri) -> Response {
+async fn not_found(State(s): State<Arc<Server>>, uri: axum::http::Uri) -> Response {
     s.metrics.add(C::HttpRequests, 1);
     if s.envoy.is_none() && matches!(uri.path(), "/json" | "/healthcheck") {
         return error(
@@ -355,9 +357,63 @@ async fn not_found(State(s): State<Arc<Shared>>, uri: axum::http::Uri) -> Respon
 #[derive(Clone)]
 struct Dispatch {
     router: Router,
-    shared: Arc<Shared>,
+    shared: Arc<Server>,
+    /// Whether the listener grants admin without the admin password.
+    trusted: bool,
     /// The connection's state for the idle watchdog (none with `--header-timeout 0`).
     conn: Option<Arc<ConnState>>,
+}
+
+/// What a request must have shown for `path`: `/healthz` and Envoy's `/healthcheck` are open
+/// (probes carry no credentials), `/metrics` unless `--metrics-open`, the operations that
+/// change the server need admin, the rest the client password.
+fn needs(path: &str, metrics_open: bool) -> Access {
+    match path {
+        "/healthz" | "/healthcheck" => Access::None,
+        "/metrics" if metrics_open => Access::None,
+        "/v1/reload" => Access::Admin,
+        _ => Access::Client,
+    }
+}
+
+impl Dispatch {
+    /// What the request has shown: its bearer token's grant, or what the listener grants
+    /// without one.
+    fn access<B>(&self, req: &axum::http::Request<B>) -> Option<Access> {
+        let auth = &self.shared.http.auth;
+        match req.headers().get(header::AUTHORIZATION) {
+            None => Some(auth.initial(self.trusted)),
+            Some(v) => {
+                let token = v.as_bytes().strip_prefix(b"Bearer ")?;
+                auth.grant(None, token, self.trusted)
+            }
+        }
+    }
+
+    /// The refusal of a request that has not shown enough (answered without reading its body).
+    fn refuse(&self, shown: Option<Access>, path: &str) -> Response {
+        let s = &self.shared;
+        s.metrics.add(C::HttpRequests, 1);
+        match shown {
+            Some(a) if a >= Access::Client => error(
+                s,
+                StatusCode::FORBIDDEN,
+                format!("{path} changes the server: give the admin password (--admin-pass) as `Authorization: Bearer PASSWORD`, or send it to a loopback listener or --admin when no admin password is set"),
+            ),
+            _ => {
+                let mut r = error(
+                    s,
+                    StatusCode::UNAUTHORIZED,
+                    format!("{path} needs the server's password: send `Authorization: Bearer PASSWORD` (--requirepass)"),
+                );
+                r.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Bearer realm=\"turnstile\""),
+                );
+                r
+            }
+        }
+    }
 }
 
 type CheckFuture = futures_util::future::BoxFuture<'static, Result<Response, Infallible>>;
@@ -384,6 +440,14 @@ where
         let req = req.map(Body::new);
         // The request's headers are in: the connection is busy until its response is made.
         let busy = self.conn.as_ref().map(ConnState::begin);
+        let shown = self.access(&req);
+        if shown.unwrap_or(Access::None) < needs(req.uri().path(), self.shared.http.metrics_open) {
+            let r = self.refuse(shown, req.uri().path());
+            return Either::Left(Box::pin(async move {
+                drop(busy);
+                Ok(r)
+            }));
+        }
         if req.method() == Method::POST && req.uri().path() == "/v1/check" {
             let s = self.shared.clone();
             // Boxed as axum boxes a handler's future (one allocation, as before).
@@ -407,21 +471,41 @@ where
     }
 }
 
-/// Serves HTTP on `l` until shutdown.
-pub(crate) async fn serve(shared: Arc<Shared>, l: tokio::net::TcpListener) {
+/// Counts an HTTP connection for `--max-http-connections` while it lives.
+struct Slot(Arc<Server>);
+
+impl Slot {
+    fn take(srv: &Arc<Server>) -> Option<Slot> {
+        // Relaxed: a count; no other memory is published through it.
+        let n = srv.http_connections.fetch_add(1, Ordering::Relaxed) + 1;
+        let slot = Slot(srv.clone());
+        (n <= srv.http.max_connections).then_some(slot)
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        // Relaxed: see `take`.
+        self.0.http_connections.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Serves HTTP on `l` until shutdown; `trusted`: the listener grants admin without the admin
+/// password (a loopback listener with no --admin-pass, or --admin).
+pub(crate) async fn serve(shared: Arc<Server>, l: tokio::net::TcpListener, trusted: bool) {
     let mut app = Router::new()
         // POST never gets here (Dispatch answers it first); the route gives other methods
         // their 405 with `Allow: POST`.
         .route(
             "/v1/check",
-            post(|State(s): State<Arc<Shared>>, body: Body| check_direct(s, body)),
+            post(|State(s): State<Arc<Server>>, body: Body| check_direct(s, body)),
         )
         .route("/v1/reload", post(reload))
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(shared.args.max_body))
+        .layer(DefaultBodyLimit::max(shared.http.max_body))
         .with_state(shared.clone());
     if let Some(e) = &shared.envoy {
         app = app.merge(crate::envoy::json_router(e.clone()));
@@ -430,14 +514,25 @@ pub(crate) async fn serve(shared: Arc<Shared>, l: tokio::net::TcpListener) {
     let app = Dispatch {
         router: app,
         shared: shared.clone(),
+        trusted,
         conn: None,
     };
     // hyper's connections, served here rather than by `axum::serve`, which closes no
     // connection a client holds without a request (a byte of headers at a time, or idle):
     // the watchdog does (src/watchdog.rs).
-    let conns = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    let mut conns = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    // A request's head (line and headers) is bounded in bytes and count: past either, hyper
+    // answers 431 and closes.
+    conns
+        .http1()
+        .max_buf_size(shared.http.max_header_bytes.max(8192))
+        .max_headers(shared.http.max_headers);
+    conns
+        .http2()
+        .max_header_list_size(shared.http.max_header_bytes as u32)
+        .max_concurrent_streams(100);
     let dog =
-        (!shared.args.header_timeout.is_zero()).then(|| Watchdog::new(shared.args.header_timeout));
+        (!shared.http.header_timeout.is_zero()).then(|| Watchdog::new(shared.http.header_timeout));
     if let Some(dog) = &dog {
         tokio::spawn(dog.clone().run(shared.shutdown.subscribe()));
     }
@@ -455,21 +550,43 @@ pub(crate) async fn serve(shared: Arc<Shared>, l: tokio::net::TcpListener) {
                         continue;
                     }
                 };
+                let Some(slot) = Slot::take(&shared) else {
+                    shared.metrics.add(C::HttpRejectedConnections, 1);
+                    drop(sock);
+                    continue;
+                };
                 let registered = dog.as_ref().and_then(|d| d.register(&sock));
                 let mut app = app.clone();
                 app.conn = registered.as_ref().map(|r| r.state.clone());
-                let conn = conns
-                    .serve_connection_with_upgrades(TokioIo::new(sock), TowerToHyperService::new(app))
-                    .into_owned();
-                let conn = graceful.watch(conn);
+                let svc = TowerToHyperService::new(app);
+                let Some(tls) = shared.tls.as_ref().map(|t| t.http.clone()) else {
+                    let conn = graceful.watch(conns.serve_connection_with_upgrades(TokioIo::new(sock), svc).into_owned());
+                    tokio::spawn(async move {
+                        if let Err(e) = conn.await {
+                            tracing::debug!(error = %e, "HTTP connection ended");
+                        }
+                        drop((registered, slot));
+                    });
+                    continue;
+                };
+                // TLS: the handshake in the connection's task, bounded in time; graceful
+                // shutdown then watches the connection once it is served.
+                let conns = conns.clone();
+                let watcher = graceful.watcher();
                 tokio::spawn(async move {
+                    let stream = match tokio::time::timeout(crate::tls::HANDSHAKE, tls.accept(sock)).await {
+                        Ok(Ok(s)) => s,
+                        Ok(Err(e)) => return tracing::debug!(error = %e, "HTTP: TLS handshake failed"),
+                        Err(_) => return tracing::debug!("HTTP: TLS handshake timed out"),
+                    };
+                    let conn = watcher.watch(conns.serve_connection_with_upgrades(TokioIo::new(stream), svc).into_owned());
                     if let Err(e) = conn.await {
                         tracing::debug!(error = %e, "HTTP connection ended");
                     }
-                    drop(registered);
+                    drop((registered, slot));
                 });
             }
-            () = crate::stopped(&mut stop) => break,
+            () = stopped(&mut stop) => break,
         }
     }
     graceful.shutdown().await;

@@ -52,226 +52,35 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
+mod args;
 mod backend;
-mod conn;
+mod check;
+mod cmd;
+mod config;
 mod control;
 pub mod envoy;
+mod error;
 mod extra;
 mod http;
 mod metrics;
 pub mod resp;
 pub mod snapshot;
+mod state;
 pub mod throttle;
+mod tls;
 mod watchdog;
 mod workers;
 
+use state::Server;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 use turnstile::rules::{Engine, Rules};
 
+pub use args::{RuntimeKind, ServeArgs};
+pub use error::ServeError;
 pub use snapshot::SnapshotError;
-
-/// How connections are served.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum RuntimeKind {
-    /// One worker thread per core, pinned, each with its own current-thread runtime and its
-    /// own `SO_REUSEPORT` listeners (the kernel spreads connections over them).
-    PerCore,
-    /// One multi-thread tokio runtime of `--workers` threads and one listener per protocol.
-    MultiThread,
-}
-
-fn duration(s: &str) -> Result<Duration, String> {
-    if s == "0" {
-        return Ok(Duration::ZERO);
-    }
-    turnstile::rules::parse_duration(s)
-}
-
-fn workers(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(n) if (1..=4096).contains(&n) => Ok(n),
-        _ => Err(format!("`{s}` is not a number of workers from 1 to 4096")),
-    }
-}
-
-/// The flags of `turnstile serve`.
-#[derive(clap::Args, Clone, Debug)]
-pub struct ServeArgs {
-    /// Rules file (TOML, docs/rules.md) for TURNSTILE.CHECK and POST /v1/check; without it
-    /// the server answers CL.THROTTLE alone.
-    #[arg(long)]
-    pub rules: Option<PathBuf>,
-    /// RESP (Redis protocol) address.
-    #[arg(long, default_value = "127.0.0.1:6380")]
-    pub resp: SocketAddr,
-    /// HTTP address (/v1/check, /metrics, /healthz, /v1/reload).
-    #[arg(long, default_value = "127.0.0.1:8080")]
-    pub http: SocketAddr,
-    /// Envoy rate limit service (gRPC) address; off unless given (needs --envoy-config).
-    #[arg(long)]
-    pub grpc: Option<SocketAddr>,
-    /// envoyproxy/ratelimit YAML configuration, a file or a directory (docs/envoy.md): served
-    /// over gRPC on --grpc and as POST /json on the HTTP address; reloaded like the rules
-    /// file. SHADOW_MODE and the LIMIT_* variables of the environment apply.
-    #[arg(long)]
-    pub envoy_config: Option<PathBuf>,
-    /// Snapshot file of every store (CL.THROTTLE's and the rules'): restored on start,
-    /// written periodically and on graceful shutdown.
-    #[arg(long)]
-    pub snapshot: Option<PathBuf>,
-    /// How often to write the snapshot ("0": only on shutdown).
-    #[arg(long, default_value = "10s", value_parser = duration)]
-    pub snapshot_every: Duration,
-    /// Exit (instead of starting empty) if the snapshot file exists but cannot be restored.
-    #[arg(long)]
-    pub snapshot_required: bool,
-    /// Worker threads (default: one per core).
-    #[arg(long, value_parser = workers)]
-    pub workers: Option<usize>,
-    /// per-core (pinned current-thread runtimes) or multi-thread (one tokio runtime).
-    #[arg(long, value_enum, default_value = "per-core")]
-    pub runtime: RuntimeKind,
-    /// Password clients must give with AUTH (or HELLO ... AUTH) before other commands.
-    #[arg(long)]
-    pub requirepass: Option<String>,
-    /// Bytes all CL.THROTTLE stores together may take.
-    #[arg(long, default_value_t = 1 << 30)]
-    pub throttle_memory: usize,
-    /// Keys each CL.THROTTLE store (one per max_burst, count, period) holds.
-    #[arg(long, default_value_t = 1 << 21)]
-    pub throttle_keys: u64,
-    /// Most simultaneous RESP connections; more are told so and closed.
-    #[arg(long, default_value_t = 10_000)]
-    pub max_connections: usize,
-    /// Close a RESP connection idle this long ("0": never).
-    #[arg(long, default_value = "300s", value_parser = duration)]
-    pub idle_timeout: Duration,
-    /// Most arguments in one RESP command.
-    #[arg(long, default_value_t = 1024)]
-    pub max_args: usize,
-    /// Longest RESP bulk string, in bytes.
-    #[arg(long, default_value_t = 512 * 1024)]
-    pub max_bulk: usize,
-    /// Longest RESP inline command, in bytes.
-    #[arg(long, default_value_t = 64 * 1024)]
-    pub max_inline: usize,
-    /// Largest HTTP request body, in bytes (larger: 413).
-    #[arg(long, default_value_t = 64 * 1024)]
-    pub max_body: usize,
-    /// Close an HTTP connection without a request in progress for this long (within 2 s
-    /// after): a client that trickles its headers, or keeps a connection idle between
-    /// requests, does not hold it for good ("0": never; nginx's client_header_timeout is 60 s
-    /// too).
-    #[arg(long, default_value = "60s", value_parser = duration)]
-    pub header_timeout: Duration,
-    /// How often to look whether the rules file or the Envoy configuration changed ("0":
-    /// never; SIGHUP and POST /v1/reload still reload).
-    #[arg(long, default_value = "1s", value_parser = duration)]
-    pub watch_every: Duration,
-}
-
-impl ServeArgs {
-    /// The defaults, as `turnstile serve` with no flags.
-    pub fn new() -> Self {
-        use clap::{Args, FromArgMatches};
-        let cmd = Self::augment_args(clap::Command::new("serve"));
-        let m = cmd.get_matches_from(["serve"]);
-        Self::from_arg_matches(&m).expect("the defaults parse")
-    }
-}
-
-impl Default for ServeArgs {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-/// Why the server could not start or stopped with an error.
-#[derive(Debug)]
-pub enum ServeError {
-    /// The rules file was refused (`file:line:column: message`).
-    Rules(turnstile::rules::RulesError),
-    /// The address of a flag (`--resp`, `--http`, `--grpc`) could not be bound or a socket
-    /// option set.
-    Bind(&'static str, SocketAddr, std::io::Error),
-    /// The snapshot could not be restored and `--snapshot-required` was given.
-    Snapshot(SnapshotError),
-    /// A runtime or thread could not be started.
-    Runtime(std::io::Error),
-    /// Something else, said in words.
-    Other(String),
-}
-
-impl std::fmt::Display for ServeError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ServeError::Rules(e) => write!(f, "{e}"),
-            ServeError::Bind(flag, a, e) => {
-                write!(f, "cannot listen on {a} ({flag}): {e}")?;
-                match e.kind() {
-                    std::io::ErrorKind::AddrInUse => write!(
-                        f,
-                        "; another process listens there: stop it or give another address with {flag}"
-                    ),
-                    std::io::ErrorKind::AddrNotAvailable => write!(
-                        f,
-                        "; no interface of this machine has that address: use 127.0.0.1, 0.0.0.0 or one of its own"
-                    ),
-                    std::io::ErrorKind::PermissionDenied => write!(
-                        f,
-                        "; ports under 1024 need privileges: use a higher port"
-                    ),
-                    _ => Ok(()),
-                }
-            }
-            ServeError::Snapshot(e) => write!(
-                f,
-                "{e} (--snapshot-required: not starting; remove the flag to start empty)"
-            ),
-            ServeError::Runtime(e) => write!(f, "cannot start the runtime: {e}"),
-            ServeError::Other(m) => f.write_str(m),
-        }
-    }
-}
-
-impl std::error::Error for ServeError {}
-
-/// What every worker shares.
-pub(crate) struct Shared {
-    pub(crate) args: ServeArgs,
-    pub(crate) engine: Option<snapshot::RulesEngine>,
-    /// Where the rules' counts live (`[backend]`): memory or Redis.
-    pub(crate) backends: backend::Backends,
-    /// Envoy's rate limit service (`--envoy-config`), for gRPC and `POST /json`.
-    pub(crate) envoy: Option<Arc<envoy::Envoy>>,
-    pub(crate) throttles: throttle::Throttles,
-    pub(crate) metrics: metrics::Metrics,
-    pub(crate) bounds: resp::Bounds,
-    pub(crate) connections: AtomicUsize,
-    pub(crate) shutdown: tokio::sync::watch::Sender<bool>,
-    /// Serializes reloads (the engine's own lock keeps them atomic; this keeps the log and
-    /// the file's mtime in order).
-    pub(crate) reload_lock: Mutex<Option<std::time::SystemTime>>,
-    /// The same for the Envoy configuration: what its files looked like at the last reload.
-    pub(crate) envoy_lock: Mutex<control::Stamp>,
-    /// Serializes snapshot writes (timer and shutdown).
-    pub(crate) snapshot_lock: Mutex<()>,
-    /// Set once every worker has stopped (the control thread then exits).
-    pub(crate) workers_done: AtomicBool,
-}
-
-/// Resolves once `rx` reads `true` (or its sender is gone).
-pub(crate) async fn stopped(rx: &mut tokio::sync::watch::Receiver<bool>) {
-    while !*rx.borrow_and_update() {
-        if rx.changed().await.is_err() {
-            return;
-        }
-    }
-}
 
 /// A server started by [`start`].
 pub struct Running {
@@ -281,7 +90,9 @@ pub struct Running {
     pub http: SocketAddr,
     /// The gRPC address of Envoy's rate limit service, if `--grpc` was given.
     pub grpc: Option<SocketAddr>,
-    shared: Arc<Shared>,
+    /// The admin HTTP address, if `--admin` was given.
+    pub admin: Option<SocketAddr>,
+    srv: Arc<Server>,
     workers: Vec<std::thread::JoinHandle<()>>,
     control: std::thread::JoinHandle<()>,
 }
@@ -290,7 +101,7 @@ impl Running {
     /// Asks it to stop as SIGTERM does: stop accepting, finish what connections sent, write
     /// the snapshot.
     pub fn stop(&self) {
-        self.shared.shutdown.send_replace(true);
+        self.srv.shutdown.send_replace(true);
     }
 
     /// Waits until it has stopped (after [`Running::stop`] or a signal), then writes the final
@@ -299,23 +110,24 @@ impl Running {
         for t in self.workers {
             let _ = t.join();
         }
-        self.shared.backends.shutdown();
+        self.srv.checks.backends.shutdown();
         // Release: the control thread's Acquire load sees the workers' end.
-        self.shared.workers_done.store(true, Ordering::Release);
+        self.srv.workers_done.store(true, Ordering::Release);
         let _ = self.control.join();
-        control::final_snapshot(&self.shared)
+        control::final_snapshot(&self.srv)
     }
 }
 
 /// Starts the server (listeners bound when this returns) and answers until stopped.
 pub fn start(args: ServeArgs) -> Result<Running, ServeError> {
-    // The rules are read first: a refused file is the likelier mistake, and says so before
-    // anything else happens.
+    // The flags first, then the rules: a refused file is the likelier mistake, and says so
+    // before anything else happens.
+    let (resp_config, http_config) = config::from_args(&args)?;
     let rules = match &args.rules {
         None => None,
         Some(p) => Some(Rules::from_file(p).map_err(ServeError::Rules)?),
     };
-    let mtime = args
+    let rules_mtime = args
         .rules
         .as_ref()
         .and_then(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok());
@@ -332,27 +144,11 @@ pub fn start(args: ServeArgs) -> Result<Running, ServeError> {
         None => None,
     };
     let envoy = extra::envoy(&args)?;
-    if let Some(p) = &args.snapshot {
-        snapshot::writable(p).map_err(|e| {
-            ServeError::Other(format!(
-                "--snapshot {}: cannot write there ({e}): give a file in a directory that exists and this user may write",
-                p.display()
-            ))
-        })?;
-    }
-    let restored = match &args.snapshot {
-        Some(p) => match snapshot::read(p) {
-            Ok(s) => s,
-            Err(e) => {
-                if args.snapshot_required {
-                    return Err(ServeError::Snapshot(e));
-                }
-                tracing::error!(error = %e, "snapshot refused; starting empty");
-                None
-            }
-        },
-        None => None,
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(c), Some(k)) => Some(tls::Tls::load(c, k)?),
+        _ => None,
     };
+    let restored = snapshot::on_start(args.snapshot.as_deref(), args.snapshot_required)?;
     let seed = match &restored {
         Some(s) => s.seed,
         None => {
@@ -382,7 +178,8 @@ pub fn start(args: ServeArgs) -> Result<Running, ServeError> {
         .workers
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
         .max(1);
-    let throttles = throttle::Throttles::new(args.throttle_memory, args.throttle_keys, seed);
+    let throttles =
+        throttle::Throttles::new(args.throttle_keys, seed).map_err(ServeError::Other)?;
     if let Some(s) = restored {
         let r = snapshot::restore(&throttles, engine.as_ref(), s);
         tracing::info!(
@@ -394,50 +191,69 @@ pub fn start(args: ServeArgs) -> Result<Running, ServeError> {
         );
     }
     let (tx, _) = tokio::sync::watch::channel(false);
-    let shared = Arc::new(Shared {
-        bounds: resp::Bounds {
-            max_args: args.max_args.max(1),
-            max_bulk: args.max_bulk,
-            max_inline: args.max_inline.max(16),
-        },
-        engine,
-        backends,
+    let srv = Arc::new(Server {
+        resp: resp_config,
+        http: http_config,
+        checks: check::Checks { engine, backends },
         envoy,
+        tls,
         throttles,
         metrics: metrics::Metrics::new(workers),
+        files: state::Files {
+            rules: args.rules.clone(),
+            envoy_config: args.envoy_config.clone(),
+            snapshot: args.snapshot.clone(),
+            snapshot_every: args.snapshot_every,
+            watch_every: args.watch_every,
+        },
         connections: AtomicUsize::new(0),
+        http_connections: AtomicUsize::new(0),
+        buffers: state::Buffers {
+            bytes: AtomicUsize::new(0),
+            deferred: AtomicUsize::new(0),
+            deferred_max: DEFERRED_BUDGET,
+        },
         shutdown: tx,
-        reload_lock: Mutex::new(mtime),
-        envoy_lock: Mutex::new(envoy_stamp),
+        rules_mtime: Mutex::new(rules_mtime),
+        envoy_stamp: Mutex::new(envoy_stamp),
         snapshot_lock: Mutex::new(()),
         workers_done: AtomicBool::new(false),
-        args,
     });
+    listen(srv, &args, workers)
+}
+
+/// The server-wide budget of output and queued commands that RESP connections may hold
+/// beyond their own small allowance (resp::connection): 64 MiB.
+const DEFERRED_BUDGET: usize = 64 << 20;
+
+/// Binds the listeners and starts the workers and the control thread.
+fn listen(srv: Arc<Server>, args: &ServeArgs, workers: usize) -> Result<Running, ServeError> {
     // Signal handlers first: a signal that follows the first accepted connection is handled.
     let prepared = control::prepare()?;
-    let (resp, http, mut threads) = workers::spawn(&shared, workers)?;
+    let (bound, mut threads) = workers::spawn(&srv, args, workers)?;
     let mut grpc = None;
-    let started = extra::spawn(&shared).and_then(|(t, g)| {
+    let started = extra::spawn(&srv, args).and_then(|(t, g)| {
         threads.extend(t);
         grpc = g;
-        control::spawn(&shared, prepared)
+        control::spawn(&srv, prepared)
     });
     let control = match started {
         Ok(c) => c,
         Err(e) => {
-            shared.shutdown.send_replace(true);
+            srv.shutdown.send_replace(true);
             for t in threads {
                 let _ = t.join();
             }
             return Err(e);
         }
     };
-    tracing::info!(%resp, %http, workers, runtime = ?shared.args.runtime, "serving");
+    tracing::info!(resp = %bound.resp, http = %bound.http, admin = ?bound.admin, workers, runtime = ?args.runtime, "serving");
     Ok(Running {
-        resp,
-        http,
+        resp: bound.resp,
+        http: bound.http,
+        admin: bound.admin,
         grpc,
-        shared,
+        srv,
         workers: threads,
         control,
     })

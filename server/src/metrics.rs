@@ -4,12 +4,13 @@
 //! (a relaxed add, no contention); `/metrics` sums them. Rule and store figures come from the
 //! engine and the stores when scraped.
 
-use crate::Shared;
+use crate::state::Server;
 use crossbeam_utils::CachePadded;
 use std::cell::Cell;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use turnstile::rules::Priority;
+use turnstile::{Clock, DefaultClock};
 
 /// What is counted per worker.
 #[derive(Clone, Copy, Debug)]
@@ -26,9 +27,11 @@ pub(crate) enum C {
     HttpRequests,
     HttpChecks,
     HttpErrors,
+    OutputLimitClosed,
+    HttpRejectedConnections,
 }
 
-const COUNTERS: usize = 12;
+const COUNTERS: usize = 14;
 
 /// Latency histogram bucket bounds (ns), per command.
 pub(crate) const BOUNDS_NS: [u64; 12] = [
@@ -89,6 +92,9 @@ static NEXT_WORKER: AtomicUsize = AtomicUsize::new(0);
 /// Counters of the whole server.
 pub(crate) struct Metrics {
     workers: Box<[CachePadded<Worker>]>,
+    /// The clock of the latency histogram.
+    clock: DefaultClock,
+    started: std::time::Instant,
     pub(crate) reloads_ok: AtomicU64,
     pub(crate) reloads_failed: AtomicU64,
     pub(crate) envoy_reloads_ok: AtomicU64,
@@ -110,6 +116,8 @@ impl Metrics {
                     })
                 })
                 .collect(),
+            clock: DefaultClock::new(),
+            started: std::time::Instant::now(),
             reloads_ok: AtomicU64::new(0),
             reloads_failed: AtomicU64::new(0),
             envoy_reloads_ok: AtomicU64::new(0),
@@ -118,6 +126,17 @@ impl Metrics {
             snapshots_failed: AtomicU64::new(0),
             snapshot_records: AtomicU64::new(0),
         }
+    }
+
+    /// The latency clock's reading.
+    #[inline]
+    pub(crate) fn now(&self) -> u64 {
+        self.clock.now()
+    }
+
+    /// Since the server started.
+    pub(crate) fn uptime(&self) -> std::time::Duration {
+        self.started.elapsed()
     }
 
     /// This thread's shard (threads are numbered on first use).
@@ -201,7 +220,7 @@ fn label(s: &str) -> String {
 }
 
 /// The Prometheus text exposition of everything.
-pub(crate) fn render(s: &Shared) -> String {
+pub(crate) fn render(s: &Server) -> String {
     let m = &s.metrics;
     let mut o = String::with_capacity(4096);
     let r = |x: &AtomicU64| x.load(Ordering::Relaxed);
@@ -259,6 +278,35 @@ pub(crate) fn render(s: &Shared) -> String {
     );
     counter(
         &mut o,
+        "turnstile_resp_output_limit_closed_total",
+        "RESP connections closed for passing --client-output-limit.",
+        m.get(C::OutputLimitClosed),
+    );
+    gauge(
+        &mut o,
+        "turnstile_resp_buffer_bytes",
+        "Bytes of the RESP connections' buffers now.",
+        s.buffers.bytes.load(Ordering::Relaxed) as u64,
+    );
+    gauge(
+        &mut o,
+        "turnstile_resp_deferred_bytes",
+        "Bytes of the deferred budget lent to RESP connections (unread output, queued MULTI commands).",
+        s.buffers.deferred.load(Ordering::Relaxed) as u64,
+    );
+    let _ = writeln!(o, "# HELP turnstile_memory_bound_bytes The most memory each part may take at the server's flags: RESP connections (--max-connections x each one's bound), the deferred budget they share, the CL.THROTTLE store (--throttle-keys).\n# TYPE turnstile_memory_bound_bytes gauge");
+    for (part, v) in [
+        (
+            "resp_connections",
+            s.resp.max_connections * crate::resp::connection::max_bytes(&s.resp.bounds),
+        ),
+        ("deferred", s.buffers.deferred_max),
+        ("throttle_store", s.throttles.store().memory_bytes()),
+    ] {
+        let _ = writeln!(o, "turnstile_memory_bound_bytes{{part=\"{part}\"}} {v}");
+    }
+    counter(
+        &mut o,
         "turnstile_refunds_total",
         "TURNSTILE.REFUND requests.",
         m.get(C::Refunds),
@@ -274,6 +322,12 @@ pub(crate) fn render(s: &Shared) -> String {
         "turnstile_http_checks_total",
         "POST /v1/check requests answered with a decision.",
         m.get(C::HttpChecks),
+    );
+    counter(
+        &mut o,
+        "turnstile_http_connections_rejected_total",
+        "HTTP connections closed at once at --max-http-connections.",
+        m.get(C::HttpRejectedConnections),
     );
     counter(
         &mut o,
@@ -347,25 +401,10 @@ pub(crate) fn render(s: &Shared) -> String {
     let _ = writeln!(o, "turnstile_check_seconds_sum {}", sum as f64 / 1e9);
     let _ = writeln!(o, "turnstile_check_seconds_count {cum}");
 
-    // Stores of CL.THROTTLE, summed.
-    let mut st = turnstile::keyed::StoreStats::default();
-    let entries = s.throttles.entries();
-    for e in &entries {
-        let x = e.store.stats();
-        st.live += x.live;
-        st.reclaimed += x.reclaimed;
-        st.evicted += x.evicted;
-        st.rejected += x.rejected;
-        st.inserted += x.inserted;
-    }
-    gauge(
-        &mut o,
-        "turnstile_throttle_stores",
-        "CL.THROTTLE stores (one per max_burst, count, period).",
-        entries.len() as u64,
-    );
-    let _ = writeln!(o, "# HELP turnstile_store_keys Live keys in the CL.THROTTLE stores.\n# TYPE turnstile_store_keys gauge\nturnstile_store_keys{{store=\"throttle\"}} {}", st.live);
-    let _ = writeln!(o, "# HELP turnstile_store_events_total What the CL.THROTTLE stores did with records.\n# TYPE turnstile_store_events_total counter");
+    // The store of CL.THROTTLE.
+    let st = s.throttles.store().stats();
+    let _ = writeln!(o, "# HELP turnstile_store_keys Live keys in the CL.THROTTLE store.\n# TYPE turnstile_store_keys gauge\nturnstile_store_keys{{store=\"throttle\"}} {}", st.live);
+    let _ = writeln!(o, "# HELP turnstile_store_events_total What the CL.THROTTLE store did with records.\n# TYPE turnstile_store_events_total counter");
     for (k, v) in [
         ("inserted", st.inserted),
         ("reclaimed", st.reclaimed),
@@ -379,7 +418,7 @@ pub(crate) fn render(s: &Shared) -> String {
     }
 
     // The rules engine.
-    if let Some(e) = &s.engine {
+    if let Some(e) = &s.checks.engine {
         let _ = writeln!(o, "# HELP turnstile_rule_events_total What each rule did: denied, would_deny (shadow), elastic (admitted from the pool), over_nominal (soft).\n# TYPE turnstile_rule_events_total counter");
         let names = e.rule_names();
         for n in &names {
@@ -415,8 +454,8 @@ pub(crate) fn render(s: &Shared) -> String {
         }
     }
     // Where the rules' counts live, and what the Redis backend did.
-    if s.engine.is_some() {
-        let name = s.backends.name();
+    if s.checks.engine.is_some() {
+        let name = s.checks.backends.name();
         let _ = writeln!(o, "# HELP turnstile_rules_backend Where the rules' counts live ([backend] in the rules file): 1 for the one in use.\n# TYPE turnstile_rules_backend gauge");
         for b in ["memory", "redis"] {
             let _ = writeln!(
@@ -426,7 +465,7 @@ pub(crate) fn render(s: &Shared) -> String {
             );
         }
     }
-    if let Some((st, open)) = s.backends.stats() {
+    if let Some((st, open)) = s.checks.backends.stats() {
         let _ = writeln!(o, "# HELP turnstile_backend_calls_total Rules requests sent to the Redis backend, by what happened: answered by Redis, timed out, failed, not sent (circuit open); fallback counts the answers the failure policy gave (each timeout, error and short circuit).\n# TYPE turnstile_backend_calls_total counter");
         for (k, v) in [
             ("redis", st.redis),

@@ -1,4 +1,4 @@
-//! Snapshots of every store: the `CL.THROTTLE` stores and the rules engine's (each rule's,
+//! Snapshots of every store: the `CL.THROTTLE` store and the rules engine's (each rule's,
 //! each override's, each elastic pool's). Written to a temporary file, fsynced and renamed
 //! over the old one (a crash leaves the old or the new file, never a mix); read whole and
 //! checked before anything is restored (a bad file restores nothing).
@@ -6,16 +6,17 @@
 //! Format (little-endian):
 //!
 //! ```text
-//! "TSNP" | version u32 (2) | payload length u64 | CRC-32 of the payload u32 | payload
-//! payload: hash seed u64 | wall-clock ns at write u64 | stores u32 |
-//!          per store: max_burst i64 | count i64 | period i64 | records u64 |
-//!                     per record: key id u64 | TAT, wall-clock ns since the Unix epoch u64
+//! "TSNP" | version u32 (3) | payload length u64 | CRC-32 of the payload u32 | payload
+//! payload: hash seed u64 | wall-clock ns at write u64 | CL.THROTTLE records u64 |
+//!          per record: key id u64 | TAT, wall-clock ns since the Unix epoch u64
 //!          rules clock ns at write u64 | rule stores u32 |
 //!          per rule store: description length u32 | description (UTF-8) | words u32 |
 //!                          records u64 | per record: key id u64 | words × state u64
 //! ```
 //!
-//! Version 1 files (the same without the rules part) are still read.
+//! Versions 1 and 2 (`CL.THROTTLE` records in one list per parameter set, preceded by their
+//! count u32 and each by its three parameters; version 1 without the rules part) are still
+//! read: their lists are restored into the one store.
 //!
 //! **Time.** Each process's default clock counts from its own origin (the TSC clock), so a
 //! time stored raw means nothing to the next process. A `CL.THROTTLE` record is one TAT,
@@ -37,7 +38,7 @@
 //! never gets the state of another rule or of other limits. (A reload in a running server
 //! carries state over limit changes whose records read alike; a restart does not.)
 
-use crate::throttle::{Params, Throttles};
+use crate::throttle::Throttles;
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
@@ -46,7 +47,7 @@ use turnstile::rules::Engine;
 use turnstile::{Clock, DefaultClock};
 
 const MAGIC: &[u8; 4] = b"TSNP";
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
 /// The most state words of one rule store's record accepted from a file.
 const MAX_WORDS: u32 = 1 << 16;
 const HEADER: usize = 4 + 4 + 8 + 4;
@@ -75,8 +76,8 @@ pub struct Snapshot {
     pub seed: u64,
     /// When it was written (wall-clock ns).
     pub written_ns: u64,
-    /// Each store's parameters and `(key id, TAT wall-clock ns)` records.
-    pub stores: Vec<(Params, Vec<(u64, u64)>)>,
+    /// The `CL.THROTTLE` records: `(key id, TAT wall-clock ns)`.
+    pub throttle: Vec<(u64, u64)>,
     /// The rules engine's clock when written (0 without rules).
     pub rules_now: u64,
     /// The rules engine's stores.
@@ -147,18 +148,15 @@ fn wall_ns() -> u64 {
 /// timeline.
 pub fn collect(t: &Throttles, engine: Option<&RulesEngine>) -> Snapshot {
     let wall = wall_ns();
-    let mut stores = Vec::new();
-    for e in t.entries() {
-        let now = e.store.clock().now();
-        let mut recs = Vec::new();
-        e.store.export_packed(|id, tat| {
-            // Only records not yet idle carry information.
-            if tat > now {
-                recs.push((id, wall.saturating_add(tat - now)));
-            }
-        });
-        stores.push((e.params, recs));
-    }
+    let store = t.store();
+    let now = store.clock().now();
+    let mut throttle = Vec::new();
+    store.export_packed(|id, tat| {
+        // Only records not yet idle carry information.
+        if tat > now {
+            throttle.push((id, wall.saturating_add(tat - now)));
+        }
+    });
     let mut rules = Vec::new();
     let rules_now = engine.map_or(0, |e| e.clock().now());
     if let Some(e) = engine {
@@ -185,7 +183,7 @@ pub fn collect(t: &Throttles, engine: Option<&RulesEngine>) -> Snapshot {
     Snapshot {
         seed: t.seed(),
         written_ns: wall,
-        stores,
+        throttle,
         rules_now,
         rules,
     }
@@ -196,16 +194,10 @@ pub fn encode(s: &Snapshot) -> Vec<u8> {
     let mut p = Vec::new();
     p.extend_from_slice(&s.seed.to_le_bytes());
     p.extend_from_slice(&s.written_ns.to_le_bytes());
-    p.extend_from_slice(&(s.stores.len() as u32).to_le_bytes());
-    for ((b, c, per), recs) in &s.stores {
-        for v in [*b, *c, *per] {
-            p.extend_from_slice(&v.to_le_bytes());
-        }
-        p.extend_from_slice(&(recs.len() as u64).to_le_bytes());
-        for (id, t) in recs {
-            p.extend_from_slice(&id.to_le_bytes());
-            p.extend_from_slice(&t.to_le_bytes());
-        }
+    p.extend_from_slice(&(s.throttle.len() as u64).to_le_bytes());
+    for (id, t) in &s.throttle {
+        p.extend_from_slice(&id.to_le_bytes());
+        p.extend_from_slice(&t.to_le_bytes());
     }
     p.extend_from_slice(&s.rules_now.to_le_bytes());
     p.extend_from_slice(&(s.rules.len() as u32).to_le_bytes());
@@ -243,9 +235,9 @@ pub fn decode(b: &[u8]) -> Result<Snapshot, String> {
     let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
     let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
     let version = u32_at(4);
-    if version != VERSION && version != 1 {
+    if version == 0 || version > VERSION {
         return Err(format!(
-            "format version {version}; this server reads versions 1 and {VERSION}"
+            "format version {version}; this server reads versions 1 to {VERSION}"
         ));
     }
     let len = u64_at(8);
@@ -262,21 +254,23 @@ pub fn decode(b: &[u8]) -> Result<Snapshot, String> {
     let mut r = Reader { b: p, at: 0 };
     let seed = r.u64()?;
     let written_ns = r.u64()?;
-    let n = r.u32()? as usize;
-    let mut stores = Vec::new();
-    for _ in 0..n {
-        let params = (r.u64()? as i64, r.u64()? as i64, r.u64()? as i64);
+    let mut throttle = Vec::new();
+    let lists = if version >= 3 { 1 } else { r.u32()? as usize };
+    for _ in 0..lists {
+        if version < 3 {
+            // The parameters of a list of version 1 or 2: every key is in one store now.
+            r.take(24)?;
+        }
         let k = r.u64()?;
         if k > (r.b.len() - r.at) as u64 / 16 {
             return Err(format!(
-                "store {params:?} announces {k} records, more than the file holds"
+                "the CL.THROTTLE records announce {k}, more than the file holds"
             ));
         }
-        let mut recs = Vec::with_capacity(k as usize);
+        throttle.reserve(k as usize);
         for _ in 0..k {
-            recs.push((r.u64()?, r.u64()?));
+            throttle.push((r.u64()?, r.u64()?));
         }
-        stores.push((params, recs));
     }
     let (mut rules_now, mut rules) = (0, Vec::new());
     if version >= 2 {
@@ -321,7 +315,7 @@ pub fn decode(b: &[u8]) -> Result<Snapshot, String> {
     Ok(Snapshot {
         seed,
         written_ns,
-        stores,
+        throttle,
         rules_now,
         rules,
     })
@@ -399,6 +393,66 @@ pub fn write(path: &Path, s: &Snapshot) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The snapshot to restore at start, if `--snapshot` names one: the file must be writable (or
+/// the start is refused with what to give instead). A file that exists but cannot be restored
+/// refuses the start with `--snapshot-required`; otherwise it is moved aside to
+/// `FILE.corrupt-SECONDS` (never overwritten by the next snapshot: it is the evidence, and
+/// maybe still recoverable), the log says where, and the server starts empty.
+pub(crate) fn on_start(
+    path: Option<&Path>,
+    required: bool,
+) -> Result<Option<Snapshot>, crate::ServeError> {
+    let Some(p) = path else {
+        return Ok(None);
+    };
+    writable(p).map_err(|e| {
+        crate::ServeError::Other(format!(
+            "--snapshot {}: cannot write there ({e}): give a file in a directory that exists and this user may write",
+            p.display()
+        ))
+    })?;
+    match read(p) {
+        Ok(s) => Ok(s),
+        Err(e) if required => Err(crate::ServeError::Snapshot(e)),
+        Err(e) => {
+            let aside = quarantine(p);
+            match &aside {
+                Ok(to) => {
+                    tracing::error!(error = %e, moved_to = %to.display(), "snapshot refused and moved aside; starting empty")
+                }
+                Err(m) => {
+                    tracing::error!(error = %e, move_error = %m, "snapshot refused and could not be moved aside; starting empty, and no snapshot will be written over it")
+                }
+            }
+            aside.map(|_| None).map_err(|m| {
+                crate::ServeError::Other(format!(
+                    "{e}; it could not be moved aside ({m}), and the next snapshot would overwrite it: move it away, or start with --snapshot-required to keep it and stop"
+                ))
+            })
+        }
+    }
+}
+
+/// Moves a refused snapshot to `FILE.corrupt-SECONDS` (a free name: `-2`, `-3`, … if taken).
+fn quarantine(p: &Path) -> Result<std::path::PathBuf, String> {
+    let secs = wall_ns() / 1_000_000_000;
+    for n in 1..1000u32 {
+        let mut name = p.as_os_str().to_owned();
+        name.push(format!(".corrupt-{secs}"));
+        if n > 1 {
+            name.push(format!("-{n}"));
+        }
+        let to = std::path::PathBuf::from(name);
+        if to.exists() {
+            continue;
+        }
+        return std::fs::rename(p, &to)
+            .map(|()| to)
+            .map_err(|e| e.to_string());
+    }
+    Err("no free name".into())
+}
+
 /// Reads `path`: `Ok(None)` if there is no file, the checked snapshot, or why it is refused.
 pub fn read(path: &Path) -> Result<Option<Snapshot>, SnapshotError> {
     let err = |message: String| SnapshotError {
@@ -431,25 +485,17 @@ pub fn restore(t: &Throttles, engine: Option<&RulesEngine>, s: Snapshot) -> Rest
     let mut out = Restored::default();
     restore_rules(engine, &s.rules, &mut out);
     let wall = wall_ns();
-    let n = &mut out.throttle;
-    for (params, recs) in s.stores {
-        let store = match t.store(params) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(?params, error = %e, "snapshot store not restored");
-                continue;
-            }
-        };
-        let now = store.clock().now();
-        for (id, tat_wall) in recs {
-            if tat_wall <= wall {
-                out.idle += 1;
-                continue;
-            }
-            let tat = now.saturating_add(tat_wall - wall);
-            if tat >> 63 == 0 && store.import_packed(id, tat, now) {
-                *n += 1;
-            }
+    let store = t.store();
+    let now = store.clock().now();
+    for (id, tat_wall) in s.throttle {
+        if tat_wall <= wall {
+            out.idle += 1;
+            continue;
+        }
+        let tat = now.saturating_add(tat_wall - wall);
+        // A key of several parameter sets (a file of version 1 or 2) keeps its first record.
+        if tat >> 63 == 0 && store.import_packed(id, tat, now) {
+            out.throttle += 1;
         }
     }
     out
@@ -498,7 +544,7 @@ mod tests {
         Snapshot {
             seed: 7,
             written_ns: 123,
-            stores: vec![((4, 1, 1), vec![(1, 2), (3, 4)]), ((0, 5, 60), vec![])],
+            throttle: vec![(1, 2), (3, 4)],
             rules_now: 99,
             rules: vec![
                 RuleStore {
@@ -531,19 +577,40 @@ mod tests {
         let mut c = b.clone();
         c[4] = 9;
         assert!(decode(&c).unwrap_err().contains("version 9"));
-        // Version 1: the same without the rules part.
-        let mut v1 = sample();
-        v1.rules_now = 0;
-        v1.rules.clear();
-        let mut c = encode(&v1);
-        c[4] = 1;
-        let cut = c.len() - 12;
-        c.truncate(cut);
-        let len = (cut - HEADER) as u64;
-        c[8..16].copy_from_slice(&len.to_le_bytes());
-        let crc = crc32fast::hash(&c[HEADER..]);
-        c[16..20].copy_from_slice(&crc.to_le_bytes());
-        assert_eq!(decode(&c).unwrap(), v1);
+        // Versions 1 and 2: a list of CL.THROTTLE records per parameter set (version 1
+        // without the rules part), read into the one list.
+        let seal = |version: u32, p: &[u8]| {
+            let mut out = Vec::from(&MAGIC[..]);
+            out.extend_from_slice(&version.to_le_bytes());
+            out.extend_from_slice(&(p.len() as u64).to_le_bytes());
+            out.extend_from_slice(&crc32fast::hash(p).to_le_bytes());
+            out.extend_from_slice(p);
+            out
+        };
+        let mut old = Vec::new();
+        for w in [7u64, 123] {
+            old.extend_from_slice(&w.to_le_bytes());
+        }
+        old.extend_from_slice(&2u32.to_le_bytes());
+        for (params, recs) in [
+            ((4u64, 1u64, 1u64), &[(1u64, 2u64), (3, 4)][..]),
+            ((0, 5, 60), &[(9, 9)][..]),
+        ] {
+            for v in [params.0, params.1, params.2, recs.len() as u64] {
+                old.extend_from_slice(&v.to_le_bytes());
+            }
+            for (id, t) in recs {
+                old.extend_from_slice(&id.to_le_bytes());
+                old.extend_from_slice(&t.to_le_bytes());
+            }
+        }
+        let v1 = decode(&seal(1, &old)).unwrap();
+        assert_eq!(v1.throttle, vec![(1, 2), (3, 4), (9, 9)]);
+        assert!(v1.rules.is_empty());
+        old.extend_from_slice(&99u64.to_le_bytes());
+        old.extend_from_slice(&0u32.to_le_bytes());
+        let v2 = decode(&seal(2, &old)).unwrap();
+        assert_eq!((v2.throttle.len(), v2.rules_now), (3, 99));
         let mut c = b;
         c[0] = b'X';
         assert!(decode(&c).unwrap_err().contains("magic"));
@@ -563,9 +630,9 @@ mod tests {
         };
         let good = encode(&sample());
         let p = good[HEADER..].to_vec();
-        // The first rule store's record count (after seed, time, 2 throttle stores of 2 and 0
-        // records, the rules clock, the store count, its description and its words).
-        let at = 8 + 8 + 4 + (24 + 8 + 32) + (24 + 8) + 8 + 4 + 4 + 8 + 4;
+        // The first rule store's record count (after seed, time, 2 CL.THROTTLE records, the
+        // rules clock, the store count, its description and its words).
+        let at = 8 + 8 + (8 + 32) + 8 + 4 + 4 + 8 + 4;
         assert_eq!(p[at..at + 8], 2u64.to_le_bytes());
         for n in [u64::MAX, 3, 1, 0] {
             let mut q = p.clone();
@@ -582,32 +649,30 @@ mod tests {
 
     #[test]
     fn restore_keeps_counts_and_drops_idle() {
-        let a = Throttles::new(usize::MAX, 1000, 42);
-        let st = a.store((9, 1, 60)).unwrap();
+        let a = Throttles::new(1000, 42).unwrap();
+        let limit = crate::throttle::limit_of((9, 1, 60)).unwrap();
+        let check = |t: &Throttles, key: &str| t.store().check_with(key, &limit, 1).unwrap();
         for _ in 0..4 {
-            st.check("busy", 1);
+            check(&a, "busy");
         }
-        st.check("once", 1);
+        check(&a, "once");
         let snap = collect(&a, None);
-        assert_eq!(snap.stores[0].1.len(), 2);
-        let b = Throttles::new(usize::MAX, 1000, snap.seed);
+        assert_eq!(snap.throttle.len(), 2);
+        let b = Throttles::new(1000, snap.seed).unwrap();
         assert_eq!(
             restore(&b, None, decode(&encode(&snap)).unwrap()).throttle,
             2
         );
-        let st2 = b.store((9, 1, 60)).unwrap();
         // 4 of 10 taken: 5 left after this one.
-        assert_eq!(st2.check("busy", 1).remaining, 5);
-        assert_eq!(st2.check("once", 1).remaining, 8);
-        assert_eq!(st2.check("new", 1).remaining, 9);
+        assert_eq!(check(&b, "busy").remaining, 5);
+        assert_eq!(check(&b, "once").remaining, 8);
+        assert_eq!(check(&b, "new").remaining, 9);
         // A snapshot whose records are all in the past restores nothing.
         let mut old = collect(&a, None);
-        for (_, r) in &mut old.stores {
-            for x in r.iter_mut() {
-                x.1 = 1;
-            }
+        for x in old.throttle.iter_mut() {
+            x.1 = 1;
         }
-        let c = Throttles::new(usize::MAX, 1000, old.seed);
+        let c = Throttles::new(1000, old.seed).unwrap();
         let r = restore(&c, None, old);
         assert_eq!((r.throttle, r.idle), (0, 2));
     }

@@ -10,22 +10,24 @@
 //! `remaining` = (τ − TTL) in whole microseconds over E in whole microseconds, truncated;
 //! times in seconds, truncated, plus one if a whole millisecond is left over.
 //!
-//! Keys of one `(max_burst, count, period)` share one store, created on first use while the
-//! memory budget allows ([`Throttles`]); a connection keeps the store it used last, so a
-//! client that always sends the same parameters never touches the shared map.
+//! Every key lives in one store whose limit comes with each check (`Store::check_with`): the
+//! record keeps the key's TAT only, so any parameters can decide it, and a key checked with new
+//! parameters continues from its TAT as redis-cell's does (`CL.THROTTLE m 2 10 60` three times,
+//! then `CL.THROTTLE m 5 10 60`, answers `[0, 6, 2, -1, 24]`). A new parameter set costs
+//! nothing: no store, no budget, no allocation; `--throttle-keys` bounds the keys. A connection
+//! keeps the limit of the parameters it used last, so a client that always sends the same
+//! parameters computes it once.
 //!
 //! Where this differs from redis-cell, on inputs redis-cell does not guard: a negative
 //! quantity, count or period, or a negative max_burst, is refused (`ERR value is out of range,
 //! must be positive`) instead of corrupting the key; a rate over one per microsecond, where
 //! redis-cell divides by a zero microsecond interval, computes `remaining` in nanoseconds.
 
-use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
 use turnstile::algo::token_bucket;
-use turnstile::keyed::{FullPolicy, Store, StoreBuilder};
+use turnstile::keyed::{FullPolicy, Store};
 use turnstile::{Clock, Decision, Limit, Limits, Nanos, Outcome};
 
-/// The parameters that select a store.
+/// `(max_burst, count, period)`: a command's limit.
 pub type Params = (i64, i64, i64);
 
 /// redis-cell's reply.
@@ -59,56 +61,18 @@ impl Cell {
 /// Why a `CL.THROTTLE` was refused before it reached a store (Redis's wording).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ArgError {
-    /// Not an integer.
-    NotInteger,
     /// Negative where a count is needed.
     NotPositive,
     /// Too large to represent.
     OutOfRange,
-    /// The store budget is spent.
-    NoRoom(String),
 }
 
 impl std::fmt::Display for ArgError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ArgError::NotInteger => f.write_str("ERR value is not an integer or out of range"),
             ArgError::NotPositive => f.write_str("ERR value is out of range, must be positive"),
             ArgError::OutOfRange => f.write_str("ERR value is out of range"),
-            ArgError::NoRoom(m) => write!(f, "ERR {m}"),
         }
-    }
-}
-
-/// An integer argument as Redis reads one.
-///
-/// An optional `-`, then decimal digits (leading zeros allowed), within `i64`: what
-/// `str::parse::<i64>` accepts, without a `+`. A byte loop rather than UTF-8 validation and
-/// `str::parse` (a `CL.THROTTLE` parses four: measured with callgrind, docs/service.md).
-pub fn parse_i64(b: &[u8]) -> Result<i64, ArgError> {
-    let (neg, digits) = match b.split_first() {
-        Some((b'-', d)) => (true, d),
-        _ => (false, b),
-    };
-    if digits.is_empty() {
-        return Err(ArgError::NotInteger);
-    }
-    let mut n: u64 = 0;
-    for &c in digits {
-        let d = c.wrapping_sub(b'0');
-        if d > 9 {
-            return Err(ArgError::NotInteger);
-        }
-        n = n
-            .checked_mul(10)
-            .and_then(|n| n.checked_add(u64::from(d)))
-            .ok_or(ArgError::NotInteger)?;
-    }
-    match (neg, n) {
-        (false, n) if n <= i64::MAX as u64 => Ok(n as i64),
-        // -2^63 included: its magnitude as i64 wraps to i64::MIN, which negates to itself.
-        (true, n) if n <= 1 << 63 => Ok((n as i64).wrapping_neg()),
-        _ => Err(ArgError::NotInteger),
     }
 }
 
@@ -177,99 +141,44 @@ pub fn reply(d: &Decision, max_burst: i64, e: i64) -> Cell {
     }
 }
 
-/// One store per parameter set, within a memory budget.
+/// The one store of every `CL.THROTTLE` key.
 pub struct Throttles {
-    map: RwLock<HashMap<Params, Arc<Store>>>,
-    budget: usize,
-    keys: u64,
+    store: Store,
     seed: u64,
 }
 
-/// What [`Throttles`] has, for `/metrics` and snapshots.
-pub struct ThrottleEntry {
-    /// Its parameters.
-    pub params: Params,
-    /// Its store.
-    pub store: Arc<Store>,
-}
-
 impl Throttles {
-    /// Stores of room for `keys` keys each, all of them within `budget` bytes, hashing keys
-    /// with `seed` (kept in snapshots, so that restored ids are found again).
-    pub fn new(budget: usize, keys: u64, seed: u64) -> Self {
-        Self {
-            map: RwLock::new(HashMap::new()),
-            budget,
-            keys,
-            seed,
-        }
+    /// Room for `keys` keys (the stalest evicted when full), hashed with `seed` (kept in
+    /// snapshots, so that restored ids are found again).
+    pub fn new(keys: u64, seed: u64) -> Result<Self, String> {
+        let any = token_bucket::Params::with_interval(1, 1).map_err(|e| e.to_string())?;
+        let limits = Limits::new(vec![Limit::TokenBucket(any)]).map_err(|e| e.to_string())?;
+        let store = Store::builder(limits)
+            .capacity(keys)
+            .policy(FullPolicy::EvictStalest)
+            .seed(seed)
+            .build()
+            .map_err(|e| format!("--throttle-keys {keys}: {e}"))?;
+        Ok(Self { store, seed })
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Store {
+        &self.store
     }
 
     /// The hash seed.
     pub fn seed(&self) -> u64 {
         self.seed
     }
-
-    /// The store for `p`, created if new and the budget allows.
-    pub fn store(&self, p: Params) -> Result<Arc<Store>, ArgError> {
-        if let Some(s) = self.map.read().unwrap_or_else(|e| e.into_inner()).get(&p) {
-            return Ok(s.clone());
-        }
-        let limit = limit_of(p)?;
-        let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
-        if let Some(s) = map.get(&p) {
-            return Ok(s.clone());
-        }
-        let used: usize = map.values().map(|s| s.memory_bytes()).sum();
-        let left = self.budget.saturating_sub(used);
-        let build = || -> Result<Store, String> {
-            let limits = Limits::new(vec![limit]).map_err(|e| e.to_string())?;
-            let b: StoreBuilder = Store::builder(limits)
-                .capacity(self.keys)
-                .policy(FullPolicy::EvictStalest)
-                .seed(self.seed);
-            b.build().map_err(|e| e.to_string())
-        };
-        let store = build().map_err(|e| ArgError::NoRoom(format!("cannot build a store: {e}")))?;
-        if store.memory_bytes() > left {
-            return Err(ArgError::NoRoom(format!(
-                "no room for another CL.THROTTLE store: {} stores use {used} of the {}-byte budget and a new one needs {}; reuse parameters, raise --throttle-memory or lower --throttle-keys",
-                map.len(),
-                self.budget,
-                store.memory_bytes()
-            )));
-        }
-        let store = Arc::new(store);
-        map.insert(p, store.clone());
-        tracing::info!(
-            max_burst = p.0,
-            count = p.1,
-            period = p.2,
-            bytes = store.memory_bytes(),
-            "CL.THROTTLE store created"
-        );
-        Ok(store)
-    }
-
-    /// Every store, in no particular order.
-    pub fn entries(&self) -> Vec<ThrottleEntry> {
-        self.map
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .map(|(p, s)| ThrottleEntry {
-                params: *p,
-                store: s.clone(),
-            })
-            .collect()
-    }
 }
 
-/// A connection's cache of the store it used last, and the reading of that store's clock
-/// that ended its last check.
+/// A connection's cache of the limit it used last, and the reading of the store's clock that
+/// ended its last check.
 #[derive(Default)]
 pub struct LastStore {
-    last: Option<(Params, Arc<Store>)>,
+    /// The parameters, their limit and emission interval (ns).
+    last: Option<(Params, Limit, i64)>,
     /// The store's clock when its last `CL.THROTTLE` ended, if nothing else ran since: the next
     /// one starts there, so that a run of pipelined `CL.THROTTLE`s reads the clock once per
     /// command (the end of one is the start of the next, for its check and its latency)
@@ -279,25 +188,13 @@ pub struct LastStore {
 }
 
 impl LastStore {
-    /// Prefetches the key of a `CL.THROTTLE` (its arguments after the name) if its parameters
-    /// are this connection's last store's: a hint for a command about to run (see
-    /// [`Store::prefetch`]). Returns the key's id in that store, for [`LastStore::throttle`]
-    /// (which then does not hash the key again). Creates nothing, parses no more than the
-    /// three parameters, and ignores a malformed command (its run answers the error).
-    pub fn prefetch(&self, args: &[&[u8]]) -> Option<u64> {
-        let (lp, store) = self.last.as_ref()?;
-        if args.len() < 4 {
-            return None;
-        }
-        let p = (parse_i64(args[1]), parse_i64(args[2]), parse_i64(args[3]));
-        match p {
-            (Ok(a), Ok(b), Ok(c)) if (a, b, c) == *lp => {
-                let id = store.hasher().bytes(args[0]);
-                store.prefetch(&id);
-                Some(id)
-            }
-            _ => None,
-        }
+    /// Prefetches `key` of a `CL.THROTTLE`: a hint for a command about to run (see
+    /// [`Store::prefetch`]). Returns the key's id, for [`LastStore::throttle`] (which then
+    /// does not hash the key again).
+    pub fn prefetch(t: &Throttles, key: &[u8]) -> u64 {
+        let id = t.store.hasher().bytes(key);
+        t.store.prefetch(&id);
+        id
     }
 
     /// Something other than a `CL.THROTTLE` ran: the next one reads the clock afresh.
@@ -306,54 +203,44 @@ impl LastStore {
         self.mark = None;
     }
 
-    /// `CL.THROTTLE` with its arguments after the command name; `id`, if given, is the key's
-    /// id as [`LastStore::prefetch`] returned it. Also returns the store's clock when the
-    /// check started, for [`LastStore::stop`].
+    /// `CL.THROTTLE key max_burst count period quantity`; `id`, if given, is the key's id as
+    /// [`LastStore::prefetch`] returned it. Also returns the store's clock when the check
+    /// started, for [`LastStore::stop`].
     pub fn throttle(
         &mut self,
         t: &Throttles,
-        args: &[&[u8]],
+        key: &[u8],
+        p: Params,
+        quantity: i64,
         id: Option<u64>,
     ) -> Result<(Cell, Nanos), ArgError> {
-        let p = (
-            parse_i64(args[1])?,
-            parse_i64(args[2])?,
-            parse_i64(args[3])?,
-        );
-        let quantity = match args.get(4) {
-            Some(q) => parse_i64(q)?,
-            None => 1,
-        };
         if quantity < 0 {
             return Err(ArgError::NotPositive);
         }
-        let e = emission_ns(p.1, p.2)?;
-        let store = match &self.last {
-            Some((lp, s)) if *lp == p => s,
+        let (limit, e) = match &self.last {
+            Some((lp, l, e)) if *lp == p => (*l, *e),
             _ => {
-                let s = t.store(p)?;
-                self.mark = None;
-                &self.last.insert((p, s)).1
+                let l = limit_of(p)?;
+                let e = emission_ns(p.1, p.2)?;
+                self.last = Some((p, l, e));
+                (l, e)
             }
         };
-        // `prefetch` gave an id only for a command whose parameters were its last store's, and
-        // a parameter set keeps its store for the process's life (`Throttles::store` never
-        // replaces one): the id was hashed by this very store. (Every store also shares one
-        // hash seed, `Throttles::new`.)
-        let id = id.unwrap_or_else(|| store.hasher().bytes(args[0]));
+        let store = &t.store;
+        let id = id.unwrap_or_else(|| store.hasher().bytes(key));
         let now = self.mark.take().unwrap_or_else(|| store.clock().now());
-        let d = store.check_at(&id, quantity as u64, now);
+        // A token_bucket store accepts every token_bucket limit: never refused.
+        let d = store
+            .check_with_at(&id, &limit, quantity as u64, now)
+            .map_err(|_| ArgError::OutOfRange)?;
         Ok((reply(&d, p.0, e), now))
     }
 
     /// Ends the `CL.THROTTLE` that [`LastStore::throttle`] started at `start`: its time in ns
     /// (the latency histogram's), by the same store's clock, whose reading starts the next.
     #[inline]
-    pub fn stop(&mut self, start: Nanos) -> u64 {
-        let Some((_, store)) = &self.last else {
-            return 0;
-        };
-        let end = store.clock().now();
+    pub fn stop(&mut self, t: &Throttles, start: Nanos) -> u64 {
+        let end = t.store.clock().now();
         self.mark = Some(end);
         end.saturating_sub(start)
     }
@@ -423,45 +310,32 @@ mod tests {
         assert_eq!(emission_ns(3, 1), Ok(333_333_333));
         assert_eq!(emission_ns(0, 1), Err(ArgError::NotPositive));
         assert_eq!(emission_ns(1, i64::MAX), Err(ArgError::OutOfRange));
-        assert_eq!(parse_i64(b"12"), Ok(12));
-        assert_eq!(parse_i64(b"-3"), Ok(-3));
-        assert_eq!(parse_i64(b"+3"), Err(ArgError::NotInteger));
-        assert_eq!(parse_i64(b"1.5"), Err(ArgError::NotInteger));
-        assert_eq!(
-            parse_i64(b"99999999999999999999"),
-            Err(ArgError::NotInteger)
-        );
-        assert_eq!(
-            ArgError::NotInteger.to_string(),
-            "ERR value is not an integer or out of range"
-        );
         assert!(limit_of((-1, 1, 1)).is_err());
         assert!(limit_of((i64::MAX, 1, 1)).is_err());
     }
 
-    proptest::proptest! {
-        /// The byte parser accepts what `str::parse::<i64>` accepts (but a leading `+`).
-        #[test]
-        fn parse_i64_is_str_parse(s in "[-+]?[0-9]{0,22}|[ -~]{0,6}|-?9223372036854775[0-9]{3}") {
-            let want = if s.starts_with('+') { None } else { s.parse::<i64>().ok() };
-            proptest::prop_assert_eq!(parse_i64(s.as_bytes()).ok(), want);
-        }
-    }
-
+    /// redis-cell's answers when a key's parameters change: the TAT carries over.
     #[test]
-    fn stores_within_budget() {
-        let one = {
-            let t = Throttles::new(usize::MAX, 1000, 1);
-            t.store((1, 1, 1)).unwrap().memory_bytes()
+    fn a_change_of_parameters_continues_as_redis_cell() {
+        let t = Throttles::new(1000, 1).unwrap();
+        let mut c = LastStore::default();
+        let mut call = |p: Params| {
+            let (cell, t0) = c.throttle(&t, b"m", p, 1, None).unwrap();
+            c.stop(&t, t0);
+            c.unmark();
+            cell.as_array()
         };
-        let t = Throttles::new(one * 2 + one / 2, 1000, 1);
-        let a = t.store((1, 1, 1)).unwrap();
-        assert!(Arc::ptr_eq(&a, &t.store((1, 1, 1)).unwrap()));
-        t.store((2, 1, 1)).unwrap();
-        let Err(e) = t.store((3, 1, 1)) else {
-            panic!("a third store fits")
-        };
-        assert!(e.to_string().contains("--throttle-memory"), "{e}");
-        assert_eq!(t.entries().len(), 2);
+        for i in 0..3 {
+            assert_eq!(call((2, 10, 60))[..3], [0, 3, 2 - i]);
+        }
+        let got = call((5, 10, 60));
+        assert_eq!(got[..4], [0, 6, 2, -1]);
+        assert!((23..=24).contains(&got[4]), "{got:?}");
+        // Any number of parameter sets, one record each key.
+        for n in 1..=10_000 {
+            let (cell, _) = c.throttle(&t, b"k", (n, 1, 60), 1, None).unwrap();
+            assert_eq!(cell.limited, 0);
+        }
+        assert_eq!(t.store().stats().live, 2);
     }
 }

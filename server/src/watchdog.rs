@@ -149,7 +149,7 @@ impl Watchdog {
                 _ = tick.tick() => {
                     self.sweep();
                 }
-                () = crate::stopped(&mut stop) => return,
+                () = crate::state::stopped(&mut stop) => return,
             }
         }
     }

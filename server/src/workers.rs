@@ -8,7 +8,9 @@
 //! The first listener is bound before the others, so that a port 0 becomes one real port that
 //! the others join.
 
-use crate::{conn, http, RuntimeKind, ServeError, Shared};
+use crate::resp::serve::{accept, Peer};
+use crate::state::{stopped, Server};
+use crate::{http, RuntimeKind, ServeArgs, ServeError};
 use socket2::{Domain, Protocol, Socket, Type};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -39,59 +41,107 @@ fn listener(
 static CONN_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Accepts RESP connections until shutdown.
-async fn accept_resp(shared: Arc<Shared>, l: tokio::net::TcpListener) {
-    let mut stop = shared.shutdown.subscribe();
+async fn accept_resp(srv: Arc<Server>, l: tokio::net::TcpListener) {
+    let mut stop = srv.shutdown.subscribe();
     loop {
         tokio::select! {
             r = l.accept() => match r {
-                Ok((s, _)) => {
+                Ok((s, addr)) => {
                     // Relaxed: a unique number.
                     let id = CONN_ID.fetch_add(1, Ordering::Relaxed);
-                    tokio::spawn(conn::serve(shared.clone(), s, id));
+                    let peer = Peer {
+                        id,
+                        addr: Some(addr),
+                        local: s.local_addr().ok(),
+                        fd: Some(std::os::fd::AsRawFd::as_raw_fd(&s)),
+                    };
+                    tokio::spawn(accept(srv.clone(), s, peer));
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");
                     tokio::time::sleep(std::time::Duration::from_millis(10)).await;
                 }
             },
-            _ = crate::stopped(&mut stop) => return,
+            _ = stopped(&mut stop) => return,
         }
     }
 }
 
-/// Binds the listeners and starts the workers. Returns the bound addresses and the threads.
-pub(crate) fn spawn(
-    shared: &Arc<Shared>,
+/// The addresses the listeners are bound to (the real ports where port 0 was asked).
+pub(crate) struct Bound {
+    pub(crate) resp: SocketAddr,
+    pub(crate) http: SocketAddr,
+    pub(crate) admin: Option<SocketAddr>,
+}
+
+/// One worker's listeners: RESP, HTTP, and (the first worker only) the --admin listener.
+struct Listeners {
+    resp: std::net::TcpListener,
+    http: std::net::TcpListener,
+    admin: Option<std::net::TcpListener>,
+}
+
+/// Binds every worker's listeners.
+fn bind(
+    args: &ServeArgs,
     workers: usize,
-) -> Result<(SocketAddr, SocketAddr, Vec<JoinHandle<()>>), ServeError> {
-    let per_core = shared.args.runtime == RuntimeKind::PerCore;
+    per_core: bool,
+) -> Result<(Vec<Listeners>, Bound), ServeError> {
     if per_core {
         // `SO_REUSEPORT` would let this server join the listeners of another one on the same
         // port (a second `turnstile serve`, started by mistake): each would see half of the
         // connections, and keep half of the counts. A listener without it is refused by a
         // port anyone listens on: bound and dropped first, it makes that an error, as it is
         // for one runtime. (Port 0 is a fresh port: nothing to ask.)
-        for (flag, addr) in [("--resp", shared.args.resp), ("--http", shared.args.http)] {
+        for (flag, addr) in [("--resp", args.resp), ("--http", args.http)] {
             if addr.port() != 0 {
                 drop(listener(flag, addr, false)?);
             }
         }
     }
-    let first_resp = listener("--resp", shared.args.resp, per_core)?;
-    let first_http = listener("--http", shared.args.http, per_core)?;
-    let resp = first_resp.local_addr().map_err(ServeError::Runtime)?;
-    let http_addr = first_http.local_addr().map_err(ServeError::Runtime)?;
+    let first = Listeners {
+        resp: listener("--resp", args.resp, per_core)?,
+        http: listener("--http", args.http, per_core)?,
+        admin: args
+            .admin
+            .map(|a| listener("--admin", a, false))
+            .transpose()?,
+    };
+    let bound = Bound {
+        resp: first.resp.local_addr().map_err(ServeError::Runtime)?,
+        http: first.http.local_addr().map_err(ServeError::Runtime)?,
+        admin: first
+            .admin
+            .as_ref()
+            .map(|a| a.local_addr())
+            .transpose()
+            .map_err(ServeError::Runtime)?,
+    };
+    let mut all = vec![first];
+    if per_core {
+        for _ in 1..workers {
+            all.push(Listeners {
+                resp: listener("--resp", bound.resp, true)?,
+                http: listener("--http", bound.http, true)?,
+                admin: None,
+            });
+        }
+    }
+    Ok((all, bound))
+}
+
+/// Binds the listeners and starts the workers. Returns the bound addresses and the threads.
+pub(crate) fn spawn(
+    shared: &Arc<Server>,
+    args: &ServeArgs,
+    workers: usize,
+) -> Result<(Bound, Vec<JoinHandle<()>>), ServeError> {
+    let per_core = args.runtime == RuntimeKind::PerCore;
+    let (all, bound) = bind(args, workers, per_core)?;
     let mut threads = Vec::new();
     if per_core {
-        let mut pairs = vec![(first_resp, first_http)];
-        for _ in 1..workers {
-            pairs.push((
-                listener("--resp", resp, true)?,
-                listener("--http", http_addr, true)?,
-            ));
-        }
         let cores = core_affinity::get_core_ids().unwrap_or_default();
-        for (i, (r, h)) in pairs.into_iter().enumerate() {
+        for (i, l) in all.into_iter().enumerate() {
             let shared = shared.clone();
             let core = (!cores.is_empty()).then(|| cores[i % cores.len()]);
             let t = std::thread::Builder::new()
@@ -110,7 +160,7 @@ pub(crate) fn spawn(
                             return;
                         }
                     };
-                    rt.block_on(serve_pair(shared, r, h));
+                    rt.block_on(serve_listeners(shared, l));
                 })
                 .map_err(ServeError::Runtime)?;
             threads.push(t);
@@ -123,36 +173,42 @@ pub(crate) fn spawn(
             .enable_all()
             .build()
             .map_err(ServeError::Runtime)?;
+        let l = all.into_iter().next().expect("one set of listeners");
         let t = std::thread::Builder::new()
             .name("turnstile-runtime".into())
             .spawn(move || {
                 rt.block_on(async move {
-                    let h = tokio::spawn(serve_pair(shared, first_resp, first_http));
-                    let _ = h.await;
+                    let _ = tokio::spawn(serve_listeners(shared, l)).await;
                 });
             })
             .map_err(ServeError::Runtime)?;
         threads.push(t);
     }
-    Ok((resp, http_addr, threads))
+    Ok((bound, threads))
 }
 
-/// One RESP and one HTTP listener served until shutdown; then waits (bounded) for this
-/// runtime's RESP connections to finish what they read.
-async fn serve_pair(shared: Arc<Shared>, r: std::net::TcpListener, h: std::net::TcpListener) {
-    let (r, h) = match (
-        tokio::net::TcpListener::from_std(r),
-        tokio::net::TcpListener::from_std(h),
+/// One worker's listeners served until shutdown; then waits (bounded) for this runtime's RESP
+/// connections to finish what they read.
+async fn serve_listeners(shared: Arc<Server>, l: Listeners) {
+    let tokio_listener = |l: std::net::TcpListener| tokio::net::TcpListener::from_std(l);
+    let (r, h, a) = match (
+        tokio_listener(l.resp),
+        tokio_listener(l.http),
+        l.admin.map(tokio_listener).transpose(),
     ) {
-        (Ok(r), Ok(h)) => (r, h),
-        (Err(e), _) | (_, Err(e)) => {
+        (Ok(r), Ok(h), Ok(a)) => (r, h, a),
+        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
             tracing::error!(error = %e, "listener failed");
             return;
         }
     };
-    let web = tokio::spawn(http::serve(shared.clone(), h));
+    let web = tokio::spawn(http::serve(shared.clone(), h, shared.http.trusted));
+    let admin = a.map(|a| tokio::spawn(http::serve(shared.clone(), a, true)));
     accept_resp(shared.clone(), r).await;
     let _ = web.await;
+    if let Some(a) = admin {
+        let _ = a.await;
+    }
     // Connections see the same signal and stop after answering what they read; give them a
     // moment to write.
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);

@@ -34,8 +34,8 @@ impl Arena {
         Some(Self {
             words,
             capacity,
-            cells: super::table::zeroed_u64(n)?,
-            next: super::table::zeroed_u32(capacity as usize)?,
+            cells: super::alloc::zeroed_u64(n)?,
+            next: super::alloc::zeroed_u32(capacity as usize)?,
             bump: AtomicU32::new(0),
             head: AtomicU64::new(0),
         })
@@ -43,6 +43,11 @@ impl Arena {
 
     pub(crate) fn bytes(&self) -> usize {
         self.cells.len() * 8 + self.next.len() * 4
+    }
+
+    /// What [`Arena::bytes`] will be for an arena of `capacity` records of `words` words.
+    pub(crate) fn bytes_for(capacity: u32, words: usize) -> usize {
+        capacity as usize * (1 + words) * 8 + capacity as usize * 4
     }
 
     /// The sequence word and state words of record `i`.

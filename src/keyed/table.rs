@@ -107,6 +107,7 @@
 //! still at the probe's `now`, since a wrapped window index can make an idle record count
 //! again) back to zero. No sweeper thread. When none is idle, the store's [`FullPolicy`] decides.
 
+use super::alloc::zeroed_u64;
 use super::arena::Arena;
 use super::FullPolicy;
 use crate::algo::{Cells, Limits, Packed};
@@ -274,6 +275,76 @@ enum Step<T> {
     Retry,
 }
 
+/// An operation on one key's record: with [`Shard::with_key`], the store's whole interface to
+/// the table (in the way of papaya's `compute_with`). The table finds the key's live record,
+/// or makes one if the operation inserts, and calls one of these methods, once or (`apply`
+/// on a packed slot whose CAS lost a race) again on the newer state.
+pub(crate) trait Op {
+    /// What the operation answers.
+    type Out;
+    /// Whether a key without a record gets one, with `apply` run on its fresh record.
+    fn inserts(&self) -> bool;
+    /// Runs on the key's record: a packed slot's state as one word (which the table then
+    /// CASes in), or an arena record's words under its writer bit; all zero on a record being
+    /// inserted (a packed state left at 0 is then not inserted: nothing to remember). On a
+    /// packed slot it may run again, on the newer state, so it acts only through `rec` and
+    /// what it returns.
+    fn apply<C: Cells + ?Sized>(&mut self, rec: &mut C) -> Self::Out;
+    /// The key has no record, and the operation does not insert.
+    fn absent(&mut self) -> Self::Out;
+    /// The table did not run the operation (see [`Refusal`]).
+    fn refused(&mut self, why: Refusal) -> Self::Out;
+}
+
+/// Why the table did not run an operation on a key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// A new key found no room, and the store's [`FullPolicy`] answered: `StoreFull`
+    /// (`Reject`, or no arena record free) or `Untracked` (`AllowUntracked`).
+    NoRoom(Outcome),
+    /// The key is absent at a time before the shard's reclaim horizon (this time): its record
+    /// may have been reclaimed, so the store cannot tell what it held ([`RECLAIM_GRACE_NS`]).
+    BeforeHorizon(u64),
+}
+
+/// An insertion's choice of slot ([`Shard::choose`]).
+enum Choice {
+    /// Slot `off` of the probe sequence is empty and chosen.
+    Slot(usize),
+    /// The key is live already (inserted since the lookup).
+    Present,
+    /// No empty slot in the probe range.
+    Full,
+}
+
+/// How an insertion's claim ended ([`Shard::commit`]).
+enum Commit {
+    /// Committed and published by this thread.
+    Published,
+    /// Committed, and published by a helper.
+    Helped,
+    /// Not committed (another insertion into the same header won, or the slot was taken): undone.
+    Lost,
+}
+
+/// What [`Shard::make_room`] did.
+enum Room {
+    /// It made room (reclaimed or evicted a record), or the key appeared: insert again.
+    Retry,
+    /// The policy refused the key.
+    Refused(Outcome),
+}
+
+impl Room {
+    /// The insertion's next step: retry, or `op`'s answer to the refusal.
+    fn answer<O: Op>(self, op: &mut O) -> Step<O::Out> {
+        match self {
+            Room::Retry => Step::Retry,
+            Room::Refused(o) => Step::Done(op.refused(Refusal::NoRoom(o))),
+        }
+    }
+}
+
 /// One shard.
 pub(crate) struct Shard {
     buckets: Box<[Bucket]>,
@@ -288,54 +359,11 @@ pub(crate) struct Shard {
     range: usize,
 }
 
-/// Allocates `n` zeroed `T` without touching the pages (first touch by the user); `None` if
-/// the allocation fails (the builder turns that into a `ConfigError`).
-///
-/// # Safety
-///
-/// The all-zero bit pattern must be a valid `T`.
-#[cfg(not(loom))]
-unsafe fn alloc_zeroed<T>(n: usize) -> Option<Box<[T]>> {
-    let layout = std::alloc::Layout::array::<T>(n).ok()?;
-    if layout.size() == 0 {
-        // Only `n == 0` here (the element types are not zero-sized).
-        return (n == 0).then(|| Vec::new().into_boxed_slice());
-    }
-    // SAFETY: the layout has non-zero size; all-zero bits are a valid T (the caller's
-    // contract); the pointer is checked for null; the Box takes ownership with the same layout
-    // (Layout::array of the element type) that Box<[T]> deallocates with.
-    unsafe {
-        let p = std::alloc::alloc_zeroed(layout) as *mut T;
-        if p.is_null() {
-            return None;
-        }
-        Some(Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, n)))
-    }
-}
-
-/// `n` zeroed `AtomicU64`, untouched; `None` if the allocation fails.
-pub(crate) fn zeroed_u64(n: usize) -> Option<Box<[AtomicU64]>> {
-    // SAFETY: all-zero bits are a valid AtomicU64 (0).
-    #[cfg(not(loom))]
-    return unsafe { alloc_zeroed(n) };
-    #[cfg(loom)]
-    Some((0..n).map(|_| AtomicU64::new(0)).collect())
-}
-
-/// `n` zeroed `AtomicU32`, untouched; `None` if the allocation fails.
-pub(crate) fn zeroed_u32(n: usize) -> Option<Box<[AtomicU32]>> {
-    // SAFETY: all-zero bits are a valid AtomicU32 (0).
-    #[cfg(not(loom))]
-    return unsafe { alloc_zeroed(n) };
-    #[cfg(loom)]
-    Some((0..n).map(|_| AtomicU32::new(0)).collect())
-}
-
 fn zeroed_buckets(n: usize) -> Option<Box<[Bucket]>> {
     // SAFETY: a Bucket is 8 AtomicU128 (portable-atomic's is a plain u128 in an UnsafeCell),
     // for which all-zero bits are valid (0).
     #[cfg(not(loom))]
-    return unsafe { alloc_zeroed(n) };
+    return unsafe { super::alloc::alloc_zeroed(n) };
     #[cfg(loom)]
     Some(
         (0..n)
@@ -393,20 +421,26 @@ impl Shard {
         self.range
     }
 
-    /// The shard's reclaim horizon (`Counters::horizon`). Relaxed: as in `with_key`.
-    pub(crate) fn horizon(&self) -> u64 {
-        self.counters.horizon.load(Ordering::Relaxed)
-    }
-
     pub(crate) fn n_buckets(&self) -> usize {
         self.buckets.len()
     }
 
+    /// Bytes the shard allocated, itself included.
     pub(crate) fn bytes(&self) -> usize {
         std::mem::size_of_val(&*self.buckets)
             + self.tags.len() * 8
             + self.headers.len() * 8
             + self.arena.as_ref().map_or(0, |a| a.bytes())
+            + std::mem::size_of::<Self>()
+    }
+
+    /// What [`Shard::bytes`] will be for a shard made by [`Shard::new`] with these arguments.
+    pub(crate) fn bytes_for(buckets: usize, arena_records: Option<(u32, usize)>) -> usize {
+        let n = buckets.max(1);
+        n * std::mem::size_of::<Bucket>()
+            + n * 8
+            + n.div_ceil(GROUP) * 8
+            + arena_records.map_or(0, |(r, w)| Arena::bytes_for(r, w))
             + std::mem::size_of::<Self>()
     }
 
@@ -740,34 +774,22 @@ impl Shard {
         Self::prefetch(p.wrapping_add(64));
     }
 
-    /// Runs `op` on `key`'s live record (inserting a fresh one first if `insert`).
-    /// `packed(state) -> (new_state, R)` is used for one packed limit, `words(cells) -> R` for
-    /// arena records. `absent()` answers for a missing key when not inserting. `full(o)`
-    /// answers a new key the store cannot take (`StoreFull`, `Untracked`), or a key found
-    /// absent at a time before the shard's reclaim horizon (`Limited`: [`RECLAIM_GRACE_NS`]).
-    // The four callbacks are the store's whole interface to the table; a struct of boxed
-    // closures would cost an indirection per check.
-    #[allow(clippy::too_many_arguments)]
-    // `packed` is generic (the others are cold): the packed transition then inlines into the
-    // CAS loop of `apply` (fewer instructions per check: docs/performance.md).
+    /// Runs `op` on `key`'s live record, inserting a fresh one first if the key has none and
+    /// the operation inserts ([`Op`]).
     #[inline]
-    pub(crate) fn with_key<R, P: FnMut(u64) -> (u64, R)>(
+    pub(crate) fn with_key<O: Op>(
         &self,
         ctx: &Ctx<'_>,
         key: u64,
         home: Loc,
         now: u64,
-        insert: bool,
-        packed: &mut P,
-        words: &mut dyn FnMut(&mut AtomicCells<'_>) -> R,
-        absent: &mut dyn FnMut() -> R,
-        full: &mut dyn FnMut(Outcome) -> R,
-    ) -> R {
+        op: &mut O,
+    ) -> O::Out {
         let mut missed = ctx.missed;
         loop {
             if !std::mem::take(&mut missed) {
                 if let Some((s, v)) = self.find(home, key) {
-                    match self.apply(s, v, key, packed, words) {
+                    match self.apply(s, v, key, op) {
                         Step::Done(r) => return r,
                         Step::Retry => continue,
                     }
@@ -776,36 +798,33 @@ impl Shard {
             // Relaxed: the scan that found no live slot read it emptied with Acquire, and a
             // reclaimer raises the horizon before emptying a slot (`make_room`), so a record
             // reclaimed before that scan shows here.
-            if now < self.counters.horizon.load(Ordering::Relaxed) {
-                return full(Outcome::Limited);
+            let horizon = self.counters.horizon.load(Ordering::Relaxed);
+            if now < horizon {
+                return op.refused(Refusal::BeforeHorizon(horizon));
             }
-            if !insert {
-                return absent();
+            if !op.inserts() {
+                return op.absent();
             }
-            match self.insert(ctx, key, home, now, packed, words, full) {
+            match self.insert(ctx, key, home, now, op) {
                 Step::Done(r) => return r,
                 Step::Retry => continue,
             }
         }
     }
 
+    /// [`Op::apply`] on slot `s`, read as `v` (`key`'s, live): by CAS for a packed state, under
+    /// the record's writer bit for an arena record.
     #[inline]
-    fn apply<R, P: FnMut(u64) -> (u64, R)>(
-        &self,
-        s: &AtomicU128,
-        mut v: u128,
-        key: u64,
-        packed: &mut P,
-        words: &mut dyn FnMut(&mut AtomicCells<'_>) -> R,
-    ) -> Step<R> {
+    fn apply<O: Op>(&self, s: &AtomicU128, mut v: u128, key: u64, op: &mut O) -> Step<O::Out> {
         match &self.arena {
             None => loop {
                 let st = state_of(v);
                 if key_of(v) != key || st & LIVE == 0 {
                     return Step::Retry;
                 }
-                let (ns, r) = packed(st & !LIVE);
-                let nv = join(key, ns | LIVE);
+                let mut rec = [st & !LIVE];
+                let r = op.apply(&mut rec);
+                let nv = join(key, rec[0] | LIVE);
                 if nv == v {
                     return Step::Done(r);
                 }
@@ -824,7 +843,7 @@ impl Shard {
                 // Acquire: re-check under the writer bit that the slot still maps key → idx
                 // (a reclaimer empties it only while holding this same bit).
                 if s.load(Ordering::Acquire) == v {
-                    Step::Done(words(&mut AtomicCells(cells)))
+                    Step::Done(op.apply(&mut AtomicCells(cells)))
                 } else {
                     Step::Retry
                 }
@@ -832,25 +851,66 @@ impl Shard {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn insert<R>(
+    /// Inserts `key` (found absent) with `op` applied to its fresh record, in the phases of
+    /// the module docs: choose a slot ([`Shard::choose`]), prepare the record, claim, commit
+    /// and publish ([`Shard::commit`]).
+    fn insert<O: Op>(
         &self,
         ctx: &Ctx<'_>,
         key: u64,
         home: Loc,
         now: u64,
-        packed: &mut dyn FnMut(u64) -> (u64, R),
-        words: &mut dyn FnMut(&mut AtomicCells<'_>) -> R,
-        full: &mut dyn FnMut(Outcome) -> R,
-    ) -> Step<R> {
-        let hdr = self.header(home);
+        op: &mut O,
+    ) -> Step<O::Out> {
         // Acquire: pairs with the header CASes of earlier insertions, so the scan below sees
         // every slot they published.
-        let h = hdr.load(Ordering::Acquire);
+        let h = self.header(home).load(Ordering::Acquire);
         if h & 1 != 0 {
             self.help(home, h);
             return Step::Retry;
         }
+        let off = match self.choose(home, key) {
+            Choice::Slot(off) => off,
+            Choice::Present => return Step::Retry,
+            Choice::Full => return self.make_room(ctx, key, home, now).answer(op),
+        };
+        // Prepare the record with the operation applied.
+        let (payload, live_state, r) = match &self.arena {
+            None => {
+                let mut rec = [0];
+                let r = op.apply(&mut rec);
+                if rec[0] == 0 {
+                    // Nothing to remember (denied without counting, or a peek).
+                    return Step::Done(r);
+                }
+                (0, LIVE | rec[0], r)
+            }
+            Some(arena) => {
+                let Some(idx) = arena.alloc() else {
+                    return self.make_room(ctx, key, home, now).answer(op);
+                };
+                let (seq, cells) = arena.record(idx);
+                let r = record::write(seq, cells, |c| {
+                    for i in 0..cells.len() {
+                        c.set(i, 0);
+                    }
+                    op.apply(c)
+                });
+                (idx as u64, LIVE | idx as u64, r)
+            }
+        };
+        match self.commit(key, home, h, off, payload, live_state) {
+            Commit::Published => Step::Done(r),
+            // An arena record published by a helper is the one we prepared: `r` stands.
+            Commit::Helped if self.arena.is_some() => Step::Done(r),
+            // A helper published a fresh state: apply the request through the lookup path.
+            Commit::Helped | Commit::Lost => Step::Retry,
+        }
+    }
+
+    /// An insertion's choice of slot in `key`'s probe range (module docs, "Placement"); the
+    /// caller read the header, not pending, before this scan.
+    fn choose(&self, home: Loc, key: u64) -> Choice {
         // Free slots in each home bucket and the first empty slot of the range (the choice
         // between them is made below).
         let (mut first_empty, mut free) = (None, [0usize; 2]);
@@ -861,7 +921,7 @@ impl Shard {
                 // Acquire: as in `find`.
                 let v = s.load(Ordering::Acquire);
                 if holds_live(v, key) {
-                    return Step::Retry;
+                    return Choice::Present;
                 }
                 if v == 0 {
                     let off = k * BUCKET + i;
@@ -893,33 +953,23 @@ impl Shard {
         } else {
             first_empty
         };
-        let Some(off) = empty else {
-            return self.make_room(ctx, key, home, now, full);
-        };
-        // Prepare the record with this request applied.
-        let (payload, live_state, r) = match &self.arena {
-            None => {
-                let (ns, r) = packed(0);
-                if ns == 0 {
-                    // Nothing to remember (denied without counting, or a peek).
-                    return Step::Done(r);
-                }
-                (0, LIVE | ns, r)
-            }
-            Some(arena) => {
-                let Some(idx) = arena.alloc() else {
-                    return self.make_room(ctx, key, home, now, full);
-                };
-                let (seq, cells) = arena.record(idx);
-                let r = record::write(seq, cells, |c| {
-                    for i in 0..cells.len() {
-                        c.set(i, 0);
-                    }
-                    words(c)
-                });
-                (idx as u64, LIVE | idx as u64, r)
-            }
-        };
+        empty.map_or(Choice::Full, Choice::Slot)
+    }
+
+    /// Claims slot `off` of `key`'s probe range for a record prepared as `payload` (its arena
+    /// index, or 0) and `live_state`, commits the claim through the header read as `h`, and
+    /// publishes it (module docs, "Protocol", steps 2-4). A claim or commit that loses a race
+    /// is undone, and its arena record freed.
+    fn commit(
+        &self,
+        key: u64,
+        home: Loc,
+        h: u64,
+        off: usize,
+        payload: u64,
+        live_state: u64,
+    ) -> Commit {
+        let hdr = self.header(home);
         // A ticket unique across the shard (module docs). Relaxed: see `Counters::tickets`.
         let ver = u64::from(
             self.counters
@@ -934,7 +984,7 @@ impl Shard {
             .is_err()
         {
             self.release_arena(payload);
-            return Step::Retry;
+            return Commit::Lost;
         }
         // The header names the slot by its index in the shard (module docs: a helper's probe
         // sequence may differ from ours past the first bucket).
@@ -959,7 +1009,7 @@ impl Shard {
             }
             self.clear_tag(index, home.tag as u8);
             self.release_arena(payload);
-            return Step::Retry;
+            return Commit::Lost;
         }
         // AcqRel: publishes the record (Release) for lookups' Acquire loads.
         let published = s
@@ -984,12 +1034,10 @@ impl Shard {
             Ordering::AcqRel,
             Ordering::Acquire,
         );
-        if published || self.arena.is_some() {
-            // An arena record published by a helper is the one we prepared: `r` stands.
-            Step::Done(r)
+        if published {
+            Commit::Published
         } else {
-            // A helper published a fresh state: apply the request through the lookup path.
-            Step::Retry
+            Commit::Helped
         }
     }
 
@@ -1090,14 +1138,7 @@ impl Shard {
 
     /// No empty slot (or arena record) for a new key: reclaim an idle one, else apply the
     /// policy — unless the key itself is being inserted by another thread.
-    fn make_room<R>(
-        &self,
-        ctx: &Ctx<'_>,
-        key: u64,
-        home: Loc,
-        now: u64,
-        full: &mut dyn FnMut(Outcome) -> R,
-    ) -> Step<R> {
+    fn make_room(&self, ctx: &Ctx<'_>, key: u64, home: Loc, now: u64) -> Room {
         let judged = now.saturating_sub(RECLAIM_GRACE_NS);
         let mut stalest: Option<(u64, usize, u128)> = None;
         for off in 0..self.probe_len() {
@@ -1113,13 +1154,13 @@ impl Shard {
                 // CASes of the other thread. Loom model
                 // `insertions_past_the_home_buckets_wrap_around_the_table`.
                 crate::sync::spin_hint();
-                return Step::Retry;
+                return Room::Retry;
             }
             if state_of(v) & LIVE == 0 {
                 // An empty slot is room for a packed store. An arena store also gets here
                 // with empty slots but no free record: retrying would spin forever.
                 if v == 0 && self.arena.is_none() {
-                    return Step::Retry;
+                    return Room::Retry;
                 }
                 continue;
             }
@@ -1139,7 +1180,7 @@ impl Shard {
                 Some(0) => {
                     // Relaxed: statistics.
                     self.counters.reclaimed.fetch_add(1, Ordering::Relaxed);
-                    return Step::Retry;
+                    return Room::Retry;
                 }
                 Some(idle) if stalest.is_none_or(|(i, _, _)| idle < i) => {
                     stalest = Some((idle, off, v))
@@ -1154,12 +1195,12 @@ impl Shard {
             FullPolicy::Reject => {
                 // Relaxed: statistics.
                 c.rejected.fetch_add(1, Ordering::Relaxed);
-                Step::Done(full(Outcome::StoreFull))
+                Room::Refused(Outcome::StoreFull)
             }
             FullPolicy::AllowUntracked => {
                 // Relaxed: statistics.
                 c.untracked.fetch_add(1, Ordering::Relaxed);
-                Step::Done(full(Outcome::Untracked))
+                Room::Refused(Outcome::Untracked)
             }
             FullPolicy::EvictStalest => {
                 if let Some((_, off, v)) = stalest {
@@ -1170,16 +1211,15 @@ impl Shard {
                         // Relaxed: statistics.
                         c.evicted.fetch_add(1, Ordering::Relaxed);
                     }
-                    Step::Retry
-                } else if let Some(a) = &self.arena {
+                    Room::Retry
+                } else if self.arena.is_some() {
                     // The range holds no live record at all, yet the arena is exhausted: evict
                     // nothing we cannot see; refuse this one.
-                    let _ = a;
                     // Relaxed: statistics.
                     c.rejected.fetch_add(1, Ordering::Relaxed);
-                    Step::Done(full(Outcome::StoreFull))
+                    Room::Refused(Outcome::StoreFull)
                 } else {
-                    Step::Retry
+                    Room::Retry
                 }
             }
         }
@@ -1236,27 +1276,6 @@ impl Shard {
     /// Visits every live key id (for tests and reports). Not linearizable.
     pub(crate) fn for_each_live(&self, mut f: impl FnMut(u64)) {
         self.for_each_live_bucket(|id, _| f(id))
-    }
-
-    /// Decision to give for a missing key when not inserting, over a scratch record.
-    pub(crate) fn fresh<R>(words: usize, f: &mut dyn FnMut(&mut dyn Cells) -> R) -> R {
-        if words <= 64 {
-            let mut w = [0u64; 64];
-            f(&mut SliceCells(&mut w[..words]))
-        } else {
-            let mut w = vec![0u64; words];
-            f(&mut SliceCells(&mut w))
-        }
-    }
-}
-
-struct SliceCells<'a>(&'a mut [u64]);
-impl Cells for SliceCells<'_> {
-    fn get(&self, i: usize) -> u64 {
-        self.0[i]
-    }
-    fn set(&mut self, i: usize, v: u64) {
-        self.0[i] = v
     }
 }
 

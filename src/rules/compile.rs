@@ -12,13 +12,15 @@
 //! the swap still update one state. Otherwise the part starts fresh. Counters are kept per rule
 //! name.
 
+use super::limits::{LimitsSource, Lookup};
 use super::load::LoadConfig;
 use super::matcher::{key_id, KeyPlan, RouteTable};
 use super::model::{KeyClass, Mode, Shedding};
 use super::validate::{compile_limits, effective, resolve, Loc, Of, Rf};
 use super::{Rules, RulesError};
-use crate::algo::Limits;
-use crate::clock::Clock;
+use crate::algo::{Limit, Limits};
+use crate::clock::{Clock, Nanos};
+use crate::decision::Decision;
 use crate::keyed::{FullPolicy, KeyHasher, Store};
 use crate::sync::{AtomicU64, Ordering};
 use crossbeam_utils::CachePadded;
@@ -163,9 +165,12 @@ pub(crate) struct CRule<C: Clock> {
     pub(crate) override_ids: Box<[u64]>,
     pub(crate) overrides: Box<[Slot<C>]>,
     pub(crate) counters: Arc<Counters>,
+    /// The limits class its keys' own limits come from (`limits_from`).
+    pub(crate) own: Option<Arc<dyn LimitsSource>>,
 }
 
 impl<C: Clock> CRule<C> {
+    /// The override's slot for key `id`, else the rule's.
     #[inline]
     pub(crate) fn slot(&self, id: u64) -> &Slot<C> {
         if self.override_ids.is_empty() {
@@ -174,6 +179,76 @@ impl<C: Clock> CRule<C> {
         match self.override_ids.binary_search(&id) {
             Ok(i) => &self.overrides[i],
             Err(_) => &self.main,
+        }
+    }
+
+    /// Where a check of key `id` goes, by precedence: its own limit (its entry in the rule's
+    /// limits class) over the rule's store, else the override's store, else the rule's. The
+    /// entry's line and the store's buckets are fetched together, so that their misses to
+    /// memory overlap.
+    #[inline]
+    pub(crate) fn target(&self, id: u64) -> Target<'_, C> {
+        if let Some(src) = &self.own {
+            src.prefetch(id);
+            self.main.main.store.prefetch(&id);
+            if let Lookup::Own(limit) = src.get(id) {
+                return Target {
+                    slot: &self.main,
+                    own: Some(limit),
+                };
+            }
+        }
+        Target {
+            slot: self.slot(id),
+            own: None,
+        }
+    }
+}
+
+/// A key's store and, if it has one, its own limit ([`CRule::target`]).
+pub(crate) struct Target<'a, C: Clock> {
+    pub(crate) slot: &'a Slot<C>,
+    pub(crate) own: Option<Limit>,
+}
+
+impl<C: Clock> Target<'_, C> {
+    fn store(&self) -> &Store<Arc<C>> {
+        &self.slot.main.store
+    }
+
+    /// The store's check, by the key's own limit if it has one. (A limit the store cannot
+    /// read, which validation rules out, is checked by the store's own.)
+    #[inline]
+    pub(crate) fn check_at(&self, id: u64, cost: u64, now: Nanos) -> Decision {
+        match &self.own {
+            None => self.store().check_at(&id, cost, now),
+            Some(l) => self
+                .store()
+                .check_with_at(&id, l, cost, now)
+                .unwrap_or_else(|_| self.store().check_at(&id, cost, now)),
+        }
+    }
+
+    /// [`Target::check_at`] recording nothing.
+    pub(crate) fn evaluate_at(&self, id: u64, cost: u64, now: Nanos) -> Decision {
+        match &self.own {
+            None => self.store().evaluate_at(&id, cost, now),
+            Some(l) => self
+                .store()
+                .evaluate_with_at(&id, l, cost, now)
+                .unwrap_or_else(|_| self.store().evaluate_at(&id, cost, now)),
+        }
+    }
+
+    /// Gives `n` back, as the key's limit counts them.
+    pub(crate) fn refund_at(&self, id: u64, n: u64, now: Nanos) {
+        match &self.own {
+            None => self.store().refund_at(&id, n, now),
+            Some(l) => {
+                if self.store().refund_with_at(&id, l, n, now).is_err() {
+                    self.store().refund_at(&id, n, now)
+                }
+            }
         }
     }
 }
@@ -232,6 +307,7 @@ pub(crate) fn compile<C: Clock>(
     hasher: &KeyHasher,
     seed: Option<u64>,
     shards: usize,
+    sources: &HashMap<String, Arc<dyn LimitsSource>>,
 ) -> Result<(Compiled<C>, ReloadReport), RulesError> {
     super::validate::validate(rules).map_err(|(loc, m)| rules.error_at(loc, m))?;
     let mut parts: Parts<C> = HashMap::new();
@@ -361,6 +437,10 @@ pub(crate) fn compile<C: Clock>(
             counters: counters
                 .get(r.name.as_str())
                 .map_or_else(|| Arc::new(Counters::new(shards)), |c| (*c).clone()),
+            own: r
+                .limits_from
+                .as_ref()
+                .and_then(|c| sources.get(c.as_str()).cloned()),
         });
     }
     if let Some(o) = old {

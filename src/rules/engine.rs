@@ -4,16 +4,19 @@
 
 use super::compile::{compile, CRule, Compiled, Kind, Slot, DENIED, ELASTIC, OVER, WOULD};
 pub use super::compile::{ReloadReport, RuleStats};
+use super::limits::{self, LimitsClass, LimitsError, LimitsSource, LoadReport, MemoryLimits};
 use super::load::Load;
 use super::matcher::{sel, Cand};
 use super::model::{Shedding, MAX_RULES};
 use super::request::{method_slot, Priority, Request};
+use super::validate::{Cf, Loc};
 use super::{Rules, RulesError};
 use crate::clock::{Clock, DefaultClock, Nanos};
 use crate::decision::{Decision, Outcome};
 use crate::keyed::KeyHasher;
 use arc_swap::cache::Cache;
 use arc_swap::ArcSwap;
+use std::collections::HashMap;
 use std::path::Path;
 // arc-swap swaps a std `Arc`; loom does not model arc-swap, so this module uses std's `Arc`
 // (the rules layer is not loom-checked; the stores under it are).
@@ -215,12 +218,24 @@ impl<C: Clock> LocalEngine<'_, C> {
 pub struct EngineBuilder {
     rules: Rules,
     seed: Option<u64>,
+    provided: HashMap<String, Arc<dyn LimitsSource>>,
 }
 
 impl EngineBuilder {
     /// Fixed hash seed (reproducible key ids and placement); default: random per engine.
     pub fn seed(mut self, seed: u64) -> Self {
         self.seed = Some(seed);
+        self
+    }
+    /// Takes limits class `class`'s entries from `source` (a cache in front of Redis, say)
+    /// instead of the built-in [`MemoryLimits`]; the rules file still defines the class (its
+    /// key, algorithm and plans: [`LimitsSource::reclass`]).
+    pub fn limits_source(
+        mut self,
+        class: impl Into<String>,
+        source: Arc<dyn LimitsSource>,
+    ) -> Self {
+        self.provided.insert(class.into(), source);
         self
     }
     /// Builds on the default clock ([`DefaultClock`]).
@@ -235,7 +250,16 @@ impl EngineBuilder {
             None => KeyHasher::random(64),
         };
         let load = Arc::new(Load::new());
-        let (c, _) = compile(&self.rules, None, &clock, &hasher, self.seed, load.shards())?;
+        let classes = classes(&self.rules, &HashMap::new(), &self.provided, &hasher)?;
+        let (c, _) = compile(
+            &self.rules,
+            None,
+            &clock,
+            &hasher,
+            self.seed,
+            load.shards(),
+            &sources(&classes),
+        )?;
         Ok(Engine {
             clock,
             hasher,
@@ -243,6 +267,8 @@ impl EngineBuilder {
             current: ArcSwap::from_pointee(c),
             load,
             reload: Mutex::new(()),
+            classes: Mutex::new(classes),
+            provided: self.provided,
         })
     }
 }
@@ -256,12 +282,72 @@ pub struct Engine<C: Clock = DefaultClock> {
     /// Shared with the owned in-flight guards ([`OwnedInFlight`]).
     pub(super) load: Arc<Load>,
     reload: Mutex<()>,
+    /// The limits classes of the loaded rules, by name, with their sources.
+    classes: Mutex<Classes>,
+    /// Sources given to the builder, by class name.
+    provided: HashMap<String, Arc<dyn LimitsSource>>,
+}
+
+/// Limits classes by name, with their sources.
+type Classes = HashMap<String, (LimitsClass, Arc<dyn LimitsSource>)>;
+
+/// The sources of `rules`' limits classes: those given to the builder, the old ones (their
+/// plans updated and their files re-read if changed), or new ones.
+fn classes(
+    rules: &Rules,
+    old: &Classes,
+    provided: &HashMap<String, Arc<dyn LimitsSource>>,
+    hasher: &KeyHasher,
+) -> Result<Classes, RulesError> {
+    let mut out = HashMap::new();
+    for (c, class) in rules.classes.iter().enumerate() {
+        let at = |m: String| rules.error_at(Loc::Class(c, Cf::Table), m);
+        let in_file = |e: LimitsError| match e.origin {
+            Some(origin) => RulesError {
+                origin,
+                line: e.line,
+                column: usize::from(e.line > 0),
+                message: e.message,
+            },
+            None => at(e.message),
+        };
+        let kept = provided
+            .get(&class.name)
+            .or_else(|| old.get(&class.name).map(|(_, s)| s))
+            .filter(|s| s.reclass(class).is_ok())
+            .cloned();
+        let source: Arc<dyn LimitsSource> = match kept {
+            Some(s) => {
+                s.refresh().map_err(in_file)?;
+                s
+            }
+            None if provided.contains_key(&class.name) => {
+                let e = provided[&class.name].reclass(class).unwrap_err();
+                return Err(at(e.message));
+            }
+            None => Arc::new(MemoryLimits::new(class, hasher.clone()).map_err(in_file)?),
+        };
+        out.insert(class.name.clone(), (class.clone(), source));
+    }
+    Ok(out)
+}
+
+/// The sources of `classes`, by name.
+fn sources(classes: &Classes) -> HashMap<String, Arc<dyn LimitsSource>> {
+    classes
+        .iter()
+        .map(|(n, (_, s))| (n.clone(), s.clone()))
+        .collect()
 }
 
 impl Engine<DefaultClock> {
     /// A builder for an engine applying `rules`.
     pub fn builder(rules: Rules) -> EngineBuilder {
-        EngineBuilder { rules, seed: None }
+        EngineBuilder {
+            rules,
+            seed: None,
+            provided: HashMap::new(),
+        }
     }
     /// An engine on the monotonic clock.
     pub fn new(rules: Rules) -> Result<Self, RulesError> {
@@ -422,12 +508,12 @@ impl<C: Clock> Engine<C> {
             let Some(id) = r.plan.id(req, &self.hasher) else {
                 continue;
             };
-            let slot = r.slot(id);
-            let store = match &slot.pool {
-                Some(p) if charged(&p.store.peek_at(&id, now)) => &p.store,
-                _ => &slot.main.store,
-            };
-            store.refund_at(&id, req.cost.saturating_mul(r.cost), now);
+            let t = r.target(id);
+            let cost = req.cost.saturating_mul(r.cost);
+            match &t.slot.pool {
+                Some(p) if charged(&p.store.peek_at(&id, now)) => p.store.refund_at(&id, cost, now),
+                _ => t.refund_at(id, cost, now),
+            }
             n += 1;
         }
         n
@@ -591,6 +677,7 @@ impl<C: Clock> Engine<C> {
     pub fn reload(&self, rules: Rules) -> Result<ReloadReport, RulesError> {
         let _g = self.reload.lock().unwrap_or_else(|e| e.into_inner());
         let old = self.current.load_full();
+        let classes = classes(&rules, &self.classes(), &self.provided, &self.hasher)?;
         let (c, report) = compile(
             &rules,
             Some(&old),
@@ -598,9 +685,50 @@ impl<C: Clock> Engine<C> {
             &self.hasher,
             self.seed,
             self.load.shards(),
+            &sources(&classes),
         )?;
         self.current.store(Arc::new(c));
+        *self.classes() = classes;
         Ok(report)
+    }
+
+    fn classes(&self) -> std::sync::MutexGuard<'_, Classes> {
+        self.classes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The source of limits class `class`'s entries (to read or change them live:
+    /// [`LimitsSource::set`], [`LimitsSource::remove`]).
+    pub fn limits(&self, class: &str) -> Option<Arc<dyn LimitsSource>> {
+        self.classes().get(class).map(|(_, s)| s.clone())
+    }
+
+    /// The loaded limits classes.
+    pub fn limits_classes(&self) -> Vec<LimitsClass> {
+        self.classes().values().map(|(c, _)| c.clone()).collect()
+    }
+
+    /// The id of `key` (text, as the class's key class reads it: a customer id, an address,
+    /// an API key) in limits class `class`: what its source is keyed by.
+    pub fn limits_key_id(&self, class: &str, key: &str) -> Result<u64, LimitsError> {
+        let k = match self.classes().get(class) {
+            Some((c, _)) => c.key,
+            None => return Err(LimitsError::new(format!("no limits class `{class}`"))),
+        };
+        limits::key_id(k, key, &self.hasher).map_err(LimitsError::new)
+    }
+
+    /// Re-reads the files of the limits classes that changed since they were read, each as
+    /// [`MemoryLimits::load`] does: a file with a bad line is refused (`file:line`) and its
+    /// class keeps its entries. Returns, per class, what it read (`None`: nothing changed).
+    /// Cheap when nothing changed (a `stat` per file): a server calls it every second or so,
+    /// and on SIGHUP.
+    pub fn refresh_limits(&self) -> Vec<(String, Result<Option<LoadReport>, LimitsError>)> {
+        let classes: Vec<(String, Arc<dyn LimitsSource>)> = self
+            .classes()
+            .iter()
+            .map(|(n, (_, s))| (n.clone(), s.clone()))
+            .collect();
+        classes.into_iter().map(|(n, s)| (n, s.refresh())).collect()
     }
 
     /// Parses `text` and reloads; a bad file changes nothing.
@@ -737,12 +865,12 @@ impl<C: Clock> Engine<C> {
             return UNLIMITED;
         };
         let cost = req.cost.saturating_mul(r.cost);
-        let slot = r.slot(id);
-        let d = slot.main.store.check_at(&id, cost, now);
+        let t = r.target(id);
+        let d = t.check_at(id, cost, now);
         let d = if matches!(r.kind, Kind::Hard) && d.allowed() {
             d
         } else {
-            match self.decide(r, slot, d, id, cost, now, load) {
+            match self.decide(r, t.slot, d, id, cost, now, load) {
                 Ok((d, _)) => d,
                 Err(d) => {
                     self.deny(c, req, &[], now, &[], sel, rule);
@@ -779,14 +907,14 @@ impl<C: Clock> Engine<C> {
             return Step::Skipped;
         };
         let cost = req.cost.saturating_mul(r.cost);
-        let slot = r.slot(id);
-        let d = slot.main.store.check_at(&id, cost, now);
+        let t = r.target(id);
+        let d = t.check_at(id, cost, now);
         // The common case inline: a hard rule that admits.
         if matches!(r.kind, Kind::Hard) && d.allowed() {
             merge(acc, &d);
             return Step::Admitted;
         }
-        match self.decide(r, slot, d, id, cost, now, load) {
+        match self.decide(r, t.slot, d, id, cost, now, load) {
             Ok((d, pool)) => {
                 merge(acc, &d);
                 if pool {
@@ -842,7 +970,7 @@ impl<C: Clock> Engine<C> {
                 continue;
             };
             let cost = req.cost.saturating_mul(r.cost);
-            if !r.slot(id).main.store.check_at(&id, cost, now).allowed() {
+            if !r.target(id).check_at(id, cost, now).allowed() {
                 r.counters.add(self.load.shard(), WOULD);
                 why.would_deny();
             }
@@ -871,13 +999,13 @@ impl<C: Clock> Engine<C> {
             let Some(id) = r.plan.id(req, &self.hasher) else {
                 continue;
             };
-            let slot = r.slot(id);
+            let t = r.target(id);
             let pool = pooled[k / 64] >> (k % 64) & 1 == 1;
-            let store = match (&slot.pool, pool) {
-                (Some(p), true) => &p.store,
-                _ => &slot.main.store,
-            };
-            store.refund_at(&id, req.cost.saturating_mul(r.cost), now);
+            let cost = req.cost.saturating_mul(r.cost);
+            match (&t.slot.pool, pool) {
+                (Some(p), true) => p.store.refund_at(&id, cost, now),
+                _ => t.refund_at(id, cost, now),
+            }
         }
     }
 
@@ -931,8 +1059,9 @@ impl<C: Clock> Engine<C> {
                 continue;
             };
             let cost = req.cost.saturating_mul(r.cost);
-            let slot = r.slot(id);
-            let e = slot.main.store.evaluate_at(&id, cost, now);
+            let t = r.target(id);
+            let slot = t.slot;
+            let e = t.evaluate_at(id, cost, now);
             if e.allowed() {
                 continue;
             }

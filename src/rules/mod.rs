@@ -42,6 +42,7 @@
 
 mod compile;
 mod engine;
+pub mod limits;
 mod load;
 mod matcher;
 mod model;
@@ -63,9 +64,11 @@ pub use model::{
 pub use parse::parse_duration;
 pub use plan::{Plan, PlanStep, StepOutcome};
 pub use request::{Priority, Request, METHODS};
+pub use validate::parse_customer;
 
 use crate::algo::Limit;
 use crate::ConfigError;
+use limits::LimitsClass;
 use std::fmt;
 use std::path::Path;
 use validate::{Loc, Of, Rf};
@@ -83,6 +86,8 @@ pub struct Rules {
     pub backend: Backend,
     /// The rules, in evaluation order.
     pub rules: Vec<Rule>,
+    /// The limits classes (`[limits.NAME]`): keys' own limits, for the rules that take them.
+    pub classes: Vec<LimitsClass>,
     origin: String,
     /// Positions of the fields, for errors found after parsing.
     index: Vec<(Loc, usize, usize)>,
@@ -97,7 +102,10 @@ impl PartialEq for Rules {
             self.shedding,
             &self.backend,
             &self.rules,
-        ) == (o.settings, o.load, o.shedding, &o.backend, &o.rules)
+            &self.classes,
+        ) == (
+            o.settings, o.load, o.shedding, &o.backend, &o.rules, &o.classes,
+        )
     }
 }
 
@@ -138,12 +146,22 @@ impl Rules {
         parse::parse(text, origin)
     }
 
-    /// Reads and parses a file.
+    /// Reads and parses a file. A limits class's relative `file` is read from the rules
+    /// file's directory.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Rules, RulesError> {
         let path = path.as_ref();
         let origin = path.display().to_string();
         match std::fs::read_to_string(path) {
-            Ok(text) => Self::parse(&text, &origin),
+            Ok(text) => {
+                let mut rules = Self::parse(&text, &origin)?;
+                let dir = path.parent().unwrap_or(Path::new(""));
+                for c in &mut rules.classes {
+                    if let Some(f) = c.file.as_mut().filter(|f| f.is_relative()) {
+                        *f = dir.join(&*f);
+                    }
+                }
+                Ok(rules)
+            }
             Err(e) => Err(RulesError {
                 origin,
                 line: 0,
@@ -275,6 +293,10 @@ impl Rules {
                 ));
             }
         }
+        if !self.classes.is_empty() {
+            let names: Vec<&str> = self.classes.iter().map(|c| c.name.as_str()).collect();
+            s.push_str(&format!("; limits classes {}", names.join(", ")));
+        }
         match &self.backend {
             Backend::Memory => {}
             Backend::Redis(b) => match &b.nodes {
@@ -313,6 +335,11 @@ impl RulesBuilder {
     /// Enables priority shedding.
     pub fn shedding(mut self, s: Shedding) -> Self {
         self.rules.shedding = Some(s);
+        self
+    }
+    /// Adds a limits class (keys' own limits, for rules with `limits_from`).
+    pub fn class(mut self, c: LimitsClass) -> Self {
+        self.rules.classes.push(c);
         self
     }
     /// Sets where the counts are kept.

@@ -205,7 +205,7 @@ pub struct Match {
     pub priorities: Vec<Priority>,
 }
 
-/// Which key an override is for: text for a one-part class (`"user:241531"`, `"10.0.0.0/24"`,
+/// Which key an override is for: text for a one-part class (`"241531"`, `"10.0.0.0/24"`,
 /// an API key), or one value per part for a composite class.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum OverrideKey {
@@ -215,7 +215,7 @@ pub enum OverrideKey {
     Parts(Vec<(KeyPart, String)>),
 }
 
-/// Other limits for one key of a rule (the notes' config store: `user:241531` → 5 per 1 s).
+/// Other limits for one key of a rule (the notes' config store: customer 241531 → 5 per 1 s).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Override {
     /// The key.
@@ -245,6 +245,9 @@ pub struct Rule {
     pub when_full: Option<FullPolicy>,
     /// Per-key limits.
     pub overrides: Vec<Override>,
+    /// The limits class whose entries give keys their own limits (`limits_from`), ahead of
+    /// the overrides and the rule's limits.
+    pub limits_from: Option<String>,
 }
 
 impl Rule {
@@ -260,6 +263,7 @@ impl Rule {
             capacity: None,
             when_full: None,
             overrides: Vec::new(),
+            limits_from: None,
         }
     }
     /// Adds a limit.
@@ -308,6 +312,12 @@ impl Rule {
             key: OverrideKey::Text(key.into()),
             limits,
         });
+        self
+    }
+    /// Takes each key's own limit from limits class `class`, ahead of the overrides and the
+    /// rule's limits (`limits_from`).
+    pub fn limits_from(mut self, class: impl Into<String>) -> Self {
+        self.limits_from = Some(class.into());
         self
     }
     /// Adds an override for a composite key.

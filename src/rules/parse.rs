@@ -10,15 +10,16 @@
 //! 3. [`validate`](super::validate::validate) on the model, the same code the builder API runs;
 //!    its [`Loc`] is looked up in the recorded spans (falling back to the enclosing table).
 
+use super::limits::LimitsClass;
 use super::model::{
     Backend, BackendPolicy, KeyClass, KeyPart, LoadSettings, Match, Mode, Override, OverrideKey,
     RedisBackend, RedisNodes, Rule, Settings, Shedding, Threshold,
 };
 pub use super::raw::parse_duration;
 use super::raw::{
-    List, ModeName, PolicyName, RawBackend, RawFile, RawLimit, RawRule, RawShedding, S,
+    List, ModeName, PolicyName, RawBackend, RawClass, RawFile, RawLimit, RawRule, RawShedding, S,
 };
-use super::validate::{Loc, Of, Rf};
+use super::validate::{Cf, Loc, Of, Rf};
 use super::{Rules, RulesError};
 use crate::algo::{Algorithm, LimitSpec};
 use std::ops::Range;
@@ -129,6 +130,9 @@ impl Cx<'_> {
             let r = self.rule(i, r)?;
             out.rules.push(r);
         }
+        for (c, (name, raw)) in raw.limits.into_iter().enumerate() {
+            out.classes.push(self.class(c, name, raw)?);
+        }
         Ok(out)
     }
 
@@ -220,9 +224,9 @@ impl Cx<'_> {
         Ok(Backend::Redis(out))
     }
 
-    fn key_class(&mut self, key: Spanned<List>, i: usize) -> Result<KeyClass, RulesError> {
+    fn key_class(&mut self, key: Spanned<List>, loc: Loc) -> Result<KeyClass, RulesError> {
         let span = key.span();
-        self.mark(Loc::Rule(i, Rf::Key), span.clone());
+        self.mark(loc, span.clone());
         let words: Vec<String> = match key.into_inner() {
             List::One(s) => s.split('+').map(|w| w.trim().to_string()).collect(),
             List::Many(v) => v.into_iter().map(|s| s.into_inner()).collect(),
@@ -282,53 +286,98 @@ impl Cx<'_> {
         self.mark(whole, raw.span());
         let mut out = Vec::new();
         for (j, l) in raw.into_inner().into_iter().enumerate() {
-            let span = l.span();
-            self.mark(at(j, ""), span.clone());
-            let l = l.into_inner();
-            let algorithm = match l.algorithm {
-                Some(a) => {
-                    self.mark(at(j, "algorithm"), a.span());
-                    a.into_inner().0
-                }
-                None => Algorithm::SlidingWindow,
-            };
-            let limit = match (l.limit, l.capacity) {
-                (Some(a), None) | (None, Some(a)) => {
-                    self.mark(at(j, "limit"), a.span());
-                    a.into_inner()
-                }
-                (Some(_), Some(c)) => return Err(self.err(c.span(), "`capacity` is another name for `limit` (the notes' config store): give one of them")),
-                (None, None) => return Err(self.err(span, "this limit has no `limit`: add e.g. limit = 100")),
-            };
-            let window = match (l.window, l.time_window_sec) {
-                (Some(w), None) => {
-                    self.mark(at(j, "window"), w.span());
-                    w.into_inner().0
-                }
-                (None, Some(t)) => {
-                    self.mark(at(j, "window"), t.span());
-                    Duration::from_secs(t.into_inner())
-                }
-                (Some(_), Some(t)) => return Err(self.err(t.span(), "`time_window_sec` is another name for `window` (the notes' config store): give one of them")),
-                (None, None) => return Err(self.err(span, "this limit has no `window`: add e.g. window = \"1s\"")),
-            };
-            let mut spec = LimitSpec::new(algorithm, limit, window);
-            let opt = |v: S<u64>, f: &'static str, cx: &mut Self| {
-                v.map(|v| {
-                    cx.mark(at(j, f), v.span());
-                    v.into_inner()
-                })
-            };
-            spec.burst = opt(l.burst, "burst", self);
-            spec.buckets = opt(l.buckets, "buckets", self);
-            spec.delay = opt(l.delay, "delay", self);
-            if let Some(c) = l.count_denied {
-                self.mark(at(j, "count_denied"), c.span());
-                spec.count_denied = c.into_inner();
-            }
-            out.push(spec);
+            out.push(self.limit(l, |f| at(j, f), Algorithm::SlidingWindow, None)?);
         }
         Ok(out)
+    }
+
+    /// One limit; `algorithm` if it names none, `window` if it gives none.
+    fn limit(
+        &mut self,
+        l: Spanned<RawLimit>,
+        at: impl Fn(&'static str) -> Loc,
+        algorithm: Algorithm,
+        window: Option<Duration>,
+    ) -> Result<LimitSpec, RulesError> {
+        let span = l.span();
+        self.mark(at(""), span.clone());
+        let l = l.into_inner();
+        let algorithm = match l.algorithm {
+            Some(a) => {
+                self.mark(at("algorithm"), a.span());
+                a.into_inner().0
+            }
+            None => algorithm,
+        };
+        let limit = match (l.limit, l.capacity) {
+            (Some(a), None) | (None, Some(a)) => {
+                self.mark(at("limit"), a.span());
+                a.into_inner()
+            }
+            (Some(_), Some(c)) => return Err(self.err(c.span(), "`capacity` is another name for `limit` (the notes' config store): give one of them")),
+            (None, None) => return Err(self.err(span, "this limit has no `limit`: add e.g. limit = 100")),
+        };
+        let window = match (l.window, l.time_window_sec, window) {
+            (Some(w), None, _) => {
+                self.mark(at("window"), w.span());
+                w.into_inner().0
+            }
+            (None, Some(t), _) => {
+                self.mark(at("window"), t.span());
+                Duration::from_secs(t.into_inner())
+            }
+            (Some(_), Some(t), _) => return Err(self.err(t.span(), "`time_window_sec` is another name for `window` (the notes' config store): give one of them")),
+            (None, None, Some(w)) => w,
+            (None, None, None) => return Err(self.err(span, "this limit has no `window`: add e.g. window = \"1s\"")),
+        };
+        let mut spec = LimitSpec::new(algorithm, limit, window);
+        let opt = |v: S<u64>, f: &'static str, cx: &mut Self| {
+            v.map(|v| {
+                cx.mark(at(f), v.span());
+                v.into_inner()
+            })
+        };
+        spec.burst = opt(l.burst, "burst", self);
+        spec.buckets = opt(l.buckets, "buckets", self);
+        spec.delay = opt(l.delay, "delay", self);
+        if let Some(c) = l.count_denied {
+            self.mark(at("count_denied"), c.span());
+            spec.count_denied = c.into_inner();
+        }
+        Ok(spec)
+    }
+
+    /// `[limits.NAME]`, the `c`-th class.
+    fn class(
+        &mut self,
+        c: usize,
+        name: String,
+        raw: Spanned<RawClass>,
+    ) -> Result<LimitsClass, RulesError> {
+        let at = |f: Cf| Loc::Class(c, f);
+        self.mark(at(Cf::Table), raw.span());
+        let raw = raw.into_inner();
+        let key = self.key_class(raw.key, at(Cf::Key))?;
+        self.mark(at(Cf::Algorithm), raw.algorithm.span());
+        let algorithm = raw.algorithm.into_inner().0;
+        let mut class = LimitsClass::new(name, key, algorithm);
+        if let Some(w) = raw.window {
+            self.mark(at(Cf::Window), w.span());
+            class.window = Some(w.into_inner().0);
+        }
+        if let Some(f) = raw.file {
+            self.mark(at(Cf::File), f.span());
+            class.file = Some(f.into_inner().into());
+        }
+        if let Some(n) = raw.capacity {
+            self.mark(at(Cf::Capacity), n.span());
+            class.capacity = n.into_inner();
+        }
+        for (j, (plan, l)) in raw.plans.into_iter().enumerate() {
+            let spec = self.limit(l, |f| at(Cf::Plan(j, f)), algorithm, class.window)?;
+            class.plans.push((plan, spec));
+        }
+        Ok(class)
     }
 
     fn rule(&mut self, i: usize, r: Spanned<RawRule>) -> Result<Rule, RulesError> {
@@ -336,7 +385,7 @@ impl Cx<'_> {
         self.mark(Loc::Rule(i, Rf::Table), table.clone());
         let r = r.into_inner();
         self.mark(Loc::Rule(i, Rf::Name), r.name.span());
-        let key = self.key_class(r.key, i)?;
+        let key = self.key_class(r.key, Loc::Rule(i, Rf::Key))?;
         let mut rule = Rule::new(r.name.into_inner(), key);
         if let Some(m) = r.when {
             let m = m.into_inner();
@@ -418,6 +467,10 @@ impl Cx<'_> {
             self.mark(Loc::Rule(i, Rf::WhenFull), w.span());
             rule.when_full = Some(w.into_inner().0);
         }
+        if let Some(c) = r.limits_from {
+            self.mark(Loc::Rule(i, Rf::LimitsFrom), c.span());
+            rule.limits_from = Some(c.into_inner());
+        }
         rule.limits = self.limits(
             r.limits,
             table.clone(),
@@ -468,7 +521,7 @@ fn override_key(v: toml::Value) -> Result<OverrideKey, String> {
         return Ok(OverrideKey::Text(s));
     }
     let toml::Value::Table(t) = v else {
-        return Err("an override key is a string (\"user:241531\", \"203.0.113.0/24\", an API key), a number (a customer id), or for a composite key a table such as { customer = 42, route = \"/v1/search\" }".into());
+        return Err("an override key is a string (\"241531\", \"203.0.113.0/24\", an API key), a number (a customer id), or for a composite key a table such as { customer = 42, route = \"/v1/search\" }".into());
     };
     let mut parts = Vec::new();
     for (k, v) in &t {
@@ -517,6 +570,7 @@ impl Default for Rules {
             shedding: None,
             backend: Backend::Memory,
             rules: Vec::new(),
+            classes: Vec::new(),
             origin: "builder".into(),
             index: Vec::new(),
         }

@@ -177,6 +177,21 @@ pub(crate) struct RawFile {
     pub(crate) backend: S<RawBackend>,
     #[serde(default, rename = "rule")]
     pub(crate) rules: Vec<Spanned<RawRule>>,
+    #[serde(default)]
+    pub(crate) limits: std::collections::BTreeMap<String, Spanned<RawClass>>,
+}
+
+/// `[limits.NAME]`: a limits class.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawClass {
+    pub(crate) key: Spanned<List>,
+    pub(crate) algorithm: Spanned<Named<Algorithm>>,
+    pub(crate) window: S<Dur>,
+    pub(crate) file: S<String>,
+    pub(crate) capacity: S<u64>,
+    #[serde(default)]
+    pub(crate) plans: std::collections::BTreeMap<String, Spanned<RawLimit>>,
 }
 
 #[derive(Deserialize)]
@@ -264,6 +279,7 @@ pub(crate) struct RawRule {
     pub(crate) limits: S<Vec<Spanned<RawLimit>>>,
     #[serde(default, rename = "override")]
     pub(crate) overrides: Vec<Spanned<RawOverride>>,
+    pub(crate) limits_from: S<String>,
 }
 
 #[derive(Deserialize)]

@@ -6,6 +6,7 @@
 //! ([`compile_limits`]: soft scaling, the elastic pool) and override key resolution
 //! ([`resolve`]) are used by the engine, so what validates is what runs.
 
+use super::limits::LimitsClass;
 use super::model::{
     Backend, BackendPolicy, KeyClass, KeyPart, Mode, OverrideKey, RedisBackend, RedisNodes, Rule,
     Shedding, MAX_CAPACITY, MAX_LIMITS, MAX_OVERRIDES, MAX_RULES,
@@ -29,6 +30,21 @@ pub(crate) enum Loc {
     /// The `k`-th URL of `[backend] redis_cluster`.
     BackendUrl(usize),
     Rule(usize, Rf),
+    /// The `c`-th limits class (`[limits.NAME]`).
+    Class(usize, Cf),
+}
+
+/// A field of a limits class.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Cf {
+    Table,
+    Key,
+    Algorithm,
+    Window,
+    File,
+    Capacity,
+    /// A field of the `j`-th plan (`""`: the plan).
+    Plan(usize, &'static str),
 }
 
 /// A field of rule.
@@ -49,6 +65,7 @@ pub(crate) enum Rf {
     Limits,
     Limit(usize, &'static str),
     Override(usize, Of),
+    LimitsFrom,
 }
 
 /// A field of an override.
@@ -86,6 +103,9 @@ impl Loc {
             }
             Loc::Rule(i, Rf::Override(o, _)) => Loc::Rule(i, Rf::Override(o, Of::Table)),
             Loc::Rule(i, _) => Loc::Rule(i, Rf::Table),
+            Loc::Class(_, Cf::Table) => Loc::Top,
+            Loc::Class(c, Cf::Plan(j, f)) if !f.is_empty() => Loc::Class(c, Cf::Plan(j, "")),
+            Loc::Class(c, _) => Loc::Class(c, Cf::Table),
         })
     }
 
@@ -109,6 +129,19 @@ impl Loc {
             Loc::Shedding(f) => format!("shedding {f}"),
             Loc::Backend(f) => format!("backend {f}"),
             Loc::BackendUrl(k) => format!("backend redis_cluster[{k}]"),
+            Loc::Class(c, f) => {
+                let what = match f {
+                    Cf::Table => String::new(),
+                    Cf::Key => " key".into(),
+                    Cf::Algorithm => " algorithm".into(),
+                    Cf::Window => " window".into(),
+                    Cf::File => " file".into(),
+                    Cf::Capacity => " capacity".into(),
+                    Cf::Plan(j, "") => format!(" plan #{}", j + 1),
+                    Cf::Plan(j, f) => format!(" plan #{} {f}", j + 1),
+                };
+                format!("limits class #{}{what}", c + 1)
+            }
             Loc::Rule(i, f) => {
                 let what = match f {
                     Rf::Table => String::new(),
@@ -128,6 +161,7 @@ impl Loc {
                     Rf::Override(o, Of::Table | Of::Key) => format!("override[{o}]"),
                     Rf::Override(o, Of::Limits) => format!("override[{o}].limits"),
                     Rf::Override(o, Of::Limit(j, f)) => format!("override[{o}].{}", lim(j, f)),
+                    Rf::LimitsFrom => "limits_from".into(),
                 };
                 if what.is_empty() {
                     rule(i)
@@ -258,21 +292,18 @@ impl KeyValues {
     }
 }
 
-fn parse_customer(s: &str) -> Result<u64, String> {
-    let digits = match s.split_once(':') {
-        Some((tag, d))
-            if !tag.is_empty() && tag.bytes().all(|b| b.is_ascii_alphabetic() || b == b'_') =>
-        {
-            d
-        }
-        _ => s,
-    };
-    if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
-        if let Ok(v) = digits.parse::<u64>() {
-            return Ok(v);
-        }
-    }
-    Err(format!("`{s}` is not a customer id: write a decimal id up to 18446744073709551615, optionally tagged, e.g. 241531 or user:241531"))
+/// A customer id as rules files, `turnstile serve` and its clients write it: a decimal number
+/// from 0 to 2^64 − 1, without sign, leading zeros or tag. Anything else is refused rather than
+/// read as some number: `user:1` and `org:1` would otherwise share customer 1's counter, and
+/// `01` would be customer 1. (String ids are the `api_key` class.)
+pub fn parse_customer(s: &str) -> Result<u64, String> {
+    let canonical =
+        !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && (s == "0" || !s.starts_with('0'));
+    canonical.then(|| s.parse::<u64>().ok()).flatten().ok_or_else(|| {
+        format!(
+            "`{s}` is not a customer id: a customer id is a decimal number from 0 to 18446744073709551615 written without sign, leading zeros or tag (e.g. 241531); give string ids (user:241531, org:7) to a rule keyed by api_key"
+        )
+    })
 }
 
 fn mask_ip(a: IpAddr, v4: u8, v6: u8) -> IpAddr {
@@ -436,9 +467,106 @@ pub(crate) fn validate(r: &super::Rules) -> Result<(), (Loc, String)> {
             format!("{} rules; at most {MAX_RULES}", r.rules.len()),
         ));
     }
+    for (c, class) in r.classes.iter().enumerate() {
+        validate_class(r, c, class)?;
+    }
     for (i, rule) in r.rules.iter().enumerate() {
         validate_rule(r, i, rule)?;
     }
+    Ok(())
+}
+
+/// A limits class: a packed algorithm, its window if it counts in windows, one key part, and
+/// plans of its own algorithm and window.
+fn validate_class(r: &super::Rules, c: usize, class: &LimitsClass) -> Result<(), (Loc, String)> {
+    let at = |f: Cf| Loc::Class(c, f);
+    let n = &class.name;
+    if n.is_empty() || n.len() > 128 || n.chars().any(|ch| ch.is_control() || ch == '/') {
+        return Err((
+            at(Cf::Table),
+            "a limits class name is 1..=128 printable characters, without `/`".into(),
+        ));
+    }
+    if r.classes[..c].iter().any(|o| o.name == *n) {
+        return Err((
+            at(Cf::Table),
+            format!("limits class `{n}` is defined twice"),
+        ));
+    }
+    if class.key.part_count() != 1 {
+        return Err((at(Cf::Key), format!("a limits class is keyed by one part (customer, ip, api_key, route or method), not {}", class.key)));
+    }
+    class.check().map_err(|m| {
+        let f = if m.contains("window") {
+            Cf::Window
+        } else if m.contains("capacity") {
+            Cf::Capacity
+        } else {
+            Cf::Algorithm
+        };
+        (at(f), m)
+    })?;
+    for (j, (plan, spec)) in class.plans.iter().enumerate() {
+        if plan.is_empty()
+            || !plan.starts_with(|ch: char| ch.is_ascii_alphabetic() || ch == '_')
+            || !plan
+                .chars()
+                .all(|ch| ch.is_ascii_alphanumeric() || ch == '_' || ch == '-')
+        {
+            return Err((
+                at(Cf::Plan(j, "")),
+                format!("`{plan}` is not a plan name: a letter, then letters, digits, _ and -"),
+            ));
+        }
+        class.build(spec).map_err(|m| {
+            let f = if m.contains("window") { "window" } else { "" };
+            (at(Cf::Plan(j, f)), format!("plan `{plan}`: {m}"))
+        })?;
+    }
+    Ok(())
+}
+
+/// A rule's `limits_from`: a class of its key, with its one limit of the class's algorithm and
+/// window (its keys' own limits are decided over its store), hard or shadow, in memory.
+fn validate_limits_from(
+    r: &super::Rules,
+    i: usize,
+    rule: &Rule,
+    name: &str,
+) -> Result<(), (Loc, String)> {
+    let at = Loc::Rule(i, Rf::LimitsFrom);
+    let Some(class) = r.classes.iter().find(|c| c.name == name) else {
+        let names: Vec<&str> = r.classes.iter().map(|c| c.name.as_str()).collect();
+        return Err((
+            at,
+            format!(
+                "no limits class `{name}`; define it as [limits.{name}]{}",
+                if names.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (defined: {})", names.join(", "))
+                }
+            ),
+        ));
+    };
+    if class.key != rule.key {
+        return Err((at, format!("class `{name}` holds {} keys, and this rule is keyed by {}: give them the same key", class.key, rule.key)));
+    }
+    if !matches!(rule.mode, Mode::Hard | Mode::Shadow) {
+        return Err((at, "keys' own limits apply to hard and shadow rules; a soft or elastic rule scales its own limits, which a key's own limit does not have".into()));
+    }
+    if !matches!(r.backend, Backend::Memory) {
+        return Err((at, "keys' own limits are decided in memory; with a Redis [backend], keep them in the rule's overrides for now".into()));
+    }
+    let [spec] = rule.limits.as_slice() else {
+        return Err((Loc::Rule(i, Rf::Limits), format!("a rule with limits_from has one limit, of class `{name}`'s algorithm: the default for keys without an entry")));
+    };
+    class.build(spec).map_err(|m| {
+        (
+            Loc::Rule(i, Rf::Limit(0, "")),
+            format!("the rule's limit is the default of class `{name}`: {m}"),
+        )
+    })?;
     Ok(())
 }
 
@@ -648,6 +776,9 @@ fn validate_rule(r: &super::Rules, i: usize, rule: &Rule) -> Result<(), (Loc, St
         |j, f| at(Rf::Limit(j, f)),
         at(Rf::Limits),
     )?;
+    if let Some(c) = &rule.limits_from {
+        validate_limits_from(r, i, rule, c)?;
+    }
     if rule.overrides.len() > MAX_OVERRIDES {
         return Err((
             at(Rf::Table),

@@ -13,7 +13,7 @@
 //!
 //! The Python and Node entries bring their own prerequisites (`python3`, `python3-venv`;
 //! `nodejs`, `npm`) from apt when the table holds any. Pin versions in the specs
-//! (`redis==5.0.8`, `ioredis@5.4.1`): the installed set is remembered, and a changed spec
+//! (`redis==5.2.1`, `ioredis@5.4.1`): the installed set is remembered, and a changed spec
 //! installs again.
 //!
 //! A test that needs an entry should also fail with a message naming `cargo xtask test` when
@@ -54,7 +54,7 @@ pub enum Probe {
 /// A Python package for the project's virtualenv.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Pip {
-    /// A requirement as `pip install` takes it, pinned: `redis==5.0.8`.
+    /// A requirement as `pip install` takes it, pinned: `redis==5.2.1`.
     pub spec: &'static str,
     /// Which tests need it.
     pub why: &'static str,
@@ -81,13 +81,13 @@ pub const APT: &[Apt] = &[
         package: "redis-tools",
         probe: Probe::Program("redis-cli"),
         scope: Scope::Tests,
-        why: "the server's RESP tests talk to it with redis-cli; the Redis Cluster tests create their cluster with it",
+        why: "the server's RESP tests talk to it with redis-cli (also over TLS, cli/tests/tls.rs); the Redis Cluster tests create their cluster with it",
     },
     Apt {
         package: "curl",
         probe: Probe::Program("curl"),
         scope: Scope::Tests,
-        why: "the CLI's serve tests and the docs test call the HTTP API with curl",
+        why: "the CLI's serve and TLS tests and the docs test call the HTTP API with curl",
     },
     Apt {
         package: "valgrind",
@@ -107,10 +107,17 @@ pub const PIP: &[Pip] = &[
         spec: "grpcio-tools==1.85.1",
         why: "cli/tests/envoy_clients.rs compiles rls.proto's stubs at test time",
     },
+    Pip {
+        spec: "redis==5.2.1",
+        why: "cli/tests/clients.rs: redis-py (server/tests/clients/redis_py.py) against turnstile serve",
+    },
 ];
 
-/// Node packages the tests require (none yet).
-pub const NPM: &[Npm] = &[];
+/// Node packages the tests require.
+pub const NPM: &[Npm] = &[Npm {
+    spec: "ioredis@5.4.1",
+    why: "cli/tests/clients.rs: ioredis (server/tests/clients/ioredis.js) against turnstile serve",
+}];
 
 /// What Python packages need from apt: an interpreter and its venv module (Debian splits
 /// `ensurepip` into python3-venv).

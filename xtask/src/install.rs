@@ -480,7 +480,7 @@ mod tests {
             ..opts(&[], &[])
         });
         assert!(docs.contains(&"valgrind") && !base.contains(&"valgrind"));
-        let py = names(&opts(&["redis==5.0.8"], &[]));
+        let py = names(&opts(&["redis==5.2.1"], &[]));
         assert!(py.contains(&"python3") && py.contains(&"python3-venv"));
         let node = names(&opts(&[], &["ioredis@5.4.1"]));
         assert!(node.contains(&"nodejs") && node.contains(&"npm"));
@@ -488,7 +488,7 @@ mod tests {
 
     #[test]
     fn on_an_empty_path_everything_is_missing_and_a_dry_run_changes_nothing() {
-        let o = opts(&["redis==5.0.8"], &["ioredis@5.4.1"]);
+        let o = opts(&["redis==5.2.1"], &["ioredis@5.4.1"]);
         let missing: Vec<&Apt> = o
             .apt_needed()
             .into_iter()

@@ -47,25 +47,84 @@ pub fn service(envoy: Arc<Envoy>) -> RateLimitServiceServer<Grpc> {
     RateLimitServiceServer::new(Grpc { envoy }).max_decoding_message_size(MAX_MESSAGE_BYTES)
 }
 
+/// Whether a bearer token may call.
+pub type Authorize = Arc<dyn Fn(&[u8]) -> bool + Send + Sync>;
+
+/// What guards a gRPC listener: TLS, a password in the `authorization` metadata, a bound on
+/// connections. The default guards nothing (tests and benchmarks).
+#[derive(Clone, Default)]
+pub struct Guard {
+    /// TLS (ALPN `h2`): every connection's handshake must finish within 10 s.
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
+    /// Whether a request's `authorization` value (after `Bearer `) may call; `None`: every
+    /// request may. A refused call gets `UNAUTHENTICATED`.
+    pub authorize: Option<Authorize>,
+    /// The most connections at once (more are closed at once); `0`: no bound.
+    pub max_connections: usize,
+}
+
+/// A connection counted for [`Guard::max_connections`].
+struct Slot(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        // Relaxed: a count; no other memory is published through it.
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// Serves [`service`] alone on `listener` until `shutdown` completes, then lets the calls in
-/// flight finish (graceful shutdown: each connection gets a GOAWAY).
+/// flight finish (graceful shutdown: each connection gets a GOAWAY). Unguarded: see
+/// [`serve_with`].
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    envoy: Arc<Envoy>,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> std::io::Result<()> {
+    serve_with(listener, envoy, shutdown, Guard::default()).await
+}
+
+/// [`serve`] behind `guard`.
 ///
 /// The service is mounted on hyper's HTTP/2 server connection directly rather than through
 /// `tonic::transport::Server`, whose `Routes` put every call through axum's router (route
 /// lookup, a cloned boxed service and more futures) and a gRPC-timeout layer. With one service
 /// on the listener there is nothing to route: the generated server matches the method path
 /// itself (UNIMPLEMENTED for any other). Measured with `envoy_bench` (docs/service.md).
-/// HTTP/1 is refused as tonic's server refuses it (HTTP/2 only, prior knowledge).
-pub async fn serve(
+/// HTTP/1 is refused as tonic's server refuses it (HTTP/2 only, prior knowledge). A request's
+/// headers are bounded (16 KiB), and so are the streams of a connection (100).
+pub async fn serve_with(
     listener: tokio::net::TcpListener,
     envoy: Arc<Envoy>,
     shutdown: impl std::future::Future<Output = ()> + Send,
+    guard: Guard,
 ) -> std::io::Result<()> {
     use hyper_util::rt::{TokioExecutor, TokioIo};
     use hyper_util::service::TowerToHyperService;
-    let svc = service(envoy);
-    let http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let authorize = guard.authorize.clone();
+    let check = move |req: Request<()>| -> Result<Request<()>, Status> {
+        let Some(ok) = &authorize else {
+            return Ok(req);
+        };
+        let token = req
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+        match token {
+            Some(t) if ok(t) => Ok(req),
+            _ => Err(Status::unauthenticated(
+                "this rate limit service needs the server's password: send `authorization: Bearer PASSWORD` metadata (--requirepass)",
+            )),
+        }
+    };
+    let svc = tonic::service::interceptor::InterceptedService::new(service(envoy), check);
+    let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    http2
+        .max_header_list_size(16 * 1024)
+        .max_concurrent_streams(100);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let open = Arc::new(AtomicUsize::new(0));
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         tokio::select! {
@@ -80,14 +139,37 @@ pub async fn serve(
                         continue;
                     }
                 };
+                // Relaxed: a count; no other memory is published through it.
+                let n = open.fetch_add(1, Ordering::Relaxed) + 1;
+                let slot = Slot(open.clone());
+                if guard.max_connections > 0 && n > guard.max_connections {
+                    continue;
+                }
                 // Small unary calls: each answer goes out at once.
                 let _ = sock.set_nodelay(true);
-                let conn = http2.serve_connection(TokioIo::new(sock), TowerToHyperService::new(svc.clone()));
-                let conn = graceful.watch(conn);
+                let svc = TowerToHyperService::new(svc.clone());
+                let Some(tls) = guard.tls.clone() else {
+                    let conn = graceful.watch(http2.serve_connection(TokioIo::new(sock), svc));
+                    tokio::spawn(async move {
+                        if let Err(e) = conn.await {
+                            tracing::debug!(error = %e, "envoy gRPC connection ended");
+                        }
+                        drop(slot);
+                    });
+                    continue;
+                };
+                let (http2, watcher) = (http2.clone(), graceful.watcher());
                 tokio::spawn(async move {
+                    let handshake = tokio::time::timeout(std::time::Duration::from_secs(10), tls.accept(sock));
+                    let stream = match handshake.await {
+                        Ok(Ok(s)) => s,
+                        _ => return tracing::debug!("envoy gRPC: TLS handshake failed or timed out"),
+                    };
+                    let conn = watcher.watch(http2.serve_connection(TokioIo::new(stream), svc));
                     if let Err(e) = conn.await {
                         tracing::debug!(error = %e, "envoy gRPC connection ended");
                     }
+                    drop(slot);
                 });
             }
             () = &mut shutdown => break,

@@ -108,6 +108,23 @@ impl Out<'_> {
         );
         self.buf.extend_from_slice(b"\r\n");
     }
+    /// An error line written from format arguments, straight into the buffer (no string is
+    /// made first): `-`, the text with any `\r` or `\n` as a space, `\r\n`.
+    pub fn error_fmt(&mut self, args: std::fmt::Arguments<'_>) {
+        struct Line<'b>(&'b mut Vec<u8>);
+        impl std::fmt::Write for Line<'_> {
+            fn write_str(&mut self, s: &str) -> std::fmt::Result {
+                self.0.extend(
+                    s.bytes()
+                        .map(|b| if b == b'\r' || b == b'\n' { b' ' } else { b }),
+                );
+                Ok(())
+            }
+        }
+        self.buf.push(b'-');
+        let _ = std::fmt::Write::write_fmt(&mut Line(self.buf), args);
+        self.buf.extend_from_slice(b"\r\n");
+    }
     /// An integer.
     pub fn int(&mut self, n: i64) {
         self.count(b':', n);
@@ -117,6 +134,18 @@ impl Out<'_> {
         self.count(b'$', s.len() as i64);
         self.buf.extend_from_slice(s);
         self.buf.extend_from_slice(b"\r\n");
+    }
+    /// A text reply: a verbatim string (`=N\r\ntxt:...`) in RESP3, a bulk string in RESP2.
+    pub fn verbatim(&mut self, s: &[u8]) {
+        match self.proto {
+            Proto::Resp2 => self.bulk(s),
+            Proto::Resp3 => {
+                self.count(b'=', s.len() as i64 + 4);
+                self.buf.extend_from_slice(b"txt:");
+                self.buf.extend_from_slice(s);
+                self.buf.extend_from_slice(b"\r\n");
+            }
+        }
     }
     /// A null.
     pub fn null(&mut self) {
@@ -128,6 +157,13 @@ impl Out<'_> {
     /// The header of an array of `n` elements (the elements follow).
     pub fn array(&mut self, n: usize) {
         self.count(b'*', n as i64);
+    }
+    /// The header of a set of `n` elements: `~n` in RESP3, an array in RESP2.
+    pub fn set(&mut self, n: usize) {
+        match self.proto {
+            Proto::Resp2 => self.count(b'*', n as i64),
+            Proto::Resp3 => self.count(b'~', n as i64),
+        }
     }
     /// The header of a map of `n` pairs (the keys and values follow, alternating).
     pub fn map(&mut self, n: usize) {

@@ -1,8 +1,67 @@
 //! RESP, the Redis protocol: [`parse`] reads commands (a pure function over a byte buffer),
-//! [`encode`] writes replies in RESP2 or RESP3.
+//! [`encode`] writes replies in RESP2 or RESP3, `connection` is a connection as a state machine
+//! over bytes in and bytes out (its bounds are its contract), and `serve` drives one over a
+//! tokio socket.
 
+pub(crate) mod connection;
 pub mod encode;
 pub mod parse;
+pub(crate) mod serve;
 
 pub use encode::{Out, Proto};
 pub use parse::{parse_command, Bounds, Parsed, ProtocolError};
+
+/// The body of the connection fuzz target (`fuzz/fuzz_targets/resp_connection.rs`): one
+/// connection of a server without listeners is fed `data` (its first byte picks a password or
+/// none, the read size, and a client that stops reading), and its bounds are checked after
+/// every step: the input buffer within the largest frame, the waiting output within the output
+/// limit and one reply, nothing run once it closed. Not an API.
+#[doc(hidden)]
+pub fn fuzz_connection(data: &[u8]) {
+    use connection::{Connection, Step};
+    let Some((&mode, data)) = data.split_first() else {
+        return;
+    };
+    let srv = crate::state::Server::detached(|a| {
+        a.client_output_limit = 64 << 10;
+        if mode & 1 == 1 {
+            a.requirepass = Some("pw".into());
+        }
+    });
+    let chunk = 1 + usize::from(mode >> 2) * 37;
+    let reads = mode & 2 == 0;
+    let mut c = Connection::new(srv.clone(), 1, None, None);
+    let mut at = 0;
+    let limit = srv.resp.output_limit + 16 * 1024;
+    for _ in 0..100_000 {
+        if !reads {
+            c.blocked();
+        }
+        match c.run() {
+            Step::Close => {
+                assert!(c.output().len() <= limit);
+                return;
+            }
+            Step::Remote(_) => unreachable!("no Redis backend"),
+            Step::Wait => {}
+        }
+        assert!(c.output().len() <= limit, "{} waiting", c.output().len());
+        if reads {
+            let n = c.output().len();
+            c.wrote(n);
+        }
+        if at >= data.len() {
+            return;
+        }
+        let Some(buf) = c.read_buf() else {
+            // Paused: a client that does not read makes no more progress.
+            assert!(!reads || c.output().is_empty());
+            return;
+        };
+        assert!(buf.len() <= 80 * 1024);
+        let n = buf.len().min(chunk).min(data.len() - at);
+        buf[..n].copy_from_slice(&data[at..at + n]);
+        c.read(n);
+        at += n;
+    }
+}

@@ -24,14 +24,48 @@ pub struct Bounds {
     pub max_bulk: usize,
     /// Longest inline command line, in bytes (Redis: 64 KiB).
     pub max_inline: usize,
+    /// Whether these are the bounds of a client that has not authenticated yet: a frame over
+    /// them is then refused in Redis's words for that case (`unauthenticated multibulk
+    /// length`, `unauthenticated bulk length`).
+    pub unauthenticated: bool,
+}
+
+impl Bounds {
+    /// What a client that has not authenticated may send: Redis 7 allows 10 arguments of
+    /// 16 KiB; `AUTH admin <password>` and `HELLO 3 AUTH user <password> SETNAME name` need
+    /// at most 7 short ones, so the arguments here are of 1 KiB.
+    pub const UNAUTHENTICATED: Bounds = Bounds {
+        max_args: 10,
+        max_bulk: 1024,
+        max_inline: 1024,
+        unauthenticated: true,
+    };
+
+    /// The most bytes one command within these bounds can take: an array of `max_args` bulk
+    /// strings of `max_bulk` bytes with their headers, or an inline line. A connection's input
+    /// buffer never needs more to hold a whole command.
+    pub const fn max_frame(&self) -> usize {
+        // "*N\r\n" then per argument "$N\r\n" + bytes + "\r\n"; each count line at most
+        // MAX_COUNT_LINE + 1 bytes.
+        let array = (MAX_COUNT_LINE + 1) + self.max_args * (MAX_COUNT_LINE + 1 + self.max_bulk + 2);
+        let inline = self.max_inline + 2;
+        if array > inline {
+            array
+        } else {
+            inline
+        }
+    }
 }
 
 impl Default for Bounds {
+    /// The defaults of `turnstile serve` once authenticated: 16 arguments of 4 KiB, inline
+    /// lines of 16 KiB.
     fn default() -> Self {
         Self {
-            max_args: 1024,
-            max_bulk: 512 * 1024,
-            max_inline: 64 * 1024,
+            max_args: 16,
+            max_bulk: 4096,
+            max_inline: 16 * 1024,
+            unauthenticated: false,
         }
     }
 }
@@ -66,6 +100,10 @@ pub enum ProtocolError {
     CountTooBig,
     /// Unbalanced quotes in an inline command.
     UnbalancedQuotes,
+    /// Before authentication: more arguments than [`Bounds::UNAUTHENTICATED`] allows.
+    UnauthenticatedMultibulkLength,
+    /// Before authentication: a longer argument than [`Bounds::UNAUTHENTICATED`] allows.
+    UnauthenticatedBulkLength,
 }
 
 impl fmt::Display for ProtocolError {
@@ -81,6 +119,10 @@ impl fmt::Display for ProtocolError {
             ProtocolError::InlineTooBig => f.write_str("too big inline request"),
             ProtocolError::CountTooBig => f.write_str("too big count string"),
             ProtocolError::UnbalancedQuotes => f.write_str("unbalanced quotes in request"),
+            ProtocolError::UnauthenticatedMultibulkLength => {
+                f.write_str("unauthenticated multibulk length")
+            }
+            ProtocolError::UnauthenticatedBulkLength => f.write_str("unauthenticated bulk length"),
         }
     }
 }
@@ -193,7 +235,11 @@ fn parse_multibulk(
         return Ok(Parsed::Command { consumed: pos });
     }
     if n as u64 > bounds.max_args as u64 {
-        return Err(ProtocolError::MultibulkLength);
+        return Err(if bounds.unauthenticated {
+            ProtocolError::UnauthenticatedMultibulkLength
+        } else {
+            ProtocolError::MultibulkLength
+        });
     }
     for _ in 0..n {
         let Some(&t) = buf.get(pos) else {
@@ -211,8 +257,15 @@ fn parse_multibulk(
             Some(x) => x,
             None => return Ok(Parsed::Incomplete),
         };
-        if len < 0 || len as u64 > bounds.max_bulk as u64 {
+        if len < 0 {
             return Err(ProtocolError::BulkLength);
+        }
+        if len as u64 > bounds.max_bulk as u64 {
+            return Err(if bounds.unauthenticated {
+                ProtocolError::UnauthenticatedBulkLength
+            } else {
+                ProtocolError::BulkLength
+            });
         }
         let end = start + len as usize;
         // The string and its "\r\n".
@@ -273,8 +326,19 @@ fn parse_inline(
             }
             args.push(start..i);
         }
+        if args.last().is_some_and(|r| r.len() > bounds.max_bulk) {
+            return Err(if bounds.unauthenticated {
+                ProtocolError::UnauthenticatedBulkLength
+            } else {
+                ProtocolError::BulkLength
+            });
+        }
         if args.len() > bounds.max_args {
-            return Err(ProtocolError::MultibulkLength);
+            return Err(if bounds.unauthenticated {
+                ProtocolError::UnauthenticatedMultibulkLength
+            } else {
+                ProtocolError::MultibulkLength
+            });
         }
     }
     Ok(Parsed::Command { consumed: nl + 1 })
@@ -361,7 +425,7 @@ mod tests {
         assert_eq!(parse(b"*x\r\n"), Err(ProtocolError::MultibulkLength));
         assert_eq!(parse(b"*\r\n"), Err(ProtocolError::MultibulkLength));
         assert_eq!(parse(b"*1\n"), Err(ProtocolError::MultibulkLength));
-        assert_eq!(parse(b"*1025\r\n"), Err(ProtocolError::MultibulkLength));
+        assert_eq!(parse(b"*17\r\n"), Err(ProtocolError::MultibulkLength));
         assert_eq!(
             parse(b"*99999999999999999999\r\n"),
             Err(ProtocolError::MultibulkLength)
@@ -371,7 +435,7 @@ mod tests {
             Err(ProtocolError::ExpectedBulk(b':'))
         );
         assert_eq!(parse(b"*1\r\n$-1\r\n"), Err(ProtocolError::BulkLength));
-        assert_eq!(parse(b"*1\r\n$524289\r\n"), Err(ProtocolError::BulkLength));
+        assert_eq!(parse(b"*1\r\n$4097\r\n"), Err(ProtocolError::BulkLength));
         assert_eq!(
             parse(b"*1\r\n$2\r\nabc\r\n"),
             Err(ProtocolError::BulkTerminator)
@@ -381,10 +445,14 @@ mod tests {
             Err(ProtocolError::CountTooBig)
         );
         assert_eq!(
-            parse(&vec![b'a'; 64 * 1024 + 1]),
+            parse(&vec![b'a'; 16 * 1024 + 1]),
             Err(ProtocolError::InlineTooBig)
         );
-        assert_eq!(parse(&vec![b'a'; 64 * 1024]), Ok(None));
+        assert_eq!(parse(&vec![b'a'; 16 * 1024]), Ok(None));
+        // An inline argument is bounded like a bulk string.
+        let mut long = vec![b'a'; 4097];
+        long.extend_from_slice(b"\r\n");
+        assert_eq!(parse(&long), Err(ProtocolError::BulkLength));
         assert_eq!(parse(b"*0\r\n").unwrap().unwrap(), (vec![], 4));
         assert_eq!(parse(b"*-1\r\n").unwrap().unwrap(), (vec![], 5));
         assert_eq!(
@@ -393,7 +461,49 @@ mod tests {
         );
     }
 
+    #[test]
+    fn unauthenticated_bounds() {
+        let mut args = Vec::new();
+        let b = Bounds::UNAUTHENTICATED;
+        assert_eq!(
+            parse_command(b"*11\r\n", &b, &mut args),
+            Err(ProtocolError::UnauthenticatedMultibulkLength)
+        );
+        assert_eq!(
+            parse_command(b"*2\r\n$4\r\nAUTH\r\n$1025\r\n", &b, &mut args),
+            Err(ProtocolError::UnauthenticatedBulkLength)
+        );
+        assert_eq!(
+            ProtocolError::UnauthenticatedBulkLength.to_string(),
+            "Protocol error: unauthenticated bulk length"
+        );
+        let mut line = b"AUTH ".to_vec();
+        line.extend(vec![b'x'; 1025]);
+        line.extend_from_slice(b"\r\n");
+        // Longer than the inline bound before it is longer than an argument.
+        assert_eq!(
+            parse_command(&line, &b, &mut args),
+            Err(ProtocolError::InlineTooBig)
+        );
+        assert_eq!(
+            parse_command(b"*2\r\n$4\r\nAUTH\r\n$3\r\nabc\r\n", &b, &mut args),
+            Ok(Parsed::Command { consumed: 23 })
+        );
+    }
+
     proptest! {
+        /// No command within the bounds is longer than `max_frame`.
+        #[test]
+        fn max_frame_bounds_every_command(n in 1usize..6, len in 0usize..40) {
+            let b = Bounds { max_args: n, max_bulk: len, max_inline: 8, unauthenticated: false };
+            let parts: Vec<Vec<u8>> = (0..n).map(|_| vec![b'k'; len]).collect();
+            let refs: Vec<&[u8]> = parts.iter().map(|p| p.as_slice()).collect();
+            let buf = cmd(&refs);
+            let mut args = Vec::new();
+            prop_assert_eq!(parse_command(&buf, &b, &mut args), Ok(Parsed::Command { consumed: buf.len() }));
+            prop_assert!(buf.len() <= b.max_frame());
+        }
+
         /// Any command, encoded as an array, parses back to itself, whatever the split point;
         /// every prefix is incomplete.
         #[test]

@@ -5,7 +5,7 @@ envoy/service/ratelimit/v3/rls.proto and the files it imports are compiled here 
 grpcio-tools' protoc (into a temporary directory), then each request is sent with grpcio
 through the generated stub, as any Python client of envoyproxy/ratelimit would.
 
-    envoy_rls.py --protos PROTO_ROOT --target HOST:PORT < requests.json
+    envoy_rls.py --protos PROTO_ROOT --target HOST:PORT [--ca CERT.pem] [--token T] < requests.json
 
 PROTO_ROOT holds Envoy's data-plane-api, xds (udpa) and protoc-gen-validate protos (the
 envoy-types crate ships them under proto/). The input is a JSON list of RateLimitRequest
@@ -88,6 +88,8 @@ def main():
     p.add_argument("--protos", required=True, help="the envoy-types crate's proto/ folder")
     p.add_argument("--target", required=True, help="HOST:PORT of the gRPC listener")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per call")
+    p.add_argument("--ca", help="TLS: the PEM certificate to trust (the server's name: localhost)")
+    p.add_argument("--token", help="sent as `authorization: Bearer TOKEN` metadata")
     a = p.parse_args()
     try:
         requests = json.load(sys.stdin)
@@ -99,12 +101,21 @@ def main():
         sys.path.insert(0, out)
         from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 
-        with grpc.insecure_channel(a.target) as channel:
+        if a.ca:
+            with open(a.ca, "rb") as f:
+                creds = grpc.ssl_channel_credentials(root_certificates=f.read())
+            channel = grpc.secure_channel(
+                a.target, creds, options=[("grpc.ssl_target_name_override", "localhost")]
+            )
+        else:
+            channel = grpc.insecure_channel(a.target)
+        metadata = [("authorization", f"Bearer {a.token}")] if a.token else None
+        with channel:
             stub = rls_pb2_grpc.RateLimitServiceStub(channel)
             for r in requests:
                 req = json_format.ParseDict(r, rls_pb2.RateLimitRequest())
                 try:
-                    resp = stub.ShouldRateLimit(req, timeout=a.timeout)
+                    resp = stub.ShouldRateLimit(req, timeout=a.timeout, metadata=metadata)
                     line = {"response": json_format.MessageToDict(resp)}
                 except grpc.RpcError as e:
                     line = {"error": {"code": e.code().name, "details": e.details()}}

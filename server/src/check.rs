@@ -1,0 +1,170 @@
+//! The one path of a rules check, shared by RESP (`TURNSTILE.CHECK`, `PEEK`, `REFUND`) and
+//! HTTP (`POST /v1/check`): the request built from a key class and a key ([`request`]), then
+//! decided by the rules engine with its counts in memory or in Redis ([`Checks`]). The
+//! transports only read their own framing and write their own replies.
+
+use crate::backend::Backends;
+use crate::snapshot::RulesEngine;
+use std::net::IpAddr;
+use std::sync::Arc;
+use turnstile::rules::{parse_customer, Request, Verdict};
+use turnstile_redis::RedisRules;
+
+/// Which rules operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Op {
+    /// Decide and count.
+    Check,
+    /// Decide without counting.
+    Peek,
+    /// Give back what an admitted request took.
+    Refund,
+}
+
+/// What an operation answered.
+pub(crate) enum Answer {
+    /// A check's or peek's verdict.
+    Verdict(Verdict),
+    /// How many limits a refund gave back to.
+    Refunded(u32),
+    /// Why it could not be done (the reply's text, code first).
+    Failed(String),
+}
+
+/// The rules engine and where its counts live.
+pub(crate) struct Checks {
+    pub(crate) engine: Option<RulesEngine>,
+    pub(crate) backends: Backends,
+}
+
+/// The error of a rules operation on a server started without rules.
+pub(crate) const NO_RULES: &str = "no rules loaded: start the server with --rules FILE";
+
+impl Checks {
+    /// The Redis backend, if the rules keep their counts there.
+    #[inline]
+    pub(crate) fn redis(&self) -> Option<Arc<RedisRules>> {
+        self.engine.as_ref()?;
+        self.backends.redis()
+    }
+
+    /// `op` on `req` with the counts in memory (the caller has seen [`Checks::redis`] is
+    /// `None`).
+    pub(crate) fn local(&self, op: Op, req: &Request<'_>) -> Answer {
+        let Some(engine) = &self.engine else {
+            return Answer::Failed(format!("ERR {NO_RULES}"));
+        };
+        match op {
+            Op::Refund => Answer::Refunded(engine.refund(req)),
+            Op::Check | Op::Peek => Answer::Verdict(engine.explain(req)),
+        }
+    }
+
+    /// `op` on `req` with the counts in Redis: the check awaits Redis (the backend's timeout,
+    /// then its failure policy answers); a refund Redis does not take is an error.
+    pub(crate) async fn remote(&self, redis: &RedisRules, op: Op, req: &Request<'_>) -> Answer {
+        let Some(engine) = &self.engine else {
+            return Answer::Failed(format!("ERR {NO_RULES}"));
+        };
+        match op {
+            Op::Refund => match redis.refund(engine, req).await {
+                Ok(n) => Answer::Refunded(n),
+                Err(e) => Answer::Failed(format!("ERR the refund did not reach Redis: {e}")),
+            },
+            Op::Check | Op::Peek => Answer::Verdict(redis.explain(engine, req).await),
+        }
+    }
+}
+
+/// A count for a reply: -1 for "no limit" (`u64::MAX`).
+pub(crate) fn count(v: u64) -> i64 {
+    if v > i64::MAX as u64 {
+        -1
+    } else {
+        v as i64
+    }
+}
+
+/// A decision's milliseconds, rounded up.
+pub(crate) fn ms_up(ns: u64) -> i64 {
+    ns.div_ceil(1_000_000).min(i64::MAX as u64) as i64
+}
+
+/// A request from a key class (`customer`, `ip`, `api_key`, `route`, `method`, or parts joined
+/// by `+`) and a key (parts joined by `|`). Errors say what is wrong. Allocates nothing unless
+/// the request is wrong.
+pub(crate) fn request<'a>(class: &str, key: &'a str) -> Result<Request<'a>, String> {
+    let n = class.split('+').count();
+    let k = if n == 1 { 1 } else { key.split('|').count() };
+    if n != k {
+        return Err(format!(
+            "key class `{class}` has {n} parts but the key `{key}` has {k} (separate them with `|`)"
+        ));
+    }
+    let mut r = Request::new();
+    let mut keys = key.split('|');
+    for p in class.split('+') {
+        let k = if n == 1 {
+            key
+        } else {
+            keys.next().unwrap_or_default()
+        };
+        match p {
+            "customer" => r.customer = Some(parse_customer(k)?),
+            "ip" => {
+                r.ip = Some(k.parse::<IpAddr>().map_err(|_| format!("`{k}` is not an IP address"))?)
+            }
+            "api_key" => r.api_key = Some(k),
+            "route" => r.route = Some(k),
+            "method" => r.method = Some(k),
+            _ => {
+                return Err(format!(
+                    "unknown key class `{p}`; expected customer, ip, api_key, route, method, or parts joined by `+`"
+                ))
+            }
+        }
+    }
+    Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn customers_are_never_merged() {
+        assert_eq!(parse_customer("241531"), Ok(241531));
+        assert_eq!(parse_customer("0"), Ok(0));
+        assert_eq!(parse_customer("18446744073709551615"), Ok(u64::MAX));
+        for bad in [
+            "user:1",
+            "org:1",
+            "01",
+            "00",
+            "",
+            "-1",
+            "+1",
+            "1.0",
+            " 1",
+            "18446744073709551616",
+        ] {
+            let e = parse_customer(bad).unwrap_err();
+            assert!(e.contains("api_key"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn requests() {
+        let r = request("customer+route", "42|/v1/x").unwrap();
+        assert_eq!((r.customer, r.route), (Some(42), Some("/v1/x")));
+        assert!(request("customer+route", "42").is_err());
+        assert!(request("ip", "nope").is_err());
+        assert!(request("planet", "x")
+            .unwrap_err()
+            .contains("unknown key class"));
+        assert_eq!(
+            request("api_key", "user:1").unwrap().api_key,
+            Some("user:1")
+        );
+    }
+}

@@ -1,0 +1,288 @@
+//! What clients ask about the server: `COMMAND` (from the one table of [`super::COMMANDS`]),
+//! `INFO` (by section) and `CONFIG GET` (what redis-benchmark asks).
+
+use super::{ArgCursor, CmdError, Kind, Spec, COMMANDS};
+use crate::resp::Out;
+use crate::state::Server;
+use std::sync::atomic::Ordering;
+
+/// The Redis version whose protocol the server speaks, for `INFO` (clients read it to pick
+/// features).
+pub(crate) const REDIS_VERSION: &str = "7.0.0";
+
+/// A parsed introspection command.
+pub(crate) enum Introspect<'a> {
+    /// `COMMAND`, `COMMAND INFO [name...]`.
+    Info(Option<ArgCursor<'a>>),
+    Count,
+    /// `COMMAND DOCS [name...]`.
+    Docs(Option<ArgCursor<'a>>),
+    List,
+    /// `INFO [section...]`: the cursor over the sections.
+    Server(ArgCursor<'a>),
+    ConfigGet(&'a [u8]),
+}
+
+impl<'a> Introspect<'a> {
+    pub(crate) fn parse(kind: Kind, c: &mut ArgCursor<'a>) -> Result<Self, CmdError> {
+        let rest = |c: &mut ArgCursor<'a>| {
+            c.has_more().then_some(ArgCursor {
+                args: c.args,
+                next: c.next,
+            })
+        };
+        Ok(match kind {
+            Kind::Command => match c.next() {
+                None => Introspect::Info(None),
+                Some(s) if super::named(s, "INFO") => Introspect::Info(rest(c)),
+                Some(s) if super::named(s, "DOCS") => Introspect::Docs(rest(c)),
+                Some(s) if super::named(s, "COUNT") => {
+                    c.finish()?;
+                    Introspect::Count
+                }
+                Some(s) if super::named(s, "LIST") => {
+                    c.finish()?;
+                    Introspect::List
+                }
+                Some(_) => return Err(CmdError::UnknownSubcommand),
+            },
+            Kind::Info => Introspect::Server(ArgCursor {
+                args: c.args,
+                next: c.next,
+            }),
+            _ => {
+                if !c.eat("GET") {
+                    return Err(CmdError::Other(
+                        "ERR CONFIG: only GET is supported; the server is configured by the flags of `turnstile serve`".into(),
+                    ));
+                }
+                let name = c.bytes()?;
+                c.finish()?;
+                Introspect::ConfigGet(name)
+            }
+        })
+    }
+
+    pub(crate) fn apply(self, srv: &Server, o: &mut Out<'_>) {
+        match self {
+            Introspect::Count => o.int(COMMANDS.len() as i64),
+            Introspect::List => {
+                o.array(COMMANDS.len());
+                for s in COMMANDS {
+                    o.bulk(s.name.to_ascii_lowercase().as_bytes());
+                }
+            }
+            Introspect::Info(None) => {
+                o.array(COMMANDS.len());
+                COMMANDS.iter().for_each(|s| command_info(s, o));
+            }
+            Introspect::Info(Some(mut names)) => {
+                let mut v = Vec::new();
+                while let Some(n) = names.next() {
+                    v.push(super::lookup(n));
+                }
+                o.array(v.len());
+                for s in v {
+                    match s {
+                        Some(s) => command_info(s, o),
+                        None => o.null(),
+                    }
+                }
+            }
+            Introspect::Docs(names) => {
+                let mut v: Vec<&Spec> = Vec::new();
+                match names {
+                    None => v.extend(COMMANDS),
+                    Some(mut names) => {
+                        while let Some(n) = names.next() {
+                            v.extend(super::lookup(n));
+                        }
+                    }
+                }
+                o.map(v.len());
+                for s in v {
+                    command_docs(s, o);
+                }
+            }
+            Introspect::Server(sections) => o.verbatim(info(srv, sections).as_bytes()),
+            Introspect::ConfigGet(name) => {
+                // redis-benchmark asks `save` and `appendonly` on start: nothing is persisted the
+                // Redis way, so as Redis without persistence answers; other names are unknown.
+                let v: Option<&[u8]> = if name.eq_ignore_ascii_case(b"save") {
+                    Some(b"")
+                } else if name.eq_ignore_ascii_case(b"appendonly") {
+                    Some(b"no")
+                } else {
+                    None
+                };
+                match v {
+                    Some(v) => {
+                        o.map(1);
+                        o.bulk(&name.to_ascii_lowercase());
+                        o.bulk(v);
+                    }
+                    None => o.map(0),
+                }
+            }
+        }
+    }
+}
+
+/// One command's `COMMAND INFO` entry, as Redis 7 writes it: name, arity, flags, first key,
+/// last key, step, ACL categories, tips, key specifications, subcommands.
+fn command_info(s: &Spec, o: &mut Out<'_>) {
+    o.array(10);
+    o.bulk(s.name.to_ascii_lowercase().as_bytes());
+    o.int(s.arity);
+    o.set(s.flags.len());
+    for f in s.flags {
+        o.simple(f);
+    }
+    let key = i64::from(s.keyed);
+    o.int(key);
+    o.int(key);
+    o.int(key);
+    o.set(0);
+    o.array(0);
+    o.array(0);
+    o.array(0);
+}
+
+/// One command's `COMMAND DOCS` entry: its summary, group, and arguments (which redis-cli
+/// shows as hints while the command is typed).
+fn command_docs(s: &Spec, o: &mut Out<'_>) {
+    o.bulk(s.name.to_ascii_lowercase().as_bytes());
+    let args = arguments(s.kind);
+    o.map(if args.is_empty() { 3 } else { 4 });
+    o.bulk(b"summary");
+    o.bulk(s.summary.as_bytes());
+    o.bulk(b"since");
+    o.bulk(b"1.0.0");
+    o.bulk(b"group");
+    o.bulk(
+        if s.name.contains('.') {
+            "module"
+        } else {
+            "connection"
+        }
+        .as_bytes(),
+    );
+    if args.is_empty() {
+        return;
+    }
+    o.bulk(b"arguments");
+    o.array(args.len());
+    for &(name, ty, optional) in args {
+        o.map(if optional { 4 } else { 3 });
+        o.bulk(b"name");
+        o.bulk(name.as_bytes());
+        o.bulk(b"type");
+        o.bulk(ty.as_bytes());
+        o.bulk(b"display_text");
+        o.bulk(name.as_bytes());
+        if optional {
+            o.bulk(b"flags");
+            o.array(1);
+            o.simple("optional");
+        }
+    }
+}
+
+/// A command's arguments for `COMMAND DOCS`: name, type, optional.
+fn arguments(kind: Kind) -> &'static [(&'static str, &'static str, bool)] {
+    match kind {
+        Kind::Throttle => &[
+            ("key", "key", false),
+            ("max_burst", "integer", false),
+            ("count", "integer", false),
+            ("period", "integer", false),
+            ("quantity", "integer", true),
+        ],
+        Kind::Check | Kind::Refund => &[
+            ("key_class", "string", false),
+            ("key", "key", false),
+            ("cost", "integer", true),
+            ("priority", "string", true),
+        ],
+        Kind::Peek => &[
+            ("key_class", "string", false),
+            ("key", "key", false),
+            ("priority", "string", true),
+        ],
+        Kind::Echo => &[("message", "string", false)],
+        Kind::Ping => &[("message", "string", true)],
+        Kind::Auth => &[("username", "string", true), ("password", "string", false)],
+        Kind::Select => &[("index", "integer", false)],
+        _ => &[],
+    }
+}
+
+/// The sections `INFO` knows, in order.
+const SECTIONS: [&str; 6] = [
+    "server",
+    "clients",
+    "memory",
+    "persistence",
+    "stats",
+    "keyspace",
+];
+
+/// `INFO` text of the sections asked (none, `default`, `all` or `everything`: every one).
+fn info(srv: &Server, mut asked: ArgCursor<'_>) -> String {
+    let mut want = [false; SECTIONS.len()];
+    let mut any = false;
+    while let Some(a) = asked.next() {
+        any = true;
+        let all = ["all", "default", "everything"]
+            .iter()
+            .any(|w| a.eq_ignore_ascii_case(w.as_bytes()));
+        for (i, s) in SECTIONS.iter().enumerate() {
+            want[i] |= all || a.eq_ignore_ascii_case(s.as_bytes());
+        }
+    }
+    if !any {
+        want = [true; SECTIONS.len()];
+    }
+    let m = &srv.metrics;
+    let mut t = String::new();
+    use std::fmt::Write;
+    for (i, s) in SECTIONS.iter().enumerate() {
+        if !want[i] {
+            continue;
+        }
+        if !t.is_empty() {
+            t.push_str("\r\n");
+        }
+        let _ = match *s {
+            "server" => write!(
+                t,
+                "# Server\r\nredis_version:{REDIS_VERSION}\r\nturnstile_version:{}\r\nredis_mode:standalone\r\narch_bits:{}\r\nmultiplexing_api:epoll\r\nprocess_id:{}\r\nuptime_in_seconds:{}\r\n",
+                env!("CARGO_PKG_VERSION"),
+                usize::BITS,
+                std::process::id(),
+                m.uptime().as_secs()
+            ),
+            "clients" => write!(
+                t,
+                "# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\n",
+                srv.connections.load(Ordering::Relaxed),
+                srv.resp.max_connections
+            ),
+            "memory" => write!(
+                t,
+                "# Memory\r\nclient_buffers_bytes:{}\r\n",
+                srv.buffers.bytes.load(Ordering::Relaxed)
+            ),
+            "persistence" => write!(t, "# Persistence\r\nloading:0\r\n"),
+            "stats" => write!(
+                t,
+                "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\nrejected_connections:{}\r\n",
+                m.get(crate::metrics::C::Connections),
+                m.get(crate::metrics::C::Commands),
+                m.get(crate::metrics::C::RejectedConnections)
+            ),
+            _ => write!(t, "# Keyspace\r\n"),
+        };
+    }
+    t
+}

@@ -1,0 +1,179 @@
+//! `TURNSTILE.CHECK key_class key [cost] [priority]`, `TURNSTILE.PEEK key_class key
+//! [priority]`, `TURNSTILE.REFUND key_class key [cost] [priority]`: the rules engine, through
+//! the one check path of [`crate::check`]. With the counts in Redis the command cannot be
+//! answered at once: [`RulesCommand::apply`] then hands the connection a [`RemoteCall`] to
+//! await, and [`RemoteCall::reply`] writes its answer.
+
+use super::{ArgCursor, CmdError, Kind};
+use crate::check::{self, count, ms_up, Answer, Op};
+use crate::metrics::C;
+use crate::resp::connection::Session;
+use crate::resp::Out;
+use crate::state::Server;
+use turnstile::rules::{Priority, Request};
+use turnstile::Decision;
+
+/// A parsed rules command.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RulesCommand<'a> {
+    pub(crate) op: Op,
+    pub(crate) class: &'a str,
+    pub(crate) key: &'a str,
+    pub(crate) cost: u64,
+    pub(crate) priority: Option<Priority>,
+}
+
+impl<'a> RulesCommand<'a> {
+    pub(crate) fn parse(kind: Kind, c: &mut ArgCursor<'a>) -> Result<Self, CmdError> {
+        let op = match kind {
+            Kind::Peek => Op::Peek,
+            Kind::Refund => Op::Refund,
+            _ => Op::Check,
+        };
+        let class = c.str("key class and key")?;
+        let key = c.str("key class and key")?;
+        let mut cost = if op == Op::Peek { 0 } else { 1 };
+        if op != Op::Peek && c.has_more() {
+            cost = match c.i64()? {
+                n if n >= 0 => n as u64,
+                _ => return Err(CmdError::NotPositive),
+            };
+        }
+        let priority = match c.next() {
+            None => None,
+            Some(p) => Some(
+                std::str::from_utf8(p)
+                    .ok()
+                    .and_then(|s| s.parse::<Priority>().ok())
+                    .ok_or_else(|| {
+                        CmdError::Syntax(
+                            "unknown priority; expected critical, post, get or test".into(),
+                        )
+                    })?,
+            ),
+        };
+        c.finish()?;
+        Ok(Self {
+            op,
+            class,
+            key,
+            cost,
+            priority,
+        })
+    }
+
+    /// The engine's request.
+    fn request(&self) -> Result<Request<'a>, CmdError> {
+        let mut req = check::request(self.class, self.key).map_err(CmdError::Syntax)?;
+        req.cost = self.cost;
+        req.priority = self.priority;
+        Ok(req)
+    }
+
+    /// Answers it with the counts in memory, or returns the call to await when they are in
+    /// Redis.
+    pub(crate) fn apply(&self, srv: &Server, o: &mut Out<'_>) -> Option<RemoteCall> {
+        if srv.checks.engine.is_none() {
+            o.error_fmt(format_args!("ERR {}", check::NO_RULES));
+            return None;
+        }
+        let req = match self.request() {
+            Ok(r) => r,
+            Err(e) => {
+                o.error_fmt(format_args!("{e}"));
+                return None;
+            }
+        };
+        if srv.checks.redis().is_some() {
+            return Some(RemoteCall {
+                op: self.op,
+                class: self.class.to_owned(),
+                key: self.key.to_owned(),
+                cost: self.cost,
+                priority: self.priority,
+            });
+        }
+        let t0 = srv.metrics.now();
+        let a = srv.checks.local(self.op, &req);
+        srv.metrics.latency(srv.metrics.now().saturating_sub(t0));
+        reply(srv, self.op, a, o);
+        None
+    }
+}
+
+/// A rules command to decide in Redis: owned, so that the connection's buffers are free while
+/// it is awaited (and a runtime without Redis's can send it to one that has).
+pub(crate) struct RemoteCall {
+    op: Op,
+    class: String,
+    key: String,
+    cost: u64,
+    priority: Option<Priority>,
+}
+
+impl RemoteCall {
+    /// Awaits Redis (its timeout and failure policy bound the wait).
+    pub(crate) async fn run(&self, srv: &Server) -> Answer {
+        let Some(redis) = srv.checks.redis() else {
+            // The backend went back to memory while this waited: answered there.
+            return match check::request(&self.class, &self.key) {
+                Ok(mut req) => {
+                    req.cost = self.cost;
+                    req.priority = self.priority;
+                    srv.checks.local(self.op, &req)
+                }
+                Err(m) => Answer::Failed(format!("ERR {m}")),
+            };
+        };
+        let mut req = match check::request(&self.class, &self.key) {
+            Ok(r) => r,
+            Err(m) => return Answer::Failed(format!("ERR {m}")),
+        };
+        req.cost = self.cost;
+        req.priority = self.priority;
+        let t0 = srv.metrics.now();
+        let a = srv.checks.remote(&redis, self.op, &req).await;
+        srv.metrics.latency(srv.metrics.now().saturating_sub(t0));
+        a
+    }
+
+    /// Writes the answer of [`RemoteCall::run`].
+    pub(crate) fn reply(&self, srv: &Server, a: Answer, o: &mut Out<'_>, _s: &mut Session) {
+        reply(srv, self.op, a, o);
+    }
+}
+
+/// An answer's reply: `[allowed, limit, remaining, retry_after_ms, reset_after_ms, rule]`
+/// for a check or peek, the number of limits refunded for a refund.
+fn reply(srv: &Server, op: Op, a: Answer, o: &mut Out<'_>) {
+    match a {
+        Answer::Failed(m) => o.error(&m),
+        Answer::Refunded(n) => {
+            srv.metrics.add(C::Refunds, 1);
+            o.int(i64::from(n));
+        }
+        Answer::Verdict(v) => {
+            let d: &Decision = &v.decision;
+            if op != Op::Peek {
+                srv.metrics.add(
+                    if d.allowed() {
+                        C::CheckAllowed
+                    } else {
+                        C::CheckDenied
+                    },
+                    1,
+                );
+            }
+            o.array(6);
+            o.int(i64::from(d.allowed()));
+            o.int(count(d.limit));
+            o.int(count(d.remaining));
+            o.int(d.retry_after_ns.map_or(-1, ms_up));
+            o.int(ms_up(d.reset_after_ns));
+            match &v.rule {
+                Some(r) => o.bulk(r.as_bytes()),
+                None => o.null(),
+            }
+        }
+    }
+}

@@ -1,0 +1,297 @@
+//! The connection's own commands: `AUTH`, `HELLO`, `CLIENT`, `SELECT`, `PING`, `ECHO`, `QUIT`,
+//! `RESET`, answered as Redis 7 answers them.
+
+use super::{ArgCursor, CmdError, Kind};
+use crate::config::{Access, Auth};
+use crate::resp::connection::Session;
+use crate::resp::{Out, Proto};
+
+/// The longest client name, library name or version kept (Redis keeps any; a name is for
+/// `CLIENT INFO` and logs).
+const MAX_NAME: usize = 128;
+
+/// A parsed connection command.
+#[derive(Debug)]
+pub(crate) enum SessionCommand<'a> {
+    Ping(Option<&'a [u8]>),
+    Echo(&'a [u8]),
+    Hello {
+        proto: Option<i64>,
+        auth: Option<(&'a [u8], &'a [u8])>,
+        name: Option<&'a [u8]>,
+    },
+    Auth {
+        user: Option<&'a [u8]>,
+        password: &'a [u8],
+    },
+    ClientId,
+    ClientInfo,
+    ClientSetName(&'a [u8]),
+    ClientGetName,
+    ClientSetInfo(&'a [u8], &'a [u8]),
+    ClientNoOp,
+    Select(&'a [u8]),
+    Quit,
+    Reset,
+}
+
+/// What a connection command asks of the connection.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Effect {
+    /// Nothing more.
+    None,
+    /// Close once the reply is written.
+    Close,
+    /// Forget the transaction and everything the connection was told (`RESET`).
+    Reset,
+}
+
+impl<'a> SessionCommand<'a> {
+    pub(crate) fn parse(kind: Kind, c: &mut ArgCursor<'a>) -> Result<Self, CmdError> {
+        let cmd = match kind {
+            Kind::Ping => SessionCommand::Ping(c.next()),
+            Kind::Echo => SessionCommand::Echo(c.bytes()?),
+            Kind::Hello => return hello(c),
+            Kind::Auth => {
+                let a = c.bytes()?;
+                match c.next() {
+                    Some(p) => SessionCommand::Auth {
+                        user: Some(a),
+                        password: p,
+                    },
+                    None => SessionCommand::Auth {
+                        user: None,
+                        password: a,
+                    },
+                }
+            }
+            Kind::Client => return client(c),
+            Kind::Select => SessionCommand::Select(c.bytes()?),
+            Kind::Quit => SessionCommand::Quit,
+            _ => SessionCommand::Reset,
+        };
+        c.finish()?;
+        Ok(cmd)
+    }
+
+    /// Runs it.
+    pub(crate) fn apply(
+        &self,
+        auth: &Auth,
+        trusted: bool,
+        s: &mut Session,
+        o: &mut Out<'_>,
+    ) -> Effect {
+        match *self {
+            SessionCommand::Ping(None) => o.simple("PONG"),
+            SessionCommand::Ping(Some(m)) | SessionCommand::Echo(m) => o.bulk(m),
+            SessionCommand::Hello {
+                proto,
+                auth: a,
+                name,
+            } => hello_apply(auth, trusted, s, o, proto, a, name),
+            SessionCommand::Auth { user, password } => {
+                let _ = authenticate(auth, trusted, s, o, user, password);
+            }
+            SessionCommand::ClientId => o.int(s.id as i64),
+            SessionCommand::ClientInfo => o.verbatim(s.info_line().as_bytes()),
+            SessionCommand::ClientSetName(n) => {
+                if n.iter().any(|&b| b <= b' ' || b > b'~') {
+                    o.error(
+                        "ERR Client names cannot contain spaces, newlines or special characters.",
+                    );
+                } else {
+                    set(&mut s.name, n);
+                    o.simple("OK");
+                }
+            }
+            SessionCommand::ClientGetName => {
+                if s.name.is_empty() {
+                    o.null();
+                } else {
+                    o.bulk(&s.name);
+                }
+            }
+            SessionCommand::ClientSetInfo(attr, v) => {
+                if attr.eq_ignore_ascii_case(b"lib-name") {
+                    set(&mut s.lib_name, v);
+                    o.simple("OK");
+                } else if attr.eq_ignore_ascii_case(b"lib-ver") {
+                    set(&mut s.lib_ver, v);
+                    o.simple("OK");
+                } else {
+                    o.error(&format!(
+                        "ERR Unrecognized option '{}'",
+                        String::from_utf8_lossy(&attr[..attr.len().min(64)])
+                    ));
+                }
+            }
+            SessionCommand::ClientNoOp => o.simple("OK"),
+            SessionCommand::Select(db) => {
+                if db == b"0" {
+                    o.simple("OK");
+                } else {
+                    o.error("ERR DB index is out of range");
+                }
+            }
+            SessionCommand::Quit => {
+                o.simple("OK");
+                return Effect::Close;
+            }
+            SessionCommand::Reset => {
+                s.reset(auth.initial(trusted));
+                o.proto = s.proto;
+                o.simple("RESET");
+                return Effect::Reset;
+            }
+        }
+        Effect::None
+    }
+}
+
+fn set(to: &mut Vec<u8>, v: &[u8]) {
+    to.clear();
+    to.extend_from_slice(&v[..v.len().min(MAX_NAME)]);
+}
+
+fn hello<'a>(c: &mut ArgCursor<'a>) -> Result<SessionCommand<'a>, CmdError> {
+    let proto = match c.next() {
+        None => None,
+        Some(v) => Some(super::parse_i64(v).map_err(|_| {
+            CmdError::Other("ERR Protocol version is not an integer or out of range".into())
+        })?),
+    };
+    let (mut auth, mut name) = (None, None);
+    while let Some(opt) = c.next() {
+        if super::named(opt, "AUTH") {
+            let (Some(u), Some(p)) = (c.next(), c.next()) else {
+                return Err(hello_syntax(opt));
+            };
+            auth = Some((u, p));
+        } else if super::named(opt, "SETNAME") {
+            name = Some(c.next().ok_or_else(|| hello_syntax(opt))?);
+        } else {
+            return Err(hello_syntax(opt));
+        }
+    }
+    Ok(SessionCommand::Hello { proto, auth, name })
+}
+
+fn hello_syntax(opt: &[u8]) -> CmdError {
+    CmdError::Syntax(format!(
+        "Syntax error in HELLO option '{}'",
+        String::from_utf8_lossy(&opt[..opt.len().min(64)])
+    ))
+}
+
+fn client<'a>(c: &mut ArgCursor<'a>) -> Result<SessionCommand<'a>, CmdError> {
+    let sub = c.bytes()?;
+    let cmd = if super::named(sub, "ID") {
+        SessionCommand::ClientId
+    } else if super::named(sub, "INFO") {
+        SessionCommand::ClientInfo
+    } else if super::named(sub, "SETNAME") {
+        SessionCommand::ClientSetName(c.bytes()?)
+    } else if super::named(sub, "GETNAME") {
+        SessionCommand::ClientGetName
+    } else if super::named(sub, "SETINFO") {
+        SessionCommand::ClientSetInfo(c.bytes()?, c.bytes()?)
+    } else if super::named(sub, "NO-EVICT") || super::named(sub, "NO-TOUCH") {
+        // Nothing is evicted or touched here: both answer OK to ON and OFF, as Redis does.
+        let v = c.bytes()?;
+        if !(super::named(v, "ON") || super::named(v, "OFF")) {
+            return Err(CmdError::Syntax("syntax error".into()));
+        }
+        SessionCommand::ClientNoOp
+    } else {
+        return Err(CmdError::UnknownSubcommand);
+    };
+    c.finish()?;
+    Ok(cmd)
+}
+
+/// `AUTH [user] password`: what it grants, replied; whether it succeeded.
+fn authenticate(
+    auth: &Auth,
+    trusted: bool,
+    s: &mut Session,
+    o: &mut Out<'_>,
+    user: Option<&[u8]>,
+    password: &[u8],
+) -> bool {
+    match auth.grant(user, password, trusted) {
+        Some(a) => {
+            s.access = s.access.max(a);
+            o.simple("OK");
+            true
+        }
+        // As Redis answers with the default user on `nopass`: any password for `default`.
+        None if !auth.required() && user == Some(b"default") => {
+            o.simple("OK");
+            true
+        }
+        None if !auth.required() && auth.admin.is_none() && user.is_none() => {
+            o.error("ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?");
+            false
+        }
+        None => {
+            o.error("WRONGPASS invalid username-password pair or user is disabled.");
+            false
+        }
+    }
+}
+
+fn hello_apply(
+    auth: &Auth,
+    trusted: bool,
+    s: &mut Session,
+    o: &mut Out<'_>,
+    proto: Option<i64>,
+    creds: Option<(&[u8], &[u8])>,
+    name: Option<&[u8]>,
+) {
+    let want = match proto {
+        None => s.proto,
+        Some(2) => Proto::Resp2,
+        Some(3) => Proto::Resp3,
+        Some(_) => {
+            o.error("NOPROTO unsupported protocol version");
+            return;
+        }
+    };
+    if let Some((u, p)) = creds {
+        // The error in the connection's current protocol; nothing else changes.
+        let mut scratch = Out {
+            buf: &mut Vec::new(),
+            proto: s.proto,
+        };
+        if !authenticate(auth, trusted, s, &mut scratch, Some(u), p) {
+            o.buf.extend_from_slice(scratch.buf);
+            return;
+        }
+    }
+    if s.access == Access::None {
+        o.error("NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time");
+        return;
+    }
+    if let Some(n) = name {
+        set(&mut s.name, n);
+    }
+    s.proto = want;
+    o.proto = want;
+    o.map(7);
+    o.bulk(b"server");
+    o.bulk(b"turnstile");
+    o.bulk(b"version");
+    o.bulk(env!("CARGO_PKG_VERSION").as_bytes());
+    o.bulk(b"proto");
+    o.int(if want == Proto::Resp3 { 3 } else { 2 });
+    o.bulk(b"id");
+    o.int(s.id as i64);
+    o.bulk(b"mode");
+    o.bulk(b"standalone");
+    o.bulk(b"role");
+    o.bulk(b"master");
+    o.bulk(b"modules");
+    o.array(0);
+}

@@ -1,0 +1,218 @@
+//! The tokio driver of a RESP [`Connection`]: reads into it, runs it, writes its output, awaits
+//! its calls to Redis, over the two halves of any byte stream (TCP, or TLS over TCP). It holds
+//! no state of its own but the socket: every bound is the connection's.
+//!
+//! Output is written as soon as it is produced; while some waits for the client, the driver
+//! waits for the client to read or to send, whichever comes first (the connection decides
+//! whether it reads: see its bounds). A wait with no progress either way for `--idle-timeout`
+//! closes the connection: a client that neither sends nor reads holds nothing for longer. At
+//! shutdown, what the socket already holds is read without waiting and answered (at most
+//! [`DRAIN_ROUNDS`] reads), then the connection closes.
+
+use super::connection::{Connection, Step};
+use crate::metrics::C;
+use crate::state::Server;
+use futures_util::FutureExt;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// Reads of already-buffered input at shutdown, at most.
+const DRAIN_ROUNDS: u32 = 64;
+
+/// How long a closing connection may take to write its last replies.
+const LAST_WRITE: Duration = Duration::from_secs(2);
+
+/// No idle timeout: a wait this long is forever.
+const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// Counts a connection for `--max-connections` while it lives.
+pub(crate) struct Slot(Arc<Server>);
+
+impl Slot {
+    /// A slot, or `None` at `--max-connections` (counted as rejected).
+    pub(crate) fn take(srv: &Arc<Server>) -> Option<Slot> {
+        // Relaxed: a count; no other memory is published through it.
+        let n = srv.connections.fetch_add(1, Ordering::Relaxed) + 1;
+        let slot = Slot(srv.clone());
+        if n > srv.resp.max_connections {
+            srv.metrics.add(C::RejectedConnections, 1);
+            return None;
+        }
+        srv.metrics.add(C::Connections, 1);
+        Some(slot)
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        // Relaxed: see `take`.
+        self.0.connections.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Where the connection is, for its log line and `CLIENT INFO`.
+pub(crate) struct Peer {
+    pub(crate) id: u64,
+    pub(crate) addr: Option<SocketAddr>,
+    pub(crate) local: Option<SocketAddr>,
+    pub(crate) fd: Option<i32>,
+}
+
+/// Serves one accepted TCP connection: its slot taken (or the client told the server is full),
+/// its TLS handshake done if the listener speaks TLS, then [`serve`].
+pub(crate) async fn accept(srv: Arc<Server>, sock: tokio::net::TcpStream, peer: Peer) {
+    let Some(slot) = Slot::take(&srv) else {
+        if srv.tls.is_none() {
+            let mut sock = sock;
+            let _ = tokio::time::timeout(
+                LAST_WRITE,
+                sock.write_all(b"-ERR max number of clients reached\r\n"),
+            )
+            .await;
+        }
+        return;
+    };
+    let _ = sock.set_nodelay(true);
+    match srv.tls.as_ref().map(|t| t.resp.clone()) {
+        None => {
+            let (r, w) = sock.into_split();
+            serve(srv, r, w, peer, slot).await;
+        }
+        Some(tls) => match tokio::time::timeout(crate::tls::HANDSHAKE, tls.accept(sock)).await {
+            Ok(Ok(stream)) => {
+                let (r, w) = tokio::io::split(stream);
+                serve(srv, r, w, peer, slot).await;
+            }
+            Ok(Err(e)) => tracing::debug!(conn = peer.id, error = %e, "TLS handshake failed"),
+            Err(_) => tracing::debug!(conn = peer.id, "TLS handshake timed out"),
+        },
+    }
+}
+
+/// Serves one connection until the client leaves, an error, idleness or shutdown.
+pub(crate) async fn serve<R, W>(srv: Arc<Server>, mut r: R, mut w: W, peer: Peer, _slot: Slot)
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let id = peer.id;
+    let idle = if srv.resp.idle_timeout.is_zero() {
+        FOREVER
+    } else {
+        srv.resp.idle_timeout
+    };
+    let mut shutdown = srv.shutdown.subscribe();
+    let mut conn = Connection::new(srv.clone(), id, peer.addr, peer.local);
+    if let Some(fd) = peer.fd {
+        conn.set_fd(fd);
+    }
+    let mut draining = 0u32;
+    // The client closed its side: what it sent is answered, then the connection closes.
+    let mut eof = false;
+    loop {
+        match conn.run() {
+            Step::Remote(call) => {
+                let answer = call.run(&srv).await;
+                conn.resume(call, answer);
+                continue;
+            }
+            Step::Close => {
+                let _ = tokio::time::timeout(LAST_WRITE, write_out(&mut conn, &mut w)).await;
+                return;
+            }
+            Step::Wait => {}
+        }
+        // The usual case: the kernel takes the replies at once.
+        if !conn.output().is_empty() {
+            let out = conn.output();
+            match w.write(out).now_or_never() {
+                Some(Ok(n)) if n > 0 => {
+                    conn.wrote(n);
+                    if conn.output().is_empty() && w.flush().await.is_err() {
+                        return gone(&mut conn);
+                    }
+                    continue;
+                }
+                Some(_) => return gone(&mut conn),
+                None => {
+                    if conn.blocked() {
+                        // The connection may borrow room to go on answering now.
+                        continue;
+                    }
+                }
+            }
+        }
+        if eof && conn.output().is_empty() {
+            return;
+        }
+        if !eof && (draining > 0 || *shutdown.borrow()) {
+            // Shutdown: what the client sent before it is answered too — what the socket
+            // already holds is read without waiting (bounded).
+            draining += 1;
+            let read = match conn.read_buf() {
+                Some(buf) if draining <= DRAIN_ROUNDS => r.read(buf).now_or_never(),
+                _ => None,
+            };
+            match read {
+                Some(Ok(n)) if n > 0 => {
+                    conn.read(n);
+                    continue;
+                }
+                _ => {
+                    let _ = tokio::time::timeout(LAST_WRITE, write_out(&mut conn, &mut w)).await;
+                    return;
+                }
+            }
+        }
+        let (buf, out) = conn.io();
+        let (reading, writing) = (buf.is_some() && !eof, !out.is_empty());
+        let out_len = out.len();
+        tokio::select! {
+            res = async { r.read(buf.expect("checked")).await }, if reading => match res {
+                Ok(0) => eof = true,
+                Err(_) => return gone(&mut conn),
+                Ok(n) => conn.read(n),
+            },
+            res = w.write(out), if writing => match res {
+                Ok(n) if n > 0 => {
+                    let all = n == out_len;
+                    conn.wrote(n);
+                    if !all {
+                        conn.blocked();
+                    }
+                }
+                _ => return gone(&mut conn),
+            },
+            () = tokio::time::sleep(idle) => {
+                tracing::debug!(conn = id, writing, "no progress for the idle timeout; closing");
+                conn.abandon();
+                return;
+            }
+            // Shutdown: stop waiting; what is buffered is answered above.
+            _ = shutdown.changed(), if !eof => {}
+        }
+    }
+}
+
+/// The client went away: nothing more is run for it.
+fn gone(conn: &mut Connection) {
+    tracing::debug!(conn = conn.id(), "client gone; closing");
+    conn.abandon();
+}
+
+/// Writes all the pending output, then closes the write side.
+async fn write_out<W: AsyncWrite + Unpin>(conn: &mut Connection, w: &mut W) -> std::io::Result<()> {
+    while !conn.output().is_empty() {
+        let n = w.write(conn.output()).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        conn.wrote(n);
+    }
+    w.flush().await?;
+    let _ = w.shutdown().await;
+    Ok(())
+}
