@@ -80,7 +80,7 @@ key = "customer"
 limits = {}
 
 [[rule.override]]
-key = "user:2"
+key = "2"
 limits = {}
 
 [[rule]]
