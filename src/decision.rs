@@ -43,6 +43,9 @@ pub struct Decision {
     pub delay_ns: u64,
 }
 
+const NANOS_PER_SEC: u64 = 1_000_000_000;
+const NANOS_PER_MS: u64 = 1_000_000;
+
 // The size `check_batch`'s output stride and the docs quote (x86-64 and other 64-bit targets).
 #[cfg(target_pointer_width = "64")]
 const _: () = assert!(std::mem::size_of::<Decision>() == 56);
@@ -64,6 +67,49 @@ impl Decision {
     /// For a shaper: how long to hold the admitted request.
     pub fn delay(&self) -> Duration {
         Duration::from_nanos(self.delay_ns)
+    }
+
+    // Wire units: what protocols send (`Retry-After`, RateLimit headers, JSON, RESP). Times
+    // round up, so that a client that waits what it is told is never early.
+
+    /// `retry_after_ns` in whole seconds, rounded up and at least 1 (HTTP's `Retry-After`:
+    /// a client told 0 would retry at once and be refused again).
+    #[inline]
+    pub fn retry_after_secs_ceil(&self) -> Option<u64> {
+        self.retry_after_ns
+            .map(|ns| ns.div_ceil(NANOS_PER_SEC).max(1))
+    }
+    /// `retry_after_ns` in whole milliseconds, rounded up.
+    #[inline]
+    pub fn retry_after_ms_ceil(&self) -> Option<u64> {
+        self.retry_after_ns.map(|ns| ns.div_ceil(NANOS_PER_MS))
+    }
+    /// `reset_after_ns` in whole seconds, rounded up.
+    #[inline]
+    pub fn reset_after_secs_ceil(&self) -> u64 {
+        self.reset_after_ns.div_ceil(NANOS_PER_SEC)
+    }
+    /// `reset_after_ns` in whole milliseconds, rounded up.
+    #[inline]
+    pub fn reset_after_ms_ceil(&self) -> u64 {
+        self.reset_after_ns.div_ceil(NANOS_PER_MS)
+    }
+    /// Whether a limit made this decision: `false` when none applied (`limit` is `u64::MAX`,
+    /// e.g. no rule matched), where there is no quota to report.
+    #[inline]
+    pub fn has_limit(&self) -> bool {
+        self.limit != u64::MAX
+    }
+    /// `limit` for formats that write "no limit" as -1 (RESP integers, JSON): -1 for
+    /// `u64::MAX` (and anything above `i64::MAX`).
+    #[inline]
+    pub fn limit_or_minus_one(&self) -> i64 {
+        i64::try_from(self.limit).unwrap_or(-1)
+    }
+    /// `remaining` likewise: -1 for `u64::MAX` (what "no limit" leaves).
+    #[inline]
+    pub fn remaining_or_minus_one(&self) -> i64 {
+        i64::try_from(self.remaining).unwrap_or(-1)
     }
 
     #[inline]
@@ -269,5 +315,52 @@ mod tests {
             Verdict::ALLOWED
         );
         assert_eq!(std::mem::size_of::<Verdict>(), 8);
+    }
+
+    #[test]
+    fn wire_units_round_up() {
+        let d = |retry: Option<u64>, reset: u64| Decision {
+            reset_after_ns: reset,
+            ..decision(Outcome::Limited, retry, 0)
+        };
+        for (ns, secs, ms) in [
+            (0, 1, 0),
+            (1, 1, 1),
+            (999_999, 1, 1),
+            (1_000_000, 1, 1),
+            (1_000_000_001, 2, 1001),
+            (60_000_000_000, 60, 60_000),
+            (
+                u64::MAX,
+                u64::MAX.div_ceil(1_000_000_000),
+                u64::MAX.div_ceil(1_000_000),
+            ),
+        ] {
+            let x = d(Some(ns), ns);
+            assert_eq!(x.retry_after_secs_ceil(), Some(secs), "{ns}");
+            assert_eq!(x.retry_after_ms_ceil(), Some(ms), "{ns}");
+            assert_eq!(
+                x.reset_after_secs_ceil(),
+                if ns == 0 { 0 } else { secs },
+                "{ns}"
+            );
+            assert_eq!(x.reset_after_ms_ceil(), ms, "{ns}");
+        }
+        assert_eq!(d(None, 0).retry_after_secs_ceil(), None);
+        assert_eq!(d(None, 0).retry_after_ms_ceil(), None);
+        let mut unlimited = d(None, 0);
+        (unlimited.limit, unlimited.remaining) = (u64::MAX, u64::MAX);
+        assert!(!unlimited.has_limit());
+        assert_eq!(unlimited.limit_or_minus_one(), -1);
+        assert_eq!(unlimited.remaining_or_minus_one(), -1);
+        let limited = d(None, 0);
+        assert!(limited.has_limit());
+        assert_eq!(
+            (
+                limited.limit_or_minus_one(),
+                limited.remaining_or_minus_one()
+            ),
+            (10, 3)
+        );
     }
 }

@@ -205,7 +205,7 @@ struct Report {
 }
 
 /// Runs the subcommand.
-pub fn run(a: AccuracyArgs) -> Result<(), String> {
+pub fn run(a: AccuracyArgs) -> crate::Result<()> {
     let AccuracyArgs {
         requests,
         sources,
@@ -226,9 +226,7 @@ pub fn run(a: AccuracyArgs) -> Result<(), String> {
         return Err("option --sources: give 1 to 4294967295 sources".into());
     }
     if !(window_s.is_finite() && window_s > 0.0 && window_s <= 86_400.0 * 365.0) {
-        return Err(format!(
-            "option --window: `{window_s}` is not a window in seconds"
-        ));
+        return Err(format!("option --window: `{window_s}` is not a window in seconds").into());
     }
     if min_count == 0 {
         return Err("option --min-count: give at least 1".into());
@@ -238,7 +236,8 @@ pub fn run(a: AccuracyArgs) -> Result<(), String> {
         return Err(format!(
             "option --buckets: give 1 to {} sub-windows",
             window_ring::MAX_BUCKETS
-        ));
+        )
+        .into());
     }
     // A whole number of nanoseconds that splits into the ring's sub-windows.
     let window = ((window_s * 1e9) as u64 / buckets).max(1) * buckets;
@@ -255,10 +254,7 @@ pub fn run(a: AccuracyArgs) -> Result<(), String> {
         progress: !json,
     })?;
     if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?
-        );
+        println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print_report(&report);
     }
@@ -284,18 +280,18 @@ fn spec(
     window: u64,
     buckets: u64,
     count_denied: bool,
-) -> Result<Limit, String> {
+) -> crate::Result<Limit> {
     let mut s = LimitSpec::new(a, limit, Duration::from_nanos(window));
     s.count_denied = count_denied;
     if a == Algorithm::WindowRing {
         s.buckets = Some(buckets);
     }
     s.build()
-        .map_err(|e| format!("{a} with limit {limit}: {e}"))
+        .map_err(|e| format!("{a} with limit {limit}: {e}").into())
 }
 
 /// The algorithm `a` under test, its records placed from word `*at` of a source's block on.
-fn approx(a: Algorithm, c: &Config, at: &mut usize) -> Result<Approx, String> {
+fn approx(a: Algorithm, c: &Config, at: &mut usize) -> crate::Result<Approx> {
     let limit = spec(a, c.limit, c.window, c.buckets, c.count_denied)?;
     let meter_cap = match a {
         Algorithm::SlidingWindow => sliding_window::MAX_LIMIT,
@@ -320,7 +316,7 @@ fn approx(a: Algorithm, c: &Config, at: &mut usize) -> Result<Approx, String> {
     })
 }
 
-fn simulate(c: &Config) -> Result<Report, String> {
+fn simulate(c: &Config) -> crate::Result<Report> {
     let t0 = Instant::now();
     let n = c.sources as usize;
     let start = c.window * 1000;
@@ -359,12 +355,11 @@ fn simulate(c: &Config) -> Result<Report, String> {
     // The engine end to end: the same reference limit in a keyed store, with room to spare
     // (at exactly its capacity a table may refuse a handful of keys) and one shard (records
     // are split evenly between shards, keys are not).
-    let store = Store::builder(Limits::new(vec![reference]).map_err(|e| e.to_string())?)
+    let store = Store::builder(Limits::new(vec![reference])?)
         .capacity(c.sources as u64 + c.sources as u64 / 4 + 64)
         .shards(1)
         .seed(STORE_SEED)
-        .build_with_clock(ManualClock::new(start))
-        .map_err(|e| e.to_string())?;
+        .build_with_clock(ManualClock::new(start))?;
     let mut store_tally = Tally {
         limited: vec![false; n],
         ..Tally::default()
@@ -413,7 +408,7 @@ fn simulate(c: &Config) -> Result<Report, String> {
                 return Err(format!(
                     "the {} meter saturated at {} requests per window; lower --limit or the traffic",
                     a.algorithm, a.meter_cap
-                ));
+                ).into());
             }
             if exact >= c.min_count {
                 let est = a.meter_cap - 1 - m.remaining;
@@ -438,7 +433,8 @@ fn simulate(c: &Config) -> Result<Report, String> {
         return Err(format!(
             "the keyed store refused {} sources: it was sized too small",
             st.rejected + st.untracked
-        ));
+        )
+        .into());
     }
 
     let total: u64 = per_kind.iter().map(|k| k.1).sum();

@@ -35,7 +35,7 @@ fn series(title: &str, l: &Limiter<ManualClock>, reqs: &[(u64, &str)]) {
 }
 
 /// Runs the demo.
-pub fn run() -> Result<(), String> {
+pub fn run() -> crate::Result<()> {
     let m = |secs: u64| secs * S;
     let min = Duration::from_secs(60);
 

@@ -1,6 +1,7 @@
-//! The `turnstile` command: `bench`, `memory`, `accuracy`, `demo`, `rules check` and
-//! `completions`. Every subcommand is one module; the options are clap derives, so `--help`
-//! works everywhere and a bad option exits with status 2 and a message naming it.
+//! The `turnstile` command: `bench`, `memory`, `accuracy`, `demo`, `rules check`,
+//! `limits check` and `completions`. Every subcommand is one module; the options are clap
+//! derives, so `--help` works everywhere and a bad option exits with status 2 and a message
+//! naming it.
 
 use clap::{CommandFactory, Parser, Subcommand};
 use mimalloc::MiMalloc;
@@ -15,9 +16,20 @@ mod accuracy;
 mod args;
 mod bench;
 mod demo;
+mod limits;
 mod memory;
 mod progress;
 mod rules;
+
+/// The error of every subcommand: a message for the user (what failed, where, how to fix it),
+/// printed by `main`. A boxed error, as mini-redis's `crate::Error`, rather than a typed enum:
+/// nothing matches on a CLI's errors, it only prints them, and `?` takes the libraries' own
+/// errors (the engine's configuration errors, io, serde, Redis) as they are, their messages
+/// unchanged.
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// `Result` with the CLI's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// A lock-free rate-limiting engine: benchmarks, reports and tools.
 #[derive(Parser)]
@@ -32,7 +44,7 @@ enum Command {
     /// Print the decisions of each algorithm on the design notes' scenarios.
     Demo,
     /// Checks/s and latency of the embedded engine, side by side with governor (the main job).
-    Bench(bench::BenchArgs),
+    Bench(Box<bench::BenchArgs>),
     /// Measured bytes per user per algorithm, against the design notes' estimates.
     Memory(memory::MemoryArgs),
     /// The approximate algorithms against the exact sliding log, beside Cloudflare's figures.
@@ -48,6 +60,11 @@ enum Command {
         #[command(subcommand)]
         command: rules::RulesCommand,
     },
+    /// Keys' own limits: load and check the files of a rules file's limits classes.
+    Limits {
+        #[command(subcommand)]
+        command: limits::LimitsCommand,
+    },
     /// Print a shell completion script (e.g. `turnstile completions bash > /etc/bash_completion.d/turnstile`).
     Completions {
         /// The shell: bash, zsh, fish, elvish or powershell.
@@ -59,17 +76,18 @@ fn main() {
     let cli = Cli::parse();
     if matches!(
         cli.command,
-        Command::Demo | Command::Accuracy(_) | Command::Rules { .. }
+        Command::Demo | Command::Accuracy(_) | Command::Rules { .. } | Command::Limits { .. }
     ) {
         end_quietly_on_a_closed_pipe();
     }
     let result = match cli.command {
         Command::Demo => demo::run(),
-        Command::Bench(a) => bench::run(a),
+        Command::Bench(a) => bench::run(*a),
         Command::Memory(a) => memory::run(a),
         Command::Accuracy(a) => accuracy::run(a),
-        Command::Serve(a) => turnstile_server::run(*a).map_err(|e| e.to_string()),
+        Command::Serve(a) => turnstile_server::run(*a).map_err(Error::from),
         Command::Rules { command } => rules::run(command),
+        Command::Limits { command } => limits::run(command).map_err(Error::from),
         Command::Completions { shell } => completions(shell),
     };
     if let Err(e) = result {
@@ -92,13 +110,13 @@ fn end_quietly_on_a_closed_pipe() {
 }
 
 /// Writes the completion script; a closed pipe (`| head`) ends it quietly, not with a panic.
-fn completions(shell: clap_complete::Shell) -> Result<(), String> {
+fn completions(shell: clap_complete::Shell) -> Result<()> {
     use std::io::Write;
     let mut script = Vec::new();
     clap_complete::generate(shell, &mut Cli::command(), "turnstile", &mut script);
     match std::io::stdout().write_all(&script) {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
-            Err(format!("cannot write the completion script: {e}"))
+            Err(format!("cannot write the completion script: {e}").into())
         }
         _ => Ok(()),
     }

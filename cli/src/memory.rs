@@ -73,10 +73,12 @@ const NOW: u64 = 1_000_000_000_000;
 enum Subject {
     Turnstile(Algorithm),
     Governor,
+    /// Each user's own limit (a limits class's entries, without the store).
+    OwnLimits,
 }
 
 /// The rows, in report order.
-const SUBJECTS: [Subject; 7] = [
+const SUBJECTS: [Subject; 8] = [
     Subject::Turnstile(Algorithm::FixedWindow),
     Subject::Turnstile(Algorithm::SlidingWindow),
     Subject::Turnstile(Algorithm::TokenBucket),
@@ -84,6 +86,7 @@ const SUBJECTS: [Subject; 7] = [
     Subject::Turnstile(Algorithm::WindowRing),
     Subject::Turnstile(Algorithm::SlidingLog),
     Subject::Governor,
+    Subject::OwnLimits,
 ];
 
 impl Subject {
@@ -91,23 +94,27 @@ impl Subject {
         match self {
             Subject::Turnstile(a) => a.name().to_string(),
             Subject::Governor => "governor".to_string(),
+            Subject::OwnLimits => "own_limits".to_string(),
         }
     }
 
-    fn parse(s: &str) -> Result<Self, String> {
+    fn parse(s: &str) -> crate::Result<Self> {
         if s == "governor" {
             return Ok(Subject::Governor);
+        }
+        if s == "own_limits" {
+            return Ok(Subject::OwnLimits);
         }
         let a: Algorithm = s.parse()?;
         match SUBJECTS.iter().find(|x| **x == Subject::Turnstile(a)) {
             Some(x) => Ok(*x),
-            None => Err(format!("`memory` does not measure {a}")),
+            None => Err(format!("`memory` does not measure {a}").into()),
         }
     }
 }
 
 /// The limit a turnstile row uses: 500 per hour in that algorithm's terms.
-fn limit_for(a: Algorithm) -> Result<Limit, String> {
+fn limit_for(a: Algorithm) -> crate::Result<Limit> {
     let l = match a {
         Algorithm::FixedWindow => Limit::fixed_window(RATE, HOUR),
         Algorithm::SlidingWindow => Limit::sliding_window(RATE, HOUR),
@@ -116,9 +123,9 @@ fn limit_for(a: Algorithm) -> Result<Limit, String> {
         Algorithm::TokenBucket => Limit::token_bucket(RATE, RATE, HOUR),
         Algorithm::LeakyBucket => Limit::leaky_bucket(RATE, HOUR, 0, None),
         Algorithm::Concurrency => return Err("`memory` does not measure concurrency".into()),
-        other => return Err(format!("`memory` does not measure {other}")),
+        other => return Err(format!("`memory` does not measure {other}").into()),
     };
-    l.map_err(|e| e.to_string())
+    Ok(l?)
 }
 
 /// The design notes' per-user estimate for an algorithm, with its arithmetic.
@@ -150,6 +157,7 @@ fn describe(s: Subject) -> &'static str {
         Subject::Turnstile(Algorithm::SlidingLog) => "500/h, 500 timestamps",
         Subject::Turnstile(_) => "",
         Subject::Governor => "500/h GCRA, keyed (DashMap)",
+        Subject::OwnLimits => "entry: 90% 5 plans, 10% own",
     }
 }
 
@@ -197,7 +205,7 @@ struct Report<'a> {
 }
 
 /// Runs the subcommand.
-pub fn run(a: MemoryArgs) -> Result<(), String> {
+pub fn run(a: MemoryArgs) -> crate::Result<()> {
     let MemoryArgs {
         users,
         json,
@@ -218,10 +226,7 @@ pub fn run(a: MemoryArgs) -> Result<(), String> {
     }
     if let Some(name) = one {
         let row = measure(Subject::parse(&name)?, users, true)?;
-        println!(
-            "{}",
-            serde_json::to_string(&row).map_err(|e| e.to_string())?
-        );
+        println!("{}", serde_json::to_string(&row)?);
         return Ok(());
     }
     let mut rows = Vec::with_capacity(SUBJECTS.len());
@@ -237,10 +242,7 @@ pub fn run(a: MemoryArgs) -> Result<(), String> {
             users,
             results: &rows,
         };
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?
-        );
+        println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
         print_table(users, &rows);
     }
@@ -249,7 +251,7 @@ pub fn run(a: MemoryArgs) -> Result<(), String> {
 
 fn engine_of(s: Subject) -> &'static str {
     match s {
-        Subject::Turnstile(_) => "turnstile",
+        Subject::Turnstile(_) | Subject::OwnLimits => "turnstile",
         Subject::Governor => "governor",
     }
 }
@@ -258,11 +260,11 @@ fn engine_of(s: Subject) -> &'static str {
 /// memory counted in 4 KiB pages: what the users cost), then as the binary
 /// normally runs (mimalloc asks for huge pages: memory comes in 2 MiB pieces). In this
 /// process, once, if no child can be started.
-fn in_child(s: Subject, users: u64) -> Result<Row, String> {
+fn in_child(s: Subject, users: u64) -> crate::Result<Row> {
     let Ok(exe) = std::env::current_exe() else {
         return measure(s, users, false);
     };
-    let child = |thp: bool| -> Result<Option<Row>, String> {
+    let child = |thp: bool| -> crate::Result<Option<Row>> {
         let mut cmd = Command::new(&exe);
         cmd.args(["memory", "--one", &s.id(), "--users", &users.to_string()]);
         if !thp {
@@ -291,7 +293,8 @@ fn in_child(s: Subject, users: u64) -> Result<Row, String> {
                 s.id(),
                 out.status,
                 String::from_utf8_lossy(&out.stderr).trim()
-            ));
+            )
+            .into());
         }
         let text = String::from_utf8_lossy(&out.stdout);
         serde_json::from_str(text.trim()).map(Some).map_err(|e| {
@@ -299,6 +302,7 @@ fn in_child(s: Subject, users: u64) -> Result<Row, String> {
                 "measuring {}: unreadable child answer `{text}`: {e}",
                 s.id()
             )
+            .into()
         })
     };
     let Some(mut row) = child(false)? else {
@@ -312,7 +316,7 @@ fn in_child(s: Subject, users: u64) -> Result<Row, String> {
 }
 
 /// Anonymous resident bytes of this process: statm's resident − shared pages.
-fn anon_rss() -> Result<u64, String> {
+fn anon_rss() -> crate::Result<u64> {
     let s = std::fs::read_to_string("/proc/self/statm")
         .map_err(|e| format!("cannot read /proc/self/statm (Linux only): {e}"))?;
     let f: Vec<u64> = s
@@ -321,7 +325,7 @@ fn anon_rss() -> Result<u64, String> {
         .map(|x| x.parse().unwrap_or(0))
         .collect();
     if f.len() < 3 {
-        return Err(format!("unexpected /proc/self/statm: `{}`", s.trim()));
+        return Err(format!("unexpected /proc/self/statm: `{}`", s.trim()).into());
     }
     // SAFETY: sysconf has no preconditions; it only reads a system constant.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
@@ -330,7 +334,7 @@ fn anon_rss() -> Result<u64, String> {
 }
 
 /// Builds, fills and measures one subject in this process.
-fn measure(s: Subject, users: u64, isolated: bool) -> Result<Row, String> {
+fn measure(s: Subject, users: u64, isolated: bool) -> crate::Result<Row> {
     // A tiny run first: the allocator's and the engine's one-time set-up is not the users'.
     fill(s, 64, |_| Ok(()))?;
     let before = anon_rss()?;
@@ -354,6 +358,7 @@ fn measure(s: Subject, users: u64, isolated: bool) -> Result<Row, String> {
         algorithm: match s {
             Subject::Turnstile(a) => a.name().to_string(),
             Subject::Governor => Algorithm::TokenBucket.name().to_string(),
+            Subject::OwnLimits => "own limits".to_string(),
         },
         limit: describe(s).to_string(),
         users,
@@ -391,11 +396,11 @@ struct Filled {
 fn fill(
     s: Subject,
     users: u64,
-    mut at_full: impl FnMut(u64) -> Result<(), String>,
-) -> Result<Filled, String> {
+    mut at_full: impl FnMut(u64) -> crate::Result<()>,
+) -> crate::Result<Filled> {
     match s {
         Subject::Turnstile(a) => {
-            let limits = Limits::new(vec![limit_for(a)?]).map_err(|e| e.to_string())?;
+            let limits = Limits::new(vec![limit_for(a)?])?;
             // One shard: an arena store's records are split evenly between shards while keys
             // are not, so with several shards one of them can run out of records before N
             // users are in. One shard holds exactly N; the per-user cost is the same.
@@ -403,8 +408,7 @@ fn fill(
                 .capacity(users)
                 .shards(1)
                 .seed(SEED)
-                .build_with_clock(ManualClock::new(NOW))
-                .map_err(|e| e.to_string())?;
+                .build_with_clock(ManualClock::new(NOW))?;
             for id in 0..users {
                 std::hint::black_box(store.check_at(&id, 1, NOW));
             }
@@ -423,7 +427,8 @@ fn fill(
                     "{a}: the store placed {} of {users} users ({} untracked, {} refused): \
                      more than 0.1 % unplaced, or users unaccounted for",
                     st.live, st.untracked, st.rejected
-                ));
+                )
+                .into());
             }
             Ok(Filled {
                 stored: st.live,
@@ -432,6 +437,7 @@ fn fill(
                 accounted: Some(store.memory_bytes() as u64),
             })
         }
+        Subject::OwnLimits => own_limits(users, at_full),
         Subject::Governor => {
             use governor::{Quota, RateLimiter};
             let q = Quota::per_hour(NonZeroU32::new(RATE as u32).expect("non-zero"));
@@ -530,4 +536,44 @@ fn print_table(users: u64, rows: &[Row]) {
     if rows.iter().any(|r| !r.isolated) {
         println!("(some rows ran in this process: no child could be started)");
     }
+}
+
+/// The own-limits row: a limits class (token_bucket, five plans) with an entry for each of
+/// `users` customers, 90 % on the plans and 10 % a limit of their own (1000 distinct ones),
+/// set through its source; its entries and the class's accounted bytes.
+fn own_limits(
+    users: u64,
+    mut at_full: impl FnMut(u64) -> crate::Result<()>,
+) -> crate::Result<Filled> {
+    use turnstile::keyed::KeyHasher;
+    use turnstile::rules::limits::{KeyLimit, LimitsClass, LimitsSource, MemoryLimits};
+    use turnstile::rules::KeyClass;
+    use turnstile::LimitSpec;
+    let spec = |l: u64| LimitSpec {
+        burst: Some(l),
+        ..LimitSpec::new(Algorithm::TokenBucket, l, HOUR)
+    };
+    let mut class = LimitsClass::new("users", KeyClass::customer(), Algorithm::TokenBucket)
+        .capacity(users.max(1));
+    for k in 0..5 {
+        class = class.plan(format!("p{k}"), spec(RATE * (k + 1)));
+    }
+    let src =
+        MemoryLimits::new(&class, KeyHasher::with_seed(SEED, 64)).map_err(|e| e.to_string())?;
+    let plans: Vec<KeyLimit> = (0..5).map(|k| KeyLimit::Plan(format!("p{k}"))).collect();
+    for id in 0..users {
+        let e = if id % 10 == 9 {
+            KeyLimit::Limit(spec(RATE + (id / 10) % 1000))
+        } else {
+            plans[(id % 5) as usize].clone()
+        };
+        src.set(id, &e).map_err(|e| e.to_string())?;
+    }
+    at_full(src.len())?;
+    Ok(Filled {
+        stored: src.len(),
+        untracked: 0,
+        refused: 0,
+        accounted: Some(src.bytes() as u64),
+    })
 }

@@ -30,7 +30,7 @@ pub enum RulesCommand {
 }
 
 /// Runs the subcommand.
-pub fn run(cmd: RulesCommand) -> Result<(), String> {
+pub fn run(cmd: RulesCommand) -> crate::Result<()> {
     let files = match cmd {
         RulesCommand::Check { files } => files,
         RulesCommand::ImportEnvoy { path } => return import_envoy(&path),
@@ -58,7 +58,7 @@ pub fn run(cmd: RulesCommand) -> Result<(), String> {
     Ok(())
 }
 
-fn import_envoy(path: &std::path::Path) -> Result<(), String> {
+fn import_envoy(path: &std::path::Path) -> crate::Result<()> {
     use std::io::Write;
     // MERGE_DOMAIN_CONFIG=true merges the files of one domain, as `turnstile serve` does.
     let opts = turnstile_server::envoy::Settings::from_env()?.load_options();

@@ -25,6 +25,7 @@ fn help_for_every_subcommand() {
         "memory",
         "accuracy",
         "rules",
+        "limits",
         "completions",
     ] {
         assert!(out.contains(cmd), "`{cmd}` missing from --help:\n{out}");
@@ -67,6 +68,11 @@ fn bad_input_exits_2_naming_the_option() {
         (&["bench", "--no-such-flag"][..], "--no-such-flag"),
         (&["no-such-command"][..], "no-such-command"),
         (&["rules", "check"][..], "FILE"),
+        (&["limits", "check"][..], "RULES"),
+        (
+            &["bench", "--own-limits", "--callgrind"][..],
+            "--own-limits",
+        ),
     ] {
         let o = turnstile(args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o.stderr));

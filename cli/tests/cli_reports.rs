@@ -77,7 +77,18 @@ fn memory_report_shape_and_bounds() {
         .expect("governor bytes_per_user");
     assert!(b > 0.0 && b < 1000.0, "governor: {b} B/user");
     assert!(g["accounted_bytes_per_user"].is_null());
-    assert_eq!(results.len(), 7);
+    // A limits class's entries: 20 B per key at 1M; at 20k the interned limits' table and
+    // the page rounding are fixed costs (52 B measured, 34 accounted).
+    let o = row(results, Some("turnstile"), "own limits");
+    assert_eq!(o["stored"], users);
+    let b = o["bytes_per_user"]
+        .as_f64()
+        .expect("own limits bytes_per_user");
+    let acc = o["accounted_bytes_per_user"].as_f64().expect("accounted");
+    assert!((20.0..40.0).contains(&acc), "own limits: accounted {acc}");
+    assert!(b >= 0.8 * acc && b <= 80.0, "own limits: {b} B/user");
+    assert!(o["notes_bytes_per_user"].is_null());
+    assert_eq!(results.len(), 8);
 }
 
 /// Every user is placed, admitted untracked or refused: none lost.

@@ -35,8 +35,14 @@ impl Server {
 
     /// [`Server::start`] with `RUST_LOG=log`.
     fn start_logging(extra: &[&str], log: &str) -> Server {
+        Self::start_env(extra, log, &[])
+    }
+
+    /// [`Server::start_logging`] with more variables in its environment.
+    fn start_env(extra: &[&str], log: &str, env: &[(&str, &str)]) -> Server {
         let (resp, http) = (free_port(), free_port());
         let child = Command::new(BIN)
+            .envs(env.iter().copied())
             .args(["serve", "--workers", "2", "--throttle-keys", "10000"])
             .args(["--resp", &format!("127.0.0.1:{resp}")])
             .args(["--http", &format!("127.0.0.1:{http}")])
@@ -265,8 +271,20 @@ fn post(http: u16, path: &str, body: &str) -> (u16, String, String) {
 
 /// The header `name`'s value in a lower-cased head.
 fn header(head: &str, name: &str) -> Option<u64> {
+    text_header(head, name)?.parse().ok()
+}
+
+/// A header's value as text (`head` lowercase, as `post` gives it).
+fn text_header<'h>(head: &'h str, name: &str) -> Option<&'h str> {
     head.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':')?.trim().parse().ok())
+        .find_map(|l| Some(l.strip_prefix(name)?.strip_prefix(':')?.trim()))
+}
+
+/// The integer parameter `key` of draft-10's `RateLimit` field (`"policy";r=14;t=60`).
+fn draft_param(head: &str, key: &str) -> Option<u64> {
+    text_header(head, "ratelimit")?
+        .split(';')
+        .find_map(|p| p.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
 }
 
 /// What a pipelining client sends: many commands in one write, read back in order. The
@@ -324,8 +342,14 @@ fn serve_answers_a_pipeline_in_order_and_v1_check_with_its_headers() {
     let check = r#"{"key_class":"customer","key":"7","route":"/v1/items","method":"GET"}"#;
     let (code, head, body) = post(s.http, "/v1/check", check);
     assert_eq!(code, 200, "{head}{body}");
-    assert_eq!(header(&head, "ratelimit-limit"), Some(15), "{head}");
-    assert_eq!(header(&head, "ratelimit-remaining"), Some(14), "{head}");
+    // draft-10's fields (the default of --ratelimit-headers).
+    assert_eq!(
+        text_header(&head, "ratelimit-policy"),
+        Some("\"default\";q=15"),
+        "{head}"
+    );
+    assert_eq!(draft_param(&head, "r"), Some(14), "{head}");
+    assert_eq!(header(&head, "ratelimit-limit"), None, "{head}");
     assert!(head.contains("content-type: application/json"), "{head}");
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["allowed"], true, "{body}");
@@ -344,7 +368,12 @@ fn serve_answers_a_pipeline_in_order_and_v1_check_with_its_headers() {
         header(&head, "retry-after").is_some_and(|r| r >= 1),
         "{head}"
     );
-    assert_eq!(header(&head, "ratelimit-remaining"), Some(0), "{head}");
+    assert_eq!(draft_param(&head, "r"), Some(0), "{head}");
+    assert_eq!(
+        draft_param(&head, "t"),
+        header(&head, "retry-after"),
+        "a refusal's reset is its Retry-After: {head}"
+    );
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["allowed"], false, "{body}");
     assert_eq!(v["outcome"], "Limited", "{body}");
@@ -889,6 +918,45 @@ fn a_client_that_trickles_its_headers_is_closed_after_the_header_timeout() {
     );
     assert_eq!(s.curl("/healthz").0, 200);
     s.stop();
+}
+
+/// RESP is served on io_uring where the kernel allows it, and on tokio where it does not: the
+/// fallback, forced with TURNSTILE_IO_URING=off, is said in one log line and answers the same.
+#[test]
+fn serve_says_which_runtime_serves_resp_and_falls_back_to_tokio() {
+    let uring = turnstile_server::io_uring_available().is_ok();
+    for off in [true, false] {
+        let env: &[(&str, &str)] = if off {
+            &[("TURNSTILE_IO_URING", "off")]
+        } else {
+            &[("TURNSTILE_IO_URING", "on")]
+        };
+        let s = Server::start_env(&[], "info", env);
+        // Allowed twice (a burst of 1 and the one of the period), then refused.
+        assert_eq!(s.throttle("fallback", 1, 1, 60)[..3], [0, 2, 1]);
+        assert_eq!(s.throttle("fallback", 1, 1, 60)[..3], [0, 2, 0]);
+        let mut c = s.connect();
+        assert_eq!(c.call(&["CL.THROTTLE", "fallback", "1", "1", "60"])[0], 1);
+        drop(c);
+        let log = s.stop();
+        let said = log.contains("io_uring is unavailable: RESP is served on tokio");
+        if off {
+            assert!(said && log.contains("TURNSTILE_IO_URING=off"), "{log}");
+            assert!(log.contains("runtime=PerCore"), "{log}");
+        } else {
+            // (Under TURNSTILE_IO_URING=off this process cannot probe: the log alone tells.)
+            let env_off = std::env::var("TURNSTILE_IO_URING").is_ok_and(|v| v == "off");
+            if !env_off {
+                assert_eq!(said, !uring, "{log}");
+            }
+            let want = if !said {
+                "runtime=Uring"
+            } else {
+                "runtime=PerCore"
+            };
+            assert!(log.contains(want), "{log}");
+        }
+    }
 }
 
 /// The resident memory of process `pid`, in KiB (Linux).

@@ -9,6 +9,11 @@ use std::time::Duration;
 /// How connections are served.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum RuntimeKind {
+    /// One worker thread per core, pinned, each with its own io_uring and its own
+    /// `SO_REUSEPORT` RESP listener; HTTP and gRPC on tokio. Where io_uring is unavailable (an
+    /// older kernel, a seccomp profile that blocks it, `TURNSTILE_IO_URING=off`), or with
+    /// TLS, RESP is served as `per-core` (the log says so).
+    Uring,
     /// One worker thread per core, pinned, each with its own current-thread runtime and its
     /// own `SO_REUSEPORT` listeners (the kernel spreads connections over them).
     PerCore,
@@ -94,8 +99,9 @@ pub struct ServeArgs {
     /// Worker threads (default: one per core).
     #[arg(long, value_parser = workers)]
     pub workers: Option<usize>,
-    /// per-core (pinned current-thread runtimes) or multi-thread (one tokio runtime).
-    #[arg(long, value_enum, default_value = "per-core")]
+    /// uring (io_uring, thread per core; per-core where io_uring is unavailable), per-core
+    /// (pinned current-thread tokio runtimes) or multi-thread (one tokio runtime).
+    #[arg(long, value_enum, default_value = "uring")]
     pub runtime: RuntimeKind,
     /// The password every client must give: AUTH (or HELLO ... AUTH) on RESP,
     /// `Authorization: Bearer PASSWORD` on HTTP, `authorization` metadata on gRPC. Prefer
@@ -158,6 +164,10 @@ pub struct ServeArgs {
     /// Largest HTTP request head (request line and headers), in bytes (larger: 431).
     #[arg(long, default_value = "16kb", value_parser = bytes)]
     pub max_header_bytes: usize,
+    /// The rate-limit headers of POST /v1/check: draft10 (`RateLimit`, `RateLimit-Policy`),
+    /// legacy (`RateLimit-Limit`, `-Remaining`, `-Reset`) or both.
+    #[arg(long, value_enum, default_value = "draft10")]
+    pub ratelimit_headers: crate::RateLimitHeaders,
     /// Most headers in one HTTP request (more: 431).
     #[arg(long, default_value_t = 64)]
     pub max_headers: usize,

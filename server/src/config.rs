@@ -123,6 +123,8 @@ pub(crate) struct HttpConfig {
     pub(crate) trusted: bool,
     pub(crate) metrics_open: bool,
     pub(crate) max_body: usize,
+    /// The rate-limit headers of `POST /v1/check`.
+    pub(crate) ratelimit_headers: crate::RateLimitHeaders,
     pub(crate) max_header_bytes: usize,
     pub(crate) max_headers: usize,
     pub(crate) max_connections: usize,
@@ -211,6 +213,7 @@ pub(crate) fn from_args(a: &ServeArgs) -> Result<(RespConfig, HttpConfig), Serve
         trusted: trusted(&a.http),
         metrics_open: a.metrics_open,
         max_body: a.max_body,
+        ratelimit_headers: a.ratelimit_headers,
         max_header_bytes: a.max_header_bytes.max(1024),
         max_headers: a.max_headers.max(8),
         max_connections: a.max_http_connections.max(1),

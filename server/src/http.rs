@@ -10,7 +10,7 @@ use crate::state::{stopped, Server};
 use crate::watchdog::{ConnState, Watchdog};
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{header, HeaderName, HeaderValue, Method, StatusCode};
+use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -26,6 +26,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use turnstile::rules::Priority;
 use turnstile::{Clock, DefaultClock, Outcome};
+use turnstile_tower::{write_headers, HeaderStyle, Policy};
 
 /// The body of `POST /v1/check`. Strings borrow from the request's bytes (`Cow`: owned only
 /// when the JSON string has escapes), so a check allocates nothing to read its body.
@@ -129,9 +130,20 @@ fn outcome(o: Outcome) -> &'static str {
     }
 }
 
-static RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
-static RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
-static RATELIMIT_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
+/// Which rate-limit headers `POST /v1/check` sends (`--ratelimit-headers`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum RateLimitHeaders {
+    /// draft-ietf-httpapi-ratelimit-headers-10: `RateLimit-Policy` and `RateLimit`.
+    Draft10,
+    /// The earlier drafts' `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset`.
+    Legacy,
+    /// Both.
+    Both,
+}
+
+/// The policy the draft-10 fields name: one for the whole API, "default", no window (the
+/// rules' windows differ per rule; the decision does not say which one applied).
+static POLICY: std::sync::LazyLock<Policy> = std::sync::LazyLock::new(Policy::default);
 static JSON: HeaderValue = HeaderValue::from_static("application/json");
 
 fn one() -> u64 {
@@ -249,26 +261,19 @@ async fn check_body(s: Arc<Server>, body: Bytes) -> Response {
     let h = res.headers_mut();
     h.reserve(5);
     h.insert(header::CONTENT_TYPE, JSON.clone());
-    if d.limit != u64::MAX {
-        let secs = |ns: u64| ns.div_ceil(1_000_000_000);
-        let mut value = |n: u64| {
-            buf.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
-            // Decimal digits are always a valid header value.
-            HeaderValue::from_maybe_shared(buf.split().freeze()).ok()
-        };
-        let values = [
-            (RATELIMIT_LIMIT.clone(), value(d.limit)),
-            (RATELIMIT_REMAINING.clone(), value(d.remaining)),
-            (RATELIMIT_RESET.clone(), value(secs(d.reset_after_ns))),
-            (
-                header::RETRY_AFTER,
-                d.retry_after_ns.and_then(|r| value(secs(r))),
-            ),
-        ];
-        for (name, v) in values {
-            if let Some(v) = v {
-                h.insert(name, v);
-            }
+    // The rate-limit headers from turnstile-tower's writer, as the tower layer sends them.
+    let style = s.http.ratelimit_headers;
+    if matches!(style, RateLimitHeaders::Draft10 | RateLimitHeaders::Both) {
+        write_headers(&HeaderStyle::Ietf, &POLICY, &d, h);
+    }
+    if matches!(style, RateLimitHeaders::Legacy | RateLimitHeaders::Both) {
+        write_headers(&HeaderStyle::RateLimit, &POLICY, &d, h);
+    }
+    if let Some(secs) = d.retry_after_secs_ceil().filter(|_| d.has_limit()) {
+        buf.extend_from_slice(itoa::Buffer::new().format(secs).as_bytes());
+        // Decimal digits are always a valid header value.
+        if let Ok(v) = HeaderValue::from_maybe_shared(buf.split().freeze()) {
+            h.insert(header::RETRY_AFTER, v);
         }
     }
     res

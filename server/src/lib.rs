@@ -80,6 +80,7 @@ use turnstile::rules::{Engine, Rules};
 
 pub use args::{RuntimeKind, ServeArgs};
 pub use error::ServeError;
+pub use http::RateLimitHeaders;
 pub use snapshot::SnapshotError;
 
 /// A server started by [`start`].
@@ -92,6 +93,9 @@ pub struct Running {
     pub grpc: Option<SocketAddr>,
     /// The admin HTTP address, if `--admin` was given.
     pub admin: Option<SocketAddr>,
+    /// The runtime RESP is served on (`--runtime`, or `per-core` where io_uring is
+    /// unavailable).
+    pub runtime: RuntimeKind,
     srv: Arc<Server>,
     workers: Vec<std::thread::JoinHandle<()>>,
     control: std::thread::JoinHandle<()>,
@@ -116,6 +120,15 @@ impl Running {
         let _ = self.control.join();
         control::final_snapshot(&self.srv)
     }
+}
+
+/// Whether `--runtime uring` can serve RESP here, or why not: `TURNSTILE_IO_URING=off`, not
+/// Linux, or a kernel (or seccomp profile) that refuses what it needs (Linux 5.19 or later).
+pub fn io_uring_available() -> Result<(), String> {
+    #[cfg(target_os = "linux")]
+    return resp::uring::available();
+    #[cfg(not(target_os = "linux"))]
+    return Err("io_uring is Linux's".into());
 }
 
 /// Starts the server (listeners bound when this returns) and answers until stopped.
@@ -230,7 +243,7 @@ const DEFERRED_BUDGET: usize = 64 << 20;
 fn listen(srv: Arc<Server>, args: &ServeArgs, workers: usize) -> Result<Running, ServeError> {
     // Signal handlers first: a signal that follows the first accepted connection is handled.
     let prepared = control::prepare()?;
-    let (bound, mut threads) = workers::spawn(&srv, args, workers)?;
+    let (bound, mut threads, runtime) = workers::spawn(&srv, args, workers)?;
     let mut grpc = None;
     let started = extra::spawn(&srv, args).and_then(|(t, g)| {
         threads.extend(t);
@@ -247,11 +260,12 @@ fn listen(srv: Arc<Server>, args: &ServeArgs, workers: usize) -> Result<Running,
             return Err(e);
         }
     };
-    tracing::info!(resp = %bound.resp, http = %bound.http, admin = ?bound.admin, workers, runtime = ?args.runtime, "serving");
+    tracing::info!(resp = %bound.resp, http = %bound.http, admin = ?bound.admin, workers, ?runtime, "serving");
     Ok(Running {
         resp: bound.resp,
         http: bound.http,
         admin: bound.admin,
+        runtime,
         grpc,
         srv,
         workers: threads,

@@ -1,4 +1,5 @@
-//! Where connections run: thread-per-core (`--runtime per-core`, the default) or one
+//! Where connections run: thread-per-core on io_uring (`--runtime uring`, the default, Linux),
+//! thread-per-core on tokio (`--runtime per-core`, and where io_uring is unavailable) or one
 //! multi-thread tokio runtime (`--runtime multi-thread`).
 //!
 //! Per core: worker i is pinned to core i mod cores (core_affinity), runs a current-thread
@@ -7,6 +8,10 @@
 //! and a connection then lives on one core. The engine and the stores are shared (lock-free).
 //! The first listener is bound before the others, so that a port 0 becomes one real port that
 //! the others join.
+//!
+//! On io_uring, worker i runs the RESP listener i on its own ring (resp::uring); the HTTP
+//! listeners (and --admin) are served by one multi-thread tokio runtime of as many threads,
+//! which also runs the RESP rules commands whose counts live in Redis.
 
 use crate::resp::serve::{accept, Peer};
 use crate::state::{stopped, Server};
@@ -40,6 +45,12 @@ fn listener(
 
 static CONN_ID: AtomicU64 = AtomicU64::new(1);
 
+/// A new RESP connection's id.
+pub(crate) fn next_conn_id() -> u64 {
+    // Relaxed: a unique number.
+    CONN_ID.fetch_add(1, Ordering::Relaxed)
+}
+
 /// Accepts RESP connections until shutdown.
 async fn accept_resp(srv: Arc<Server>, l: tokio::net::TcpListener) {
     let mut stop = srv.shutdown.subscribe();
@@ -47,8 +58,7 @@ async fn accept_resp(srv: Arc<Server>, l: tokio::net::TcpListener) {
         tokio::select! {
             r = l.accept() => match r {
                 Ok((s, addr)) => {
-                    // Relaxed: a unique number.
-                    let id = CONN_ID.fetch_add(1, Ordering::Relaxed);
+                    let id = next_conn_id();
                     let peer = Peer {
                         id,
                         addr: Some(addr),
@@ -130,16 +140,42 @@ fn bind(
     Ok((all, bound))
 }
 
-/// Binds the listeners and starts the workers. Returns the bound addresses and the threads.
+/// The runtime RESP is served on: `--runtime`, unless it asks for io_uring where it cannot be
+/// had (said in one log line).
+fn effective(args: &ServeArgs) -> RuntimeKind {
+    if args.runtime != RuntimeKind::Uring {
+        return args.runtime;
+    }
+    if args.tls_cert.is_some() {
+        tracing::info!("RESP over TLS is served on tokio (--runtime per-core): the io_uring runtime serves plain TCP");
+        return RuntimeKind::PerCore;
+    }
+    #[cfg(target_os = "linux")]
+    let why = match crate::resp::uring::available() {
+        Ok(()) => return RuntimeKind::Uring,
+        Err(why) => why,
+    };
+    #[cfg(not(target_os = "linux"))]
+    let why = "io_uring is Linux's".to_string();
+    tracing::warn!(reason = %why, "io_uring is unavailable: RESP is served on tokio (--runtime per-core)");
+    RuntimeKind::PerCore
+}
+
+/// Binds the listeners and starts the workers. Returns the bound addresses, the threads and the
+/// runtime RESP is served on.
 pub(crate) fn spawn(
     shared: &Arc<Server>,
     args: &ServeArgs,
     workers: usize,
-) -> Result<(Bound, Vec<JoinHandle<()>>), ServeError> {
-    let per_core = args.runtime == RuntimeKind::PerCore;
+) -> Result<(Bound, Vec<JoinHandle<()>>, RuntimeKind), ServeError> {
+    let kind = effective(args);
+    let per_core = kind != RuntimeKind::MultiThread;
     let (all, bound) = bind(args, workers, per_core)?;
     let mut threads = Vec::new();
-    if per_core {
+    if kind == RuntimeKind::Uring {
+        #[cfg(target_os = "linux")]
+        threads.extend(spawn_uring(shared, all)?);
+    } else if per_core {
         let cores = core_affinity::get_core_ids().unwrap_or_default();
         for (i, l) in all.into_iter().enumerate() {
             let shared = shared.clone();
@@ -184,7 +220,96 @@ pub(crate) fn spawn(
             .map_err(ServeError::Runtime)?;
         threads.push(t);
     }
-    Ok((bound, threads))
+    Ok((bound, threads, kind))
+}
+
+/// The io_uring workers (one pinned thread per RESP listener) and the tokio runtime of the HTTP
+/// listeners and of the calls to Redis.
+#[cfg(target_os = "linux")]
+fn spawn_uring(
+    shared: &Arc<Server>,
+    all: Vec<Listeners>,
+) -> Result<Vec<JoinHandle<()>>, ServeError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(all.len())
+        .thread_name("turnstile-http")
+        .enable_all()
+        .build()
+        .map_err(ServeError::Runtime)?;
+    let cores = core_affinity::get_core_ids().unwrap_or_default();
+    let mut threads = Vec::new();
+    let mut web = Vec::new();
+    for (i, l) in all.into_iter().enumerate() {
+        web.push((l.http, l.admin));
+        let (shared, handle, resp) = (shared.clone(), rt.handle().clone(), l.resp);
+        let core = (!cores.is_empty()).then(|| cores[i % cores.len()]);
+        let t = std::thread::Builder::new()
+            .name(format!("turnstile-uring-{i}"))
+            .spawn(move || {
+                if let Some(c) = core {
+                    core_affinity::set_for_current(c);
+                }
+                uring_worker(shared, resp, handle);
+            })
+            .map_err(ServeError::Runtime)?;
+        threads.push(t);
+    }
+    let shared = shared.clone();
+    let t = std::thread::Builder::new()
+        .name("turnstile-http".into())
+        .spawn(move || {
+            rt.block_on(async move {
+                let mut served = Vec::new();
+                for (h, a) in web {
+                    for (l, trusted) in [(Some(h), shared.http.trusted), (a, true)] {
+                        let Some(l) = l else { continue };
+                        match tokio::net::TcpListener::from_std(l) {
+                            Ok(l) => {
+                                served.push(tokio::spawn(http::serve(shared.clone(), l, trusted)))
+                            }
+                            Err(e) => tracing::error!(error = %e, "listener failed"),
+                        }
+                    }
+                }
+                for s in served {
+                    let _ = s.await;
+                }
+                // The RESP workers' calls to Redis run here: kept until they are done.
+                wait_for_connections(&shared).await;
+            });
+        })
+        .map_err(ServeError::Runtime)?;
+    threads.push(t);
+    Ok(threads)
+}
+
+/// One io_uring worker; if its ring fails, the listener is served on tokio instead.
+#[cfg(target_os = "linux")]
+fn uring_worker(shared: Arc<Server>, resp: std::net::TcpListener, remote: tokio::runtime::Handle) {
+    let ring_side = match resp.try_clone() {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(error = %e, "listener failed");
+            return;
+        }
+    };
+    let Err(e) = crate::resp::uring::serve(shared.clone(), ring_side, remote) else {
+        return;
+    };
+    if *shared.shutdown.borrow() {
+        return;
+    }
+    tracing::warn!(error = %e, "io_uring worker failed: its RESP listener is served on tokio");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build();
+    match (rt, tokio::net::TcpListener::from_std(resp)) {
+        (Ok(rt), Ok(l)) => rt.block_on(async move {
+            accept_resp(shared.clone(), l).await;
+            wait_for_connections(&shared).await;
+        }),
+        (Err(e), _) | (_, Err(e)) => tracing::error!(error = %e, "worker runtime failed to start"),
+    }
 }
 
 /// One worker's listeners served until shutdown; then waits (bounded) for this runtime's RESP
@@ -209,8 +334,12 @@ async fn serve_listeners(shared: Arc<Server>, l: Listeners) {
     if let Some(a) = admin {
         let _ = a.await;
     }
-    // Connections see the same signal and stop after answering what they read; give them a
-    // moment to write.
+    wait_for_connections(&shared).await;
+}
+
+/// Connections see the shutdown signal and stop after answering what they read; this gives
+/// them a moment (at most 5 s) to write.
+async fn wait_for_connections(shared: &Server) {
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
     while shared.connections.load(Ordering::Relaxed) > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;

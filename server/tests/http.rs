@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use turnstile::keyed::Store;
 use turnstile::Limits;
 use turnstile_server::throttle::{emission_ns, limit_of, reply};
-use turnstile_server::{start, Running, ServeArgs, ServeError};
+use turnstile_server::{start, RateLimitHeaders, Running, ServeArgs, ServeError};
 
 fn tmpdir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("turnstile-server-{}-{name}", std::process::id()));
@@ -61,6 +61,11 @@ fn stop(r: Running) {
     r.join().unwrap();
 }
 
+/// Whether the response head has this header line (lowercase, as `curl_head` gives it).
+fn has_line(head: &str, line: &str) -> bool {
+    head.lines().any(|l| l.trim_end() == line)
+}
+
 fn check_body(key: &str) -> String {
     format!(r#"{{"key_class":"customer","key":"{key}","route":"/v1/x","method":"GET"}}"#)
 }
@@ -79,17 +84,26 @@ fn check_metrics_and_reload() {
     for i in 0..3 {
         let (status, head, body) = curl_head("POST", &url, Some(&check_body("7")));
         assert_eq!(status, 200, "{i}: {body}");
-        assert!(head.contains("ratelimit-limit: 3"), "{head}");
+        // draft-10's fields by default, not the older names.
         assert!(
-            head.contains(&format!("ratelimit-remaining: {}", 2 - i)),
+            has_line(&head, "ratelimit-policy: \"default\";q=3"),
             "{head}"
         );
+        assert!(
+            head.contains(&format!("ratelimit: \"default\";r={};t=", 2 - i)),
+            "{head}"
+        );
+        assert!(!head.contains("ratelimit-limit"), "{head}");
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();
         assert_eq!(v["allowed"], true);
     }
     let (status, head, body) = curl_head("POST", &url, Some(&check_body("7")));
     assert_eq!(status, 429, "{body}");
     assert!(head.contains("retry-after: 1200"), "{head}");
+    assert!(
+        has_line(&head, "ratelimit: \"default\";r=0;t=1200"),
+        "{head}"
+    );
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["allowed"], false);
     assert_eq!(v["rule"], "per-customer");
@@ -181,8 +195,47 @@ fn check_metrics_and_reload() {
     }
     let (status, head, _) = curl_head("POST", &url, Some(&check_body("8")));
     assert_eq!(status, 200);
-    assert!(head.contains("ratelimit-limit: 5"), "{head}");
+    assert!(
+        has_line(&head, "ratelimit-policy: \"default\";q=5"),
+        "{head}"
+    );
     stop(r);
+}
+
+/// `--ratelimit-headers legacy` sends the earlier drafts' names instead, `both` both, with the
+/// same numbers.
+#[test]
+fn legacy_and_both_header_forms() {
+    let d = tmpdir("header-forms");
+    let rules = d.join("rules.toml");
+    std::fs::write(&rules, RULES).unwrap();
+    for (style, draft, legacy) in [
+        (RateLimitHeaders::Legacy, false, true),
+        (RateLimitHeaders::Both, true, true),
+    ] {
+        let r = start(args(|a| {
+            a.rules = Some(rules.clone());
+            a.ratelimit_headers = style;
+        }))
+        .unwrap();
+        let url = format!("http://{}/v1/check", r.http);
+        let (status, head, _) = curl_head("POST", &url, Some(&check_body("7")));
+        assert_eq!(status, 200, "{style:?}: {head}");
+        for line in [
+            "ratelimit-limit: 3",
+            "ratelimit-remaining: 2",
+            "ratelimit-reset: 1200",
+        ] {
+            assert_eq!(has_line(&head, line), legacy, "{style:?}: {line} in {head}");
+        }
+        for line in [
+            "ratelimit-policy: \"default\";q=3",
+            "ratelimit: \"default\";r=2;t=1200",
+        ] {
+            assert_eq!(has_line(&head, line), draft, "{style:?}: {line} in {head}");
+        }
+        stop(r);
+    }
 }
 
 #[test]

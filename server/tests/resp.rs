@@ -8,7 +8,7 @@ use std::time::Duration;
 use turnstile::keyed::Store;
 use turnstile::Limits;
 use turnstile_server::throttle::{emission_ns, limit_of, reply};
-use turnstile_server::{start, Running, ServeArgs};
+use turnstile_server::{start, Running, RuntimeKind, ServeArgs};
 
 fn server(f: impl FnOnce(&mut ServeArgs)) -> Running {
     let mut a = ServeArgs::new();
@@ -71,6 +71,24 @@ fn cmd(parts: &[&str]) -> Vec<u8> {
 fn stop(r: Running) {
     r.stop();
     r.join().unwrap();
+}
+
+/// The default runtime is io_uring where it is available (the suite runs again with
+/// `TURNSTILE_IO_URING=off`, on tokio).
+#[test]
+fn the_default_runtime_is_io_uring_where_available() {
+    let r = server(|_| {});
+    let want = match turnstile_server::io_uring_available() {
+        Ok(()) => RuntimeKind::Uring,
+        Err(_) => RuntimeKind::PerCore,
+    };
+    if std::env::var("TURNSTILE_IO_URING").is_ok_and(|v| v == "off") {
+        assert_eq!(want, RuntimeKind::PerCore);
+    }
+    assert_eq!(r.runtime, want);
+    let mut s = connect(r.resp);
+    assert_eq!(roundtrip(&mut s, &cmd(&["PING"]), 7), b"+PONG\r\n");
+    stop(r);
 }
 
 #[test]
@@ -401,4 +419,90 @@ fn a_second_server_on_a_used_port_is_refused() {
         }
     }
     stop(r);
+}
+
+/// A client that sends without ever reading its replies: once its output passes
+/// --client-output-limit the connection is closed, and every other client is answered.
+#[test]
+fn a_client_that_never_reads_is_closed_past_its_output_limit() {
+    let r = server(|a| {
+        a.workers = Some(1);
+        a.client_output_limit = 256 << 10;
+    });
+    let mut hog = connect(r.resp);
+    hog.set_write_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    // COMMAND's reply is KiBs: 4 000 of them are far past the limit (and the socket buffers).
+    let flood = cmd(&["COMMAND"]).repeat(4000);
+    let writer = std::thread::spawn(move || {
+        let _ = hog.write_all(&flood);
+        hog
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut s = connect(r.resp);
+        assert_eq!(roundtrip(&mut s, &cmd(&["PING"]), 7), b"+PONG\r\n");
+        let info = roundtrip(&mut s, &cmd(&["INFO", "clients"]), 45);
+        if String::from_utf8_lossy(&info).contains("connected_clients:1\r\n") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the client that never reads is still connected"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut hog = writer.join().unwrap();
+    // What the server had sent before it closed is there to read, then the end.
+    let mut got = Vec::new();
+    let _ = hog.read_to_end(&mut got);
+    assert!(got.len() < 8 << 20, "{} bytes", got.len());
+    stop(r);
+}
+
+/// Shutdown with connections open and data in flight both ways: clients that read, one that
+/// never reads, one halfway through a command, one idle. The server stops within its grace
+/// period, and the clients that read got well-formed replies, in order, then the end.
+#[test]
+fn shutdown_with_connections_open_and_data_in_flight() {
+    let r = server(|a| a.workers = Some(2));
+    let one = cmd(&["CL.THROTTLE", "stop", "1000000", "1", "60"]);
+    let mut readers = Vec::new();
+    for _ in 0..8 {
+        let mut s = connect(r.resp);
+        let one = one.clone();
+        readers.push(std::thread::spawn(move || {
+            let mut w = s.try_clone().unwrap();
+            let sender = std::thread::spawn(move || {
+                for _ in 0..200 {
+                    if w.write_all(&one.repeat(50)).is_err() {
+                        return;
+                    }
+                }
+            });
+            let mut got = Vec::new();
+            let _ = s.read_to_end(&mut got);
+            let _ = sender.join();
+            got
+        }));
+    }
+    let mut silent = connect(r.resp);
+    silent.write_all(&cmd(&["COMMAND"]).repeat(2000)).unwrap();
+    let mut half = connect(r.resp);
+    half.write_all(&one[..10]).unwrap();
+    let _idle = connect(r.resp);
+    std::thread::sleep(Duration::from_millis(200));
+    let t0 = std::time::Instant::now();
+    stop(r);
+    assert!(t0.elapsed() < Duration::from_secs(12), "{:?}", t0.elapsed());
+    for t in readers {
+        let got = String::from_utf8(t.join().unwrap()).unwrap();
+        let n = got.matches("*5\r\n").count();
+        assert!(n > 0);
+        // Whole replies only: each is 5 integers.
+        assert_eq!(got.matches("\r\n").count(), 6 * n, "a reply cut short");
+    }
+    // The half command was never run; the connection was closed.
+    let mut buf = [0u8; 64];
+    assert!(matches!(half.read(&mut buf), Ok(0) | Err(_)));
 }

@@ -1,9 +1,10 @@
-//! The rate-limit headers of a decision, in one of three forms: the IETF draft's
-//! `RateLimit-Policy` / `RateLimit`, `RateLimit-*` or `X-RateLimit-*`. Made when the request is
-//! checked, written into its response when that comes; built to cost little per response
-//! (static cached values; the one value that changes split off a per-thread buffer).
+//! The rate-limit headers of a decision, in one of three forms: draft-ietf-httpapi-ratelimit-
+//! headers-10's `RateLimit-Policy` / `RateLimit`, the earlier drafts' `RateLimit-*`, or
+//! `X-RateLimit-*`. Made when the request is checked, written into its response when that
+//! comes; built to cost little per response (static cached values; the one value that changes
+//! split off a per-thread buffer). [`write_headers`] is the one writer of these headers in the
+//! workspace: the layer and `turnstile serve`'s `POST /v1/check` both use it.
 
-use crate::limit::{ceil_secs, retry_after_secs};
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
 use http::HeaderMap;
@@ -16,8 +17,10 @@ use turnstile::{Decision, Outcome};
 pub enum HeaderStyle {
     /// None (a refused request still gets `Retry-After`).
     None,
-    /// The IETF draft (draft-ietf-httpapi-ratelimit-headers):
-    /// `RateLimit-Policy: "name";q=100;w=60` and `RateLimit: "name";r=50;t=30`.
+    /// draft-ietf-httpapi-ratelimit-headers-10: `RateLimit-Policy: "name";q=100;w=60` and
+    /// `RateLimit: "name";r=50;t=30`, Structured Fields lists (RFC 9651) of one member each;
+    /// numbers above 999 999 999 999 999 (the largest Structured Fields integer) are written
+    /// as that.
     #[default]
     Ietf,
     /// `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset` (earlier drafts).
@@ -38,6 +41,9 @@ pub struct Policy {
     /// engine one per rule), formatted once and then cloned.
     cached: Arc<[OnceLock<(u64, HeaderValue)>; POLICY_CACHE]>,
 }
+
+/// The largest integer a Structured Field may hold (RFC 9651, 15 digits).
+const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
 
 /// How many limits a [`Policy`] keeps a formatted `RateLimit-Policy` value for; beyond, the
 /// value is formatted per response.
@@ -65,7 +71,7 @@ impl Policy {
         }
         Ok(Self::unchecked(
             name,
-            window.map(|w| w.as_secs_f64().ceil() as u64),
+            window.map(|w| (w.as_secs_f64().ceil() as u64).min(SF_INTEGER_MAX)),
         ))
     }
 
@@ -101,6 +107,7 @@ impl Policy {
     }
 
     fn format_policy(&self, limit: u64) -> String {
+        let limit = limit.min(SF_INTEGER_MAX);
         match self.window {
             Some(w) => format!("\"{}\";q={limit};w={w}", self.name),
             None => format!("\"{}\";q={limit}", self.name),
@@ -111,7 +118,8 @@ impl Policy {
     /// [`ARENA`] rather than an allocation of its own (`format!` was a fifth of the layer's
     /// instructions under callgrind; a `Vec` of the exact size, then, ~300 instructions to
     /// allocate, convert and free: the arena's split and release cost ~100).
-    fn rate(&self, remaining: u64, reset: u64) -> HeaderValue {
+    fn rate(&self, remaining: u64, reset: u64) -> Option<HeaderValue> {
+        let (remaining, reset) = (remaining.min(SF_INTEGER_MAX), reset.min(SF_INTEGER_MAX));
         let (mut r, mut t) = (itoa::Buffer::new(), itoa::Buffer::new());
         let (r, t) = (r.format(remaining).as_bytes(), t.format(reset).as_bytes());
         let v = ARENA.with(|a| {
@@ -123,16 +131,30 @@ impl Policy {
             a.extend_from_slice(t);
             a.split().freeze()
         });
-        debug_assert!(v.iter().all(|b| (b' '..=b'~').contains(b)));
-        // SAFETY: a valid header value is visible ASCII and spaces; `v` is the policy name,
-        // which `Policy::new` checked to be printable ASCII (`Policy::default`'s is), in
-        // quotes, `;r=`, `;t=` and decimal digits. (`from_maybe_shared` would check it again
-        // byte by byte: a sixth of what building the value costs, under callgrind.)
-        #[allow(unsafe_code)]
-        unsafe {
-            HeaderValue::from_maybe_shared_unchecked(v)
-        }
+        rate_value(v)
     }
+}
+
+/// A `RateLimit` value as a header value: checked byte by byte by `http`, although
+/// `Policy::new` checked the name and the rest is `;r=`, `;t=` and digits (the check is
+/// ~215 instructions per response under callgrind, a tenth of what the layer adds; the
+/// `unsafe-fast-headers` feature skips it).
+#[cfg(not(feature = "unsafe-fast-headers"))]
+#[inline]
+fn rate_value(v: Bytes) -> Option<HeaderValue> {
+    HeaderValue::from_maybe_shared(v).ok()
+}
+
+/// A `RateLimit` value as a header value, unchecked (feature `unsafe-fast-headers`).
+#[cfg(feature = "unsafe-fast-headers")]
+#[allow(unsafe_code)]
+#[inline]
+fn rate_value(v: Bytes) -> Option<HeaderValue> {
+    debug_assert!(v.iter().all(|b| (b' '..=b'~').contains(b)));
+    // SAFETY: a valid header value is visible ASCII and spaces; `v` is the policy name,
+    // which `Policy::new` checked to be printable ASCII (`Policy::default`'s is), in quotes,
+    // `;r=`, `;t=` and decimal digits.
+    Some(unsafe { HeaderValue::from_maybe_shared_unchecked(v) })
 }
 
 /// The first size of a thread's [`ARENA`] buffer, and of each one after it: ~40 `RateLimit`
@@ -222,9 +244,9 @@ const X_NAMES: [HeaderName; 3] = [
 /// Seconds until the client may expect more quota: when admitted, until the limit is idle
 /// again; when refused, until this request would be admitted (rounded up, ≥ 1).
 pub fn reset_secs(d: &Decision) -> u64 {
-    match retry_after_secs(d) {
+    match d.retry_after_secs_ceil() {
         Some(s) if !d.allowed() => s,
-        _ => ceil_secs(d.reset_after_ns),
+        _ => d.reset_after_secs_ceil(),
     }
 }
 
@@ -247,7 +269,7 @@ impl RateHeaders {
     /// `style`'s headers for decision `d`. None for a decision no limit made (no rule
     /// applied: `limit` is `u64::MAX`) or a store-full / shed decision (`limit` 0).
     pub(crate) fn new(style: &HeaderStyle, policy: &Policy, d: &Decision) -> Self {
-        if d.limit == u64::MAX
+        if !d.has_limit()
             || d.limit == 0
             || matches!(d.outcome, Outcome::StoreFull | Outcome::Untracked)
         {
@@ -259,9 +281,12 @@ impl RateHeaders {
         let three = match style {
             HeaderStyle::None => return Self::None,
             HeaderStyle::Ietf => {
-                return match policy.header(d.limit) {
-                    Some(q) => Self::Ietf(q, policy.rate(remaining, reset_secs(d))),
-                    None => Self::None,
+                return match (
+                    policy.header(d.limit),
+                    policy.rate(remaining, reset_secs(d)),
+                ) {
+                    (Some(q), Some(r)) => Self::Ietf(q, r),
+                    _ => Self::None,
                 };
             }
             HeaderStyle::RateLimit => Self::RateLimit,
@@ -296,9 +321,29 @@ impl RateHeaders {
     }
 }
 
-/// Writes `style`'s headers for decision `d` into `h`: the IETF fields appended to any there,
-/// the older forms replacing theirs. Nothing for a decision no limit made (no rule applied:
-/// `limit` is `u64::MAX`), a shed decision (`limit` 0) or a full store.
+/// Writes `style`'s headers for decision `d` into `h`: the draft-10 fields appended to any
+/// there (one list member per policy), the older forms replacing theirs.
+///
+/// The values: the quota (`q`, `-Limit`) is `d.limit`; what is left (`r`, `-Remaining`) is
+/// `d.remaining` when admitted and 0 when refused; the seconds to reset (`t`, `-Reset`),
+/// rounded up, are until the limit is idle again when admitted, and when refused until this
+/// request would be admitted (its `Retry-After`, at least 1). Nothing is written for a decision
+/// no limit made (`limit` is `u64::MAX`: no rule applied), a shed one (`limit` 0) or a full
+/// store's (its 0 left would read as this client's quota used up).
+///
+/// ```
+/// use http::HeaderMap;
+/// use turnstile::{Decision, Outcome};
+/// use turnstile_tower::{write_headers, HeaderStyle, Policy};
+///
+/// let d = Decision { outcome: Outcome::Allowed, limit: 10, remaining: 7,
+///     reset_after_ns: 18_500_000_000, retry_after_ns: None, delay_ns: 0 };
+/// let policy = Policy::new("per-ip", Some(std::time::Duration::from_secs(60))).unwrap();
+/// let mut h = HeaderMap::new();
+/// write_headers(&HeaderStyle::Ietf, &policy, &d, &mut h);
+/// assert_eq!(h["ratelimit-policy"], r#""per-ip";q=10;w=60"#);
+/// assert_eq!(h["ratelimit"], r#""per-ip";r=7;t=19"#);
+/// ```
 pub fn write_headers(style: &HeaderStyle, policy: &Policy, d: &Decision, h: &mut HeaderMap) {
     RateHeaders::new(style, policy, d).write(h);
 }
@@ -357,7 +402,12 @@ mod tests {
                 let d = d(true, u64::MAX - 1, rem, reset, None);
                 let mut h = HeaderMap::new();
                 write_headers(&HeaderStyle::Ietf, &p, &d, &mut h);
-                let want = format!("\"{name}\";r={rem};t={}", reset.div_ceil(1_000_000_000));
+                let sf = |v: u64| v.min(SF_INTEGER_MAX);
+                let want = format!(
+                    "\"{name}\";r={};t={}",
+                    sf(rem),
+                    sf(reset.div_ceil(1_000_000_000))
+                );
                 assert_eq!(h["ratelimit"], want.as_str());
             }
         }
@@ -372,14 +422,15 @@ mod tests {
         // still reads as it was made.
         let p = Policy::new("a-policy", None).unwrap();
         let want = |i: u64| format!("\"a-policy\";r={i};t={}", i * 7);
-        let mut kept: Vec<(u64, HeaderValue)> = (0..300).map(|i| (i, p.rate(i, i * 7))).collect();
+        let rate = |i: u64| p.rate(i, i * 7).unwrap();
+        let mut kept: Vec<(u64, HeaderValue)> = (0..300).map(|i| (i, rate(i))).collect();
         kept.retain(|(i, _)| i % 3 == 0);
-        kept.extend((300..600).map(|i| (i, p.rate(i, i * 7))));
+        kept.extend((300..600).map(|i| (i, rate(i))));
         for (i, v) in &kept {
             assert_eq!(v, want(*i).as_str());
         }
         drop(kept);
-        assert_eq!(p.rate(1, 2), "\"a-policy\";r=1;t=2");
+        assert_eq!(p.rate(1, 2).unwrap(), "\"a-policy\";r=1;t=2");
     }
 
     #[test]

@@ -9,9 +9,10 @@
 //!   rightmost untrusted address of `Forwarded`, `X-Forwarded-For` or `X-Real-IP`, see
 //!   [`ip`]), a header, a bearer token, an extension, the matched route and method, a closure.
 //! * **Answers** ([`answer`]): 429 over a limit, 503 when shed, `Retry-After` in whole seconds
-//!   rounded up (≥ 1); rate-limit headers in the IETF draft's form, `RateLimit-*` or
-//!   `X-RateLimit-*`; a problem+json or text body or the application's own; over gRPC,
-//!   `RESOURCE_EXHAUSTED` with the retry time in metadata.
+//!   rounded up (≥ 1); rate-limit headers in draft-ietf-httpapi-ratelimit-headers-10's form,
+//!   `RateLimit-*` or `X-RateLimit-*` ([`write_headers`], usable without the layer); a
+//!   problem+json or text body or the application's own; over gRPC, `RESOURCE_EXHAUSTED` with
+//!   the retry time in metadata.
 //! * **Permits**: an engine's in-flight permit is owned by the response body until it ends or
 //!   is dropped ([`RateLimitBody`]).
 //! * **Shaping**: a leaky-bucket shaper's delay is waited (bounded), and refunded if the
@@ -45,7 +46,9 @@
 //! `into_make_service_with_connect_info::<SocketAddr>()`) or [`ClientIp`] behind trusted
 //! proxies; `cargo run --release -p turnstile-tower --example axum` runs one (docs/tower.md).
 
-#![deny(unsafe_code)]
+// No unsafe code in a default build; `unsafe-fast-headers` allows one block (headers.rs).
+#![cfg_attr(not(feature = "unsafe-fast-headers"), forbid(unsafe_code))]
+#![cfg_attr(feature = "unsafe-fast-headers", deny(unsafe_code))]
 #![warn(missing_docs)]
 
 pub mod answer;
@@ -59,12 +62,12 @@ pub mod observe;
 pub mod redis;
 mod service;
 
-pub use answer::{BodyStyle, Denial, HeaderStyle, Policy};
+pub use answer::{write_headers, BodyStyle, Denial, HeaderStyle, Policy};
 pub use body::RateLimitBody;
 pub use ip::{ProxyHeader, TrustedProxies};
 pub use key::{ClientIp, Key, KeyExtractor, PeerIp};
 pub use limit::{
-    is_shed, retry_after_secs, Check, Describe, Describer, EngineLimit, IpSource, Limit, NoKey,
-    StoreLimit,
+    is_shed, retry_after_secs, Check, Checking, Describe, Describer, EngineLimit, IpSource, Limit,
+    Never, NoKey, StoreLimit,
 };
 pub use service::{Builder, Config, RateLimit, RateLimitLayer, ResponseFuture};

@@ -1,13 +1,23 @@
 //! What the layer checks a request against: one keyed [`Store`] and a key extractor
-//! ([`StoreLimit`]), or a rules [`Engine`] and a description of the request ([`EngineLimit`]).
+//! ([`StoreLimit`]), a rules [`Engine`] and a description of the request ([`EngineLimit`]),
+//! or, with the `redis` feature, a Redis store ([`RedisLimit`](crate::redis::RedisLimit)).
+//!
+//! A check answers at once ([`Checking::Ready`]: the in-memory limits, in nanoseconds) or
+//! with a future ([`Checking::Pending`]: a network round trip); the layer waits for the
+//! future in its response future, then answers as for any other check.
 
 use crate::key::{route, Key, KeyExtractor};
 use crate::ClientIp;
 use http::request::Parts;
+use std::convert::Infallible;
+use std::future::Future;
+use std::marker::PhantomData;
 use std::net::IpAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
-use turnstile::keyed::{Key as _, Store};
+use turnstile::keyed::{Key as _, KeyHasher, Store};
 use turnstile::rules::{Engine, OwnedInFlight, Priority, Request};
 use turnstile::{Clock, Decision, Outcome};
 
@@ -54,15 +64,45 @@ pub enum Check<P = OwnedInFlight> {
     NoKey,
 }
 
-/// What the layer checks requests against. Implemented for [`StoreLimit`] and
-/// [`EngineLimit`]; implement it to put any other decision behind the layer.
+/// What [`Limit::check`] answers: the check's result now, or a future of it.
+#[derive(Debug)]
+pub enum Checking<P, F> {
+    /// Decided at once.
+    Ready(Check<P>),
+    /// Decided when the future completes (a network round trip): the layer holds the request
+    /// and the inner service, made ready by `poll_ready`, until then.
+    Pending(F),
+}
+
+/// The future of a limit that always decides at once ([`StoreLimit`], [`EngineLimit`]). It
+/// has no value: the layer's state for a pending check is never built for such a limit, and
+/// the response future stays as small as without it.
+pub struct Never<P> {
+    never: Infallible,
+    _check: PhantomData<fn() -> P>,
+}
+
+impl<P> Future for Never<P> {
+    type Output = Check<P>;
+    fn poll(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Check<P>> {
+        match self.never {}
+    }
+}
+
+/// What the layer checks requests against. Implemented for [`StoreLimit`], [`EngineLimit`]
+/// and (feature `redis`) [`RedisLimit`](crate::redis::RedisLimit); implement it to put any
+/// other decision behind the layer, at once or asynchronously.
 pub trait Limit: Send + Sync + 'static {
     /// What an admitted request holds until its response body ends or is dropped: the
     /// engine's [`OwnedInFlight`]; `()` for a store, which counts nothing in flight (then the
     /// response future and body carry no room for one).
     type Permit: Send + 'static;
-    /// Checks the request whose head is `parts`.
-    fn check(&self, parts: &Parts, no_key: NoKey) -> Check<Self::Permit>;
+    /// The future of a check that cannot answer at once; [`Never`] for a limit that always
+    /// does.
+    type Future: Future<Output = Check<Self::Permit>>;
+    /// Checks the request whose head is `parts`: the answer now, or a future of it (which
+    /// owns what it needs: it must not borrow `parts`).
+    fn check(&self, parts: &Parts, no_key: NoKey) -> Checking<Self::Permit, Self::Future>;
     /// Gives back what an admission took: `id` and `cost` are those its
     /// [`Check::Admitted`] said to refund, and `parts` the head of the request as it was
     /// checked (a shaped request cancelled while it waited).
@@ -99,8 +139,28 @@ impl<K: KeyExtractor, C: Clock + 'static> StoreLimit<K, C> {
     }
 }
 
-/// A store's verdict: a full store (fail closed) answers 503, like a shed request.
-fn store_check(d: Decision, id: u64, cost: u64) -> Check<()> {
+/// The key id of the request, or the answer to a request without a key.
+#[inline(always)]
+pub(crate) fn key_id<K: KeyExtractor, P>(
+    key: &K,
+    parts: &Parts,
+    no_key: NoKey,
+    hasher: &KeyHasher,
+) -> Result<u64, Check<P>> {
+    match key.extract(parts) {
+        Some(k) => Ok(k.key_id(hasher)),
+        None => match no_key {
+            NoKey::Error => Err(Check::NoKey),
+            NoKey::PassThrough => Err(Check::Unchecked),
+            NoKey::Anonymous => Ok(Key::Anonymous.key_id(hasher)),
+        },
+    }
+}
+
+/// A keyed store's verdict (in memory or in Redis): the cost of `id` is refunded if the
+/// request is cancelled while it waits out a shaper's delay; a full store (or Redis away and
+/// the policy closed) answers 503, like a shed request.
+pub(crate) fn store_check(d: Decision, id: u64, cost: u64) -> Check<()> {
     if d.allowed() {
         Check::Admitted {
             decision: d,
@@ -118,17 +178,15 @@ fn store_check(d: Decision, id: u64, cost: u64) -> Check<()> {
 
 impl<K: KeyExtractor, C: Clock + 'static> Limit for StoreLimit<K, C> {
     type Permit = ();
+    type Future = Never<()>;
     #[inline]
-    fn check(&self, parts: &Parts, no_key: NoKey) -> Check<()> {
-        let id = match self.key.extract(parts) {
-            Some(k) => k.key_id(self.store.hasher()),
-            None => match no_key {
-                NoKey::Error => return Check::NoKey,
-                NoKey::PassThrough => return Check::Unchecked,
-                NoKey::Anonymous => Key::Anonymous.key_id(self.store.hasher()),
+    fn check(&self, parts: &Parts, no_key: NoKey) -> Checking<(), Never<()>> {
+        Checking::Ready(
+            match key_id(&self.key, parts, no_key, self.store.hasher()) {
+                Ok(id) => store_check(self.store.check(&id, self.cost), id, self.cost),
+                Err(answer) => answer,
             },
-        };
-        store_check(self.store.check(&id, self.cost), id, self.cost)
+        )
     }
     fn refund(&self, _parts: &Parts, id: u64, cost: u64) {
         self.store.refund(&id, cost);
@@ -267,8 +325,30 @@ pub fn is_shed(d: &Decision) -> bool {
 
 impl<D: Describe, C: Clock + 'static> Limit for EngineLimit<D, C> {
     type Permit = OwnedInFlight;
+    type Future = Never<OwnedInFlight>;
     #[inline]
-    fn check(&self, parts: &Parts, no_key: NoKey) -> Check {
+    fn check(&self, parts: &Parts, no_key: NoKey) -> Checking<OwnedInFlight, Self::Future> {
+        Checking::Ready(self.admit(parts, no_key))
+    }
+    /// Gives an admitted request back to every rule that took it ([`Engine::refund`]),
+    /// described again from the same head, so it reaches the same rules and keys. A head the
+    /// describer gives no request for was admitted as the anonymous request
+    /// ([`NoKey::Anonymous`]: with any other answer there is nothing to refund).
+    fn refund(&self, parts: &Parts, _id: u64, _cost: u64) {
+        let req = self
+            .describe
+            .describe(parts)
+            .unwrap_or_else(|| anonymous(parts));
+        self.engine.refund(&req);
+    }
+    fn class(&self) -> &'static str {
+        "rules"
+    }
+}
+
+impl<D: Describe, C: Clock + 'static> EngineLimit<D, C> {
+    #[inline]
+    fn admit(&self, parts: &Parts, no_key: NoKey) -> Check {
         let req = match self.describe.describe(parts) {
             Some(r) => r,
             None => match no_key {
@@ -292,20 +372,6 @@ impl<D: Describe, C: Clock + 'static> Limit for EngineLimit<D, C> {
             },
         }
     }
-    /// Gives an admitted request back to every rule that took it ([`Engine::refund`]),
-    /// described again from the same head, so it reaches the same rules and keys. A head the
-    /// describer gives no request for was admitted as the anonymous request
-    /// ([`NoKey::Anonymous`]: with any other answer there is nothing to refund).
-    fn refund(&self, parts: &Parts, _id: u64, _cost: u64) {
-        let req = self
-            .describe
-            .describe(parts)
-            .unwrap_or_else(|| anonymous(parts));
-        self.engine.refund(&req);
-    }
-    fn class(&self) -> &'static str {
-        "rules"
-    }
 }
 
 /// The request of a head with no key, under [`NoKey::Anonymous`]: its route and method only.
@@ -315,17 +381,11 @@ fn anonymous(parts: &Parts) -> Request<'_> {
         .method(parts.method.as_str())
 }
 
-/// Whole seconds, rounded up.
-#[inline]
-pub(crate) fn ceil_secs(ns: u64) -> u64 {
-    ns.div_ceil(1_000_000_000)
-}
-
 /// `Retry-After` in whole seconds: rounded up and at least 1, so that a client that waits it
-/// out is never early.
+/// out is never early ([`Decision::retry_after_secs_ceil`]).
 #[inline]
 pub fn retry_after_secs(d: &Decision) -> Option<u64> {
-    d.retry_after_ns.map(|ns| ceil_secs(ns).max(1))
+    d.retry_after_secs_ceil()
 }
 
 /// The delay a shaper asks for, bounded by `max`.

@@ -1,13 +1,13 @@
 //! The middleware: [`RateLimitLayer`] (the configuration, shared), [`RateLimit`] (the
-//! service, cheap to clone), [`ResponseFuture`] (a pinned state machine: a ready answer, a
-//! shaped wait, or the inner call) and the body that holds the permit
+//! service, cheap to clone), [`ResponseFuture`] (a pinned state machine: a check in progress,
+//! a ready answer, a shaped wait, or the inner call) and the body that holds the permit
 //! ([`RateLimitBody`]).
 
 use crate::answer::{denial_response, grpc_denial, is_grpc, no_key_response};
 use crate::answer::{BodyStyle, Denial, HeaderStyle, Policy};
 use crate::body::RateLimitBody;
 use crate::headers::RateHeaders;
-use crate::limit::{bounded_delay, retry_after_secs, Check, Limit, NoKey};
+use crate::limit::{bounded_delay, retry_after_secs, Check, Checking, Limit, NoKey};
 use crate::observe::{Answer, Event, Observer};
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -153,26 +153,26 @@ impl<S: Clone, L> Clone for RateLimit<S, L> {
     }
 }
 
-impl<S, L: Limit> RateLimit<S, L> {
+impl<L: Limit> Config<L> {
     fn observe(&self, answer: Answer, decision: Option<&Decision>, grpc: bool, rule: Option<&str>) {
-        if let Some(o) = &self.cfg.observer {
+        if let Some(o) = &self.observer {
             o(&Event {
                 answer,
                 decision,
-                class: self.cfg.limit.class(),
+                class: self.limit.class(),
                 grpc,
                 rule,
             });
         }
     }
 
-    fn refuse<F, ReqB>(
+    fn refuse(
         &self,
         decision: &Decision,
         shed: bool,
         grpc: bool,
         rule: Option<&str>,
-    ) -> State<F, S, ReqB, L> {
+    ) -> Response<Bytes> {
         let denial = Denial {
             status: if shed {
                 StatusCode::SERVICE_UNAVAILABLE
@@ -182,15 +182,14 @@ impl<S, L: Limit> RateLimit<S, L> {
             decision,
             retry_after: retry_after_secs(decision),
             shed,
-            policy: self.cfg.policy.name(),
+            policy: self.policy.name(),
             rule,
         };
-        let res = if grpc {
-            grpc_denial(&denial, &self.cfg.headers, &self.cfg.policy)
+        if grpc {
+            grpc_denial(&denial, &self.headers, &self.policy)
         } else {
-            denial_response(&denial, &self.cfg.body, &self.cfg.headers, &self.cfg.policy)
-        };
-        State::Ready { res: Some(res) }
+            denial_response(&denial, &self.body, &self.headers, &self.policy)
+        }
     }
 }
 
@@ -204,73 +203,120 @@ where
     type Error = S::Error;
     type Future = ResponseFuture<S, ReqB, L>;
 
+    /// The inner service's readiness: the layer adds no queue of its own, so its
+    /// back-pressure reaches the caller, also for a limit whose check waits.
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let (parts, body) = req.into_parts();
-        let check = self.cfg.limit.check(&parts, self.cfg.no_key);
-        // Only a refusal and an observer need to know: no header lookup on the admitted path.
-        let grpc = (self.cfg.observer.is_some()
-            || matches!(check, Check::Denied { .. } | Check::NoKey))
-            && is_grpc(&parts.headers);
-        let (state, headers) = match check {
-            Check::Admitted {
-                decision,
-                permit,
-                refund,
-            } => {
-                let headers = RateHeaders::new(&self.cfg.headers, &self.cfg.policy, &decision);
-                let delay = bounded_delay(&decision, self.cfg.max_delay);
-                if delay.is_zero() {
-                    self.observe(Answer::Admitted, Some(&decision), grpc, None);
-                    let fut = self.inner.call(Request::from_parts(parts, body));
-                    (State::Inner { fut, permit }, headers)
-                } else {
-                    self.observe(Answer::Delayed, Some(&decision), grpc, None);
-                    // The inner service was made ready by `poll_ready`; that instance waits
-                    // with the request, a clone takes its place here.
-                    let clone = self.inner.clone();
-                    let svc = std::mem::replace(&mut self.inner, clone);
-                    // One allocation for the wait (the timer, the request, the service): a
-                    // shaped request is rare, and the future of every other stays small.
-                    let wait = Box::pin(Wait {
-                        sleep: tokio::time::sleep(delay),
-                        svc: Some(svc),
-                        body: Some(body),
-                        held: Held {
-                            cfg: Arc::clone(&self.cfg),
-                            parts: Some(parts),
-                            refund,
-                        },
-                        permit,
-                    });
-                    (State::Delayed { wait }, headers)
+        match self.cfg.limit.check(&parts, self.cfg.no_key) {
+            Checking::Ready(check) => answer(&self.cfg, &mut self.inner, check, parts, body),
+            Checking::Pending(check) => {
+                // The instance `poll_ready` made ready waits with the request (its readiness
+                // reserved for it), a clone takes its place here, as for a shaped request.
+                let clone = self.inner.clone();
+                let svc = std::mem::replace(&mut self.inner, clone);
+                let wait = Box::pin(CheckWait {
+                    check,
+                    rest: Some((Arc::clone(&self.cfg), svc, parts, body)),
+                });
+                ResponseFuture {
+                    state: State::Checking { wait },
+                    headers: RateHeaders::None,
                 }
             }
-            Check::Denied {
-                decision,
-                shed,
-                rule,
-            } => {
-                let rule = rule.as_deref();
-                let answer = if shed { Answer::Shed } else { Answer::Limited };
-                self.observe(answer, Some(&decision), grpc, rule);
-                (self.refuse(&decision, shed, grpc, rule), RateHeaders::None)
+        }
+    }
+}
+
+/// The answer to a check: the inner call (`svc`, made ready), a shaped wait, a refusal, or
+/// a 500 without a key; and the headers the inner service's response gets.
+#[inline(always)]
+fn answer<S, L, ReqB>(
+    cfg: &Arc<Config<L>>,
+    svc: &mut S,
+    check: Check<L::Permit>,
+    parts: http::request::Parts,
+    body: ReqB,
+) -> ResponseFuture<S, ReqB, L>
+where
+    S: Service<Request<ReqB>> + Clone,
+    L: Limit,
+{
+    // Only a refusal and an observer need to know: no header lookup on the admitted path.
+    let grpc = (cfg.observer.is_some() || matches!(check, Check::Denied { .. } | Check::NoKey))
+        && is_grpc(&parts.headers);
+    match check {
+        Check::Admitted {
+            decision,
+            permit,
+            refund,
+        } => {
+            let headers = RateHeaders::new(&cfg.headers, &cfg.policy, &decision);
+            let delay = bounded_delay(&decision, cfg.max_delay);
+            if delay.is_zero() {
+                cfg.observe(Answer::Admitted, Some(&decision), grpc, None);
+                let fut = svc.call(Request::from_parts(parts, body));
+                let state = State::Inner { fut, permit };
+                return ResponseFuture { state, headers };
             }
-            Check::Unchecked => {
-                self.observe(Answer::Unchecked, None, grpc, None);
-                let fut = self.inner.call(Request::from_parts(parts, body));
-                (State::Inner { fut, permit: None }, RateHeaders::None)
+            cfg.observe(Answer::Delayed, Some(&decision), grpc, None);
+            // The ready instance waits with the request, a clone takes its place.
+            let clone = svc.clone();
+            let svc = std::mem::replace(svc, clone);
+            // One allocation for the wait (the timer, the request, the service): a shaped
+            // request is rare, and the future of every other stays small.
+            let wait = Box::pin(Wait {
+                sleep: tokio::time::sleep(delay),
+                svc: Some(svc),
+                body: Some(body),
+                held: Held {
+                    cfg: Arc::clone(cfg),
+                    parts: Some(parts),
+                    refund,
+                },
+                permit,
+            });
+            ResponseFuture {
+                state: State::Delayed { wait },
+                headers,
             }
-            Check::NoKey => {
-                self.observe(Answer::NoKey, None, grpc, None);
-                let res = Some(no_key_response());
-                (State::Ready { res }, RateHeaders::None)
+        }
+        Check::Denied {
+            decision,
+            shed,
+            rule,
+        } => {
+            let rule = rule.as_deref();
+            let answer = if shed { Answer::Shed } else { Answer::Limited };
+            cfg.observe(answer, Some(&decision), grpc, rule);
+            let res = Some(cfg.refuse(&decision, shed, grpc, rule));
+            ResponseFuture::ready(res)
+        }
+        Check::Unchecked => {
+            cfg.observe(Answer::Unchecked, None, grpc, None);
+            let fut = svc.call(Request::from_parts(parts, body));
+            ResponseFuture {
+                state: State::Inner { fut, permit: None },
+                headers: RateHeaders::None,
             }
-        };
-        ResponseFuture { state, headers }
+        }
+        Check::NoKey => {
+            cfg.observe(Answer::NoKey, None, grpc, None);
+            ResponseFuture::ready(Some(no_key_response()))
+        }
+    }
+}
+
+pin_project! {
+    /// A check in progress ([`Checking::Pending`]) and what its answer needs: the layer's
+    /// settings, the ready inner service, the request.
+    struct CheckWait<S, ReqB, L: Limit> {
+        #[pin]
+        check: L::Future,
+        rest: Option<(Arc<Config<L>>, S, http::request::Parts, ReqB)>,
     }
 }
 
@@ -310,6 +356,9 @@ pin_project! {
 pin_project! {
     #[project = StateProj]
     enum State<F, S, ReqB, L: Limit> {
+        // Boxed: the future of a limit that answers at once has no value, and the other
+        // states keep the response future's size (one allocation beside a round trip).
+        Checking { wait: Pin<Box<CheckWait<S, ReqB, L>>> },
         Ready { res: Option<Response<Bytes>> },
         Delayed { wait: Pin<Box<Wait<S, ReqB, L>>> },
         Inner { #[pin] fut: F, permit: Option<L::Permit> },
@@ -326,9 +375,19 @@ pin_project! {
     }
 }
 
+impl<S: Service<Request<ReqB>>, ReqB, L: Limit> ResponseFuture<S, ReqB, L> {
+    /// An answer of the layer's own (a refusal, a 500 without a key).
+    fn ready(res: Option<Response<Bytes>>) -> Self {
+        ResponseFuture {
+            state: State::Ready { res },
+            headers: RateHeaders::None,
+        }
+    }
+}
+
 impl<S, ReqB, ResB, L> Future for ResponseFuture<S, ReqB, L>
 where
-    S: Service<Request<ReqB>, Response = Response<ResB>>,
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone,
     L: Limit,
     ResB: Body<Data = Bytes>,
 {
@@ -338,6 +397,16 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
+                StateProj::Checking { wait } => {
+                    let w = wait.as_mut().project();
+                    let check = ready!(w.check.poll(cx));
+                    let (cfg, mut svc, parts, body) =
+                        w.rest.take().expect("polled after completion");
+                    let ResponseFuture { state, headers } =
+                        answer(&cfg, &mut svc, check, parts, body);
+                    *this.headers = headers;
+                    this.state.set(state);
+                }
                 StateProj::Ready { res } => {
                     let res = res.take().expect("polled after completion");
                     return Poll::Ready(Ok(res.map(RateLimitBody::full)));

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use turnstile::{Limit as Quota, Limits};
 use turnstile_redis::{FailurePolicy, RedisStore};
 use turnstile_tower::key::Header;
-use turnstile_tower::redis::{RedisLimit, RedisRateLimitLayer};
-use turnstile_tower::{NoKey, Policy};
+use turnstile_tower::redis::RedisLimit;
+use turnstile_tower::{NoKey, Policy, RateLimitLayer};
 
 // The one harness of the workspace's Redis tests (turnstile-redis's).
 #[path = "../../redis/tests/common/mod.rs"]
@@ -32,7 +32,7 @@ async fn store(url: &str, policy: FailurePolicy) -> Arc<RedisStore> {
 }
 
 /// A node: an axum server on a free loopback port behind the Redis layer.
-async fn node(layer: RedisRateLimitLayer<Header>) -> SocketAddr {
+async fn node(layer: RateLimitLayer<RedisLimit<Header>>) -> SocketAddr {
     let app = Router::new()
         .route("/", get(|| async { "hello" }))
         .layer(layer);
@@ -42,10 +42,10 @@ async fn node(layer: RedisRateLimitLayer<Header>) -> SocketAddr {
     addr
 }
 
-fn layer(store: Arc<RedisStore>) -> RedisRateLimitLayer<Header> {
-    RedisRateLimitLayer::configured(RedisLimit::new(store, Header::named("x-api-key")), |b| {
-        b.policy(Policy::new("per-key", None).unwrap())
-    })
+fn layer(store: Arc<RedisStore>) -> RateLimitLayer<RedisLimit<Header>> {
+    RateLimitLayer::builder(RedisLimit::new(store, Header::named("x-api-key")))
+        .policy(Policy::new("per-key", None).unwrap())
+        .build()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -96,13 +96,14 @@ async fn redis_away_is_answered_by_the_policy_and_no_key_by_the_setting() {
     let mut redis = Redis::start();
     let closed = node(layer(store(&redis.url(), FailurePolicy::Closed).await)).await;
     let open = node(layer(store(&redis.url(), FailurePolicy::Open).await)).await;
-    let pass = node(RedisRateLimitLayer::new(
-        RedisLimit::new(
+    let pass = node(
+        RateLimitLayer::builder(RedisLimit::new(
             store(&redis.url(), FailurePolicy::Closed).await,
             Header::named("x-api-key"),
-        )
-        .no_key(NoKey::PassThrough),
-    ))
+        ))
+        .no_key(NoKey::PassThrough)
+        .build(),
+    )
     .await;
     let c = reqwest::Client::new();
     let get = |addr: SocketAddr| {
@@ -138,16 +139,15 @@ async fn a_cancelled_shaped_request_is_refunded_in_redis() {
     );
     let delays = Arc::new(Mutex::new(Vec::new()));
     let d2 = delays.clone();
-    let addr = node(RedisRateLimitLayer::configured(
-        RedisLimit::new(s, Header::named("x-api-key")),
-        move |b| {
-            b.on_decision(move |e| {
+    let addr = node(
+        RateLimitLayer::builder(RedisLimit::new(s, Header::named("x-api-key")))
+            .on_decision(move |e| {
                 if let Some(d) = e.decision {
                     d2.lock().unwrap().push(d.delay_ns);
                 }
             })
-        },
-    ))
+            .build(),
+    )
     .await;
     let c = reqwest::Client::new();
     let send = |timeout: u64| {

@@ -11,8 +11,8 @@
 //! size): one dependent miss at a time, against reads-then-CAS at independent addresses, which
 //! the core overlaps although each CAS is a locked instruction.
 
+use super::report::{fmt_count, progress};
 use super::run::thread_cpu_ns;
-use super::{fmt_count, progress};
 use portable_atomic::{AtomicU128, AtomicU64, Ordering};
 use std::hint::black_box;
 
@@ -148,7 +148,7 @@ fn per_access(t: &[AtomicU128], f: fn(&[AtomicU128]) -> u64) -> f64 {
 }
 
 /// Runs the mode: two small tables on stdout.
-pub fn run() -> Result<(), String> {
+pub fn run() -> crate::Result<()> {
     progress(format!(
         "atomics: {} rounds of {} read-then-CAS updates per thread",
         ROUNDS,

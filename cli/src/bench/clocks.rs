@@ -8,8 +8,10 @@
 //! one clock read per batch.
 
 use super::keys::{self, Distribution};
+use super::limits::{governor_quota, store_capacity, throughput_limit};
+use super::report::{fmt_count, fmt_ns, fmt_rate, load_warning, progress};
 use super::run::{self, Mode, Timer, TurnstileDirect, TurnstileKeyed};
-use super::{fmt_count, fmt_ns, fmt_rate, progress, throughput_limit, SEQ_LEN};
+use super::suite::{sequences, SEQ_LEN};
 use governor::clock::Clock as _;
 use serde::Serialize;
 use std::hint::black_box;
@@ -17,7 +19,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use turnstile::keyed::Store;
-use turnstile::{Algorithm, Clock, CoarseClock, Limiter, Limits, MonotonicClock, Nanos, TscClock};
+use turnstile::{
+    Algorithm, Clock, CoarseClock, Limit, Limiter, Limits, MonotonicClock, Nanos, TscClock,
+};
 
 /// Options of `--clocks`.
 pub struct ClockOptions {
@@ -114,12 +118,11 @@ fn keyed<C: Clock>(
     t: &Timer,
     name: &str,
     mode: Mode,
-) -> Result<f64, String> {
+) -> crate::Result<f64> {
     let s = Store::builder(limits.clone())
-        .capacity(super::store_capacity(o.algorithm, o.keys))
+        .capacity(store_capacity(o.algorithm, o.keys))
         .seed(0x7475_726e)
-        .build_with_clock(clock)
-        .map_err(|e| e.to_string())?;
+        .build_with_clock(clock)?;
     for r in 0..o.keys {
         s.check(&keys::key_id(r), 1);
     }
@@ -140,10 +143,10 @@ fn keyed<C: Clock>(
 }
 
 /// Runs `--clocks`.
-pub fn run(o: &ClockOptions) -> Result<(), String> {
-    super::load_warning();
+pub fn run(o: &ClockOptions) -> crate::Result<()> {
+    load_warning();
     let t = Timer::calibrate();
-    let limits = Limits::new(vec![throughput_limit(o.algorithm)?]).map_err(|e| e.to_string())?;
+    let limits = Limits::new(vec![throughput_limit(o.algorithm)?])?;
     let stop = Arc::new(AtomicBool::new(false));
     let (cached, refresher) = cached_clock(stop.clone());
     let mono = MonotonicClock::new();
@@ -167,50 +170,21 @@ pub fn run(o: &ClockOptions) -> Result<(), String> {
         ),
         ("cached AtomicU64 (100 µs)", read_cost(&|| cached.now())),
     ];
-    let seq = super::sequences(Distribution::Uniform, o.keys, 1, SEQ_LEN);
+    let seq = sequences(Distribution::Uniform, o.keys, 1, SEQ_LEN);
+    let m = Measure {
+        limits: &limits,
+        o,
+        seq: &seq,
+        t: &t,
+    };
     let mut rows = Vec::new();
     for (i, (name, (read, res))) in raw.into_iter().enumerate() {
         let (u, k) = match i {
-            0 => (
-                Some(unkeyed(&limits, mono, o, &t, name)),
-                Some(keyed(
-                    &limits,
-                    MonotonicClock::new(),
-                    o,
-                    &seq,
-                    &t,
-                    name,
-                    Mode::Single,
-                )?),
-            ),
-            1 => (
-                Some(unkeyed(&limits, CoarseClock, o, &t, name)),
-                Some(keyed(
-                    &limits,
-                    CoarseClock,
-                    o,
-                    &seq,
-                    &t,
-                    name,
-                    Mode::Single,
-                )?),
-            ),
-            3 => (
-                Some(unkeyed(&limits, tsc, o, &t, name)),
-                Some(keyed(&limits, tsc, o, &seq, &t, name, Mode::Single)?),
-            ),
-            4 => (
-                Some(unkeyed(&limits, cached.clone(), o, &t, name)),
-                Some(keyed(
-                    &limits,
-                    cached.clone(),
-                    o,
-                    &seq,
-                    &t,
-                    name,
-                    Mode::Single,
-                )?),
-            ),
+            0 => m.both(mono, name)?,
+            1 => m.both(CoarseClock, name)?,
+            3 => m.both(tsc, name)?,
+            4 => m.both(cached.clone(), name)?,
+            // quanta is governor's clock, not one turnstile's checks take.
             _ => (None, None),
         };
         rows.push(ClockRow {
@@ -239,6 +213,41 @@ pub fn run(o: &ClockOptions) -> Result<(), String> {
     });
     stop.store(true, Ordering::Relaxed);
     let _ = refresher.join();
+    print_clocks(o, &rows);
+    Ok(())
+}
+
+/// One clock inside checks: a keyless limiter and a keyed store, each on one thread.
+struct Measure<'a> {
+    limits: &'a Limits,
+    o: &'a ClockOptions,
+    seq: &'a [u64],
+    t: &'a Timer,
+}
+
+impl Measure<'_> {
+    /// CPU-ns per check of the keyless limiter and of the keyed store with `clock`.
+    fn both<C: Clock + Clone>(
+        &self,
+        clock: C,
+        name: &str,
+    ) -> crate::Result<(Option<f64>, Option<f64>)> {
+        let u = unkeyed(self.limits, clock.clone(), self.o, self.t, name);
+        let k = keyed(
+            self.limits,
+            clock,
+            self.o,
+            self.seq,
+            self.t,
+            name,
+            Mode::Single,
+        )?;
+        Ok((Some(u), Some(k)))
+    }
+}
+
+/// The table (or the JSON document) of `--clocks`.
+fn print_clocks(o: &ClockOptions, rows: &[ClockRow]) {
     if o.json {
         let doc =
             serde_json::json!({ "clocks": rows, "algorithm": o.algorithm.name(), "keys": o.keys });
@@ -246,7 +255,7 @@ pub fn run(o: &ClockOptions) -> Result<(), String> {
             "{}",
             serde_json::to_string_pretty(&doc).expect("serializable")
         );
-        return Ok(());
+        return;
     }
     println!(
         "{:<36} {:>8} {:>10} {:>14} {:>14}",
@@ -257,7 +266,7 @@ pub fn run(o: &ClockOptions) -> Result<(), String> {
         format!("{} keyed", fmt_count(o.keys))
     );
     let f = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.1} ns"));
-    for r in &rows {
+    for r in rows {
         println!(
             "{:<36} {:>5.1} ns {:>10} {:>14} {:>14}",
             r.clock,
@@ -272,7 +281,6 @@ pub fn run(o: &ClockOptions) -> Result<(), String> {
         fmt_count(o.keys),
         o.algorithm
     );
-    Ok(())
 }
 
 // ---- callgrind ---------------------------------------------------------------------------
@@ -293,6 +301,18 @@ fn cg_turnstile_single(s: &Store, seq: &[u64]) -> u64 {
 fn cg_turnstile_single_at(s: &Store, seq: &[u64], now: Nanos) -> u64 {
     seq.iter()
         .filter(|k| s.check_at(*k, 1, black_box(now)).allowed())
+        .count() as u64
+}
+
+/// `cg_turnstile_single_at` with the store's limit given with each check
+/// (`Store::check_with_at`): the same records, the limit coming from the caller.
+#[inline(never)]
+fn cg_turnstile_single_with(s: &Store, seq: &[u64], limit: &Limit, now: Nanos) -> u64 {
+    seq.iter()
+        .filter(|k| {
+            s.check_with_at(*k, black_box(limit), 1, black_box(now))
+                .is_ok_and(|d| d.allowed())
+        })
         .count() as u64
 }
 
@@ -353,21 +373,20 @@ fn cg_clock_default(c: &TscClock, n: u64) -> u64 {
 
 /// Runs `--callgrind`: every `cg_*` function does a known number of checks; their inclusive
 /// instruction counts divided by that number are instructions per check.
-pub fn callgrind(a: Algorithm, keys: u64, checks: u64, batch: usize) -> Result<(), String> {
-    let limits = Limits::new(vec![throughput_limit(a)?]).map_err(|e| e.to_string())?;
+pub fn callgrind(a: Algorithm, keys: u64, checks: u64, batch: usize) -> crate::Result<()> {
+    let limits = Limits::new(vec![throughput_limit(a)?])?;
     let s = Store::builder(limits.clone())
-        .capacity(super::store_capacity(a, keys))
+        .capacity(store_capacity(a, keys))
         .seed(0x7475_726e)
-        .build()
-        .map_err(|e| e.to_string())?;
+        .build()?;
     let seq = keys::sequence(
         Distribution::Uniform,
         keys,
         checks as usize,
         0x0be7_c4ec_5eed,
     );
-    let g = governor::RateLimiter::keyed(super::governor_quota());
-    let gd = governor::RateLimiter::direct(super::governor_quota());
+    let g = governor::RateLimiter::keyed(governor_quota());
+    let gd = governor::RateLimiter::direct(governor_quota());
     let l = Limiter::with_limits(limits, TscClock::new());
     let b = batch.min(checks as usize).max(1);
     let batched = checks as usize / b * b;
@@ -382,6 +401,14 @@ pub fn callgrind(a: Algorithm, keys: u64, checks: u64, batch: usize) -> Result<(
         checks,
         cg_turnstile_single_at(&s, &seq, now),
     ));
+    if a.is_packed() {
+        let limit = s.limits().limits()[0];
+        results.push((
+            "cg_turnstile_single_with",
+            checks,
+            cg_turnstile_single_with(&s, &seq, &limit, now),
+        ));
+    }
     let batch_keys = &seq[..batched];
     results.push((
         "cg_turnstile_batch",

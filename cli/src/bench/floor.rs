@@ -196,6 +196,9 @@ fn prefetch(s: &AtomicU128) {
 /// Runs floor `kind` on `seqs.len()` pinned threads (thread i walks `seqs[i]` round and
 /// round) for `warmup`, then a measured `window`. `uniform`: the dependent floor chases the
 /// cycle (else it chains the pre-drawn indices).
+///
+/// Over 80 lines on purpose, as `run::measure` it mirrors: the phase flag, the timed loops
+/// and the fold of their figures are read together.
 pub(crate) fn measure(
     table: &Table,
     kind: Kind,

@@ -11,7 +11,9 @@ use turnstile::{Algorithm, Limit};
 pub const RATE: u64 = 1_000_000_000;
 
 /// turnstile's limit for a throughput run of `a`.
-pub fn throughput_limit(a: Algorithm) -> Result<Limit, String> {
+///
+/// The error is spelled out, not `crate::Error`: `benches/checks.rs` includes this file too.
+pub fn throughput_limit(a: Algorithm) -> Result<Limit, Box<dyn std::error::Error + Send + Sync>> {
     let l = match a {
         // GCRA with T = 1 ns and τ = 1 s: exactly governor's Quota::per_second(1e9), burst 1e9.
         Algorithm::TokenBucket => Limit::token_bucket(RATE, RATE, Duration::from_secs(1)),
@@ -26,9 +28,9 @@ pub fn throughput_limit(a: Algorithm) -> Result<Limit, String> {
         Algorithm::Concurrency => {
             return Err("concurrency limits acquire and release permits; `bench` measures rate checks (choose another --algorithm)".into())
         }
-        other => return Err(format!("`bench` has no throughput limit for {other}")),
+        other => return Err(format!("`bench` has no throughput limit for {other}").into()),
     };
-    l.map_err(|e| e.to_string())
+    Ok(l?)
 }
 
 /// governor's quota with the token bucket's numbers: 1e9 per second, burst 1e9.

@@ -3,10 +3,11 @@
 //! with plotters. The figure in `docs/perf/` is made by this mode.
 
 use super::keys::{self, Distribution};
+use super::limits::{governor_quota, store_capacity, throughput_limit};
+use super::report::{fmt_count, fmt_rate, load_warning, print_table, progress};
+use super::row::{Row, RowSpec};
 use super::run::{GovernorKeyed, Mode, Timer, TurnstileKeyed};
-use super::{
-    fmt_count, governor_quota, progress, sequences, throughput_limit, Row, RowSpec, Runner, SEQ_LEN,
-};
+use super::suite::{sequences, Runner, SEQ_LEN};
 use plotters::prelude::*;
 use std::time::Duration;
 use turnstile::keyed::Store;
@@ -14,6 +15,24 @@ use turnstile::{Algorithm, Limits};
 
 /// Key counts swept.
 const KEYS: [u64; 5] = [1_000, 10_000, 100_000, 1_000_000, 10_000_000];
+
+/// turnstile's store and governor's keyed limiter, each holding keys `0..n`.
+fn filled(
+    limits: &Limits,
+    a: Algorithm,
+    n: u64,
+) -> crate::Result<(Store, governor::DefaultKeyedRateLimiter<u64>)> {
+    let store = Store::builder(limits.clone())
+        .capacity(store_capacity(a, n))
+        .seed(0x7475_726e)
+        .build()?;
+    let gov = governor::RateLimiter::keyed(governor_quota());
+    for r in 0..n {
+        store.check(&keys::key_id(r), 1);
+        let _ = gov.check_key(&keys::key_id(r));
+    }
+    Ok((store, gov))
+}
 
 /// Runs the sweep and writes `file`.
 pub fn run(
@@ -23,10 +42,10 @@ pub fn run(
     seconds: f64,
     batch: usize,
     json: bool,
-) -> Result<(), String> {
-    super::load_warning();
+) -> crate::Result<()> {
+    load_warning();
     let timer = Timer::calibrate();
-    let limits = Limits::new(vec![throughput_limit(a)?]).map_err(|e| e.to_string())?;
+    let limits = Limits::new(vec![throughput_limit(a)?])?;
     let max_t = *threads.iter().max().expect("at least one");
     let (warm, win) = (
         Duration::from_secs_f64(seconds / 10.0),
@@ -38,16 +57,7 @@ pub fn run(
             "{} keys: building and filling both engines",
             fmt_count(n)
         ));
-        let store = Store::builder(limits.clone())
-            .capacity(super::store_capacity(a, n))
-            .seed(0x7475_726e)
-            .build()
-            .map_err(|e| e.to_string())?;
-        let gov = governor::RateLimiter::keyed(governor_quota());
-        for r in 0..n {
-            store.check(&keys::key_id(r), 1);
-            let _ = gov.check_key(&keys::key_id(r));
-        }
+        let (store, gov) = filled(&limits, a, n)?;
         let seq = sequences(Distribution::Uniform, n, max_t, SEQ_LEN);
         for &t in threads {
             let spec = |engine, alg: &str, mode| RowSpec {
@@ -97,7 +107,7 @@ pub fn run(
             serde_json::to_string_pretty(&doc).expect("serializable")
         );
     } else {
-        super::print_table(&rows, &[]);
+        print_table(&rows, &[]);
     }
     Ok(())
 }
@@ -124,7 +134,7 @@ fn draw(file: &str, a: Algorithm, rows: &[Row]) -> Result<(), Box<dyn std::error
         .x_desc("keys in the store")
         .y_desc("checks per CPU-second (all threads)")
         .x_label_formatter(&|x| fmt_count(*x as u64))
-        .y_label_formatter(&|y| super::fmt_rate(*y))
+        .y_label_formatter(&|y| fmt_rate(*y))
         .draw()?;
     // (legend, points, colour, threads)
     type Series = (String, Vec<(f64, f64)>, RGBColor, usize);
@@ -165,6 +175,72 @@ fn draw(file: &str, a: Algorithm, rows: &[Row]) -> Result<(), Box<dyn std::error
         .border_style(BLACK)
         .position(SeriesLabelPosition::UpperRight)
         .draw()?;
+    root.present()?;
+    Ok(())
+}
+
+/// `bench serve --plot FILE`: each row a horizontal bar of requests/s (turnstile's blue, the
+/// peers' grey), its figures written beside it: requests/s and per server CPU-second.
+pub(crate) fn bars(
+    file: &std::path::Path,
+    rows: &[super::serve::ServiceRow],
+) -> Result<(), Box<dyn std::error::Error>> {
+    let height = 60 + 28 * rows.len() as u32;
+    let root = SVGBackend::new(file, (960, height)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let xmax = rows.iter().map(|r| r.requests_per_sec).fold(1.0, f64::max) * 1.45;
+    let n = rows.len() as f64;
+    let label = |r: &super::serve::ServiceRow| match r.pipeline {
+        Some(p) => format!("{} -P {p}", r.label),
+        None => r.label.clone(),
+    };
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "requests/s, one server core (turnstile bench serve)",
+            ("sans-serif", 16),
+        )
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(300)
+        .build_cartesian_2d(0f64..xmax, -0.5f64..n - 0.5)?;
+    chart
+        .configure_mesh()
+        .disable_y_mesh()
+        .y_labels(rows.len() + 1)
+        .y_label_formatter(&|y| {
+            // Row i is centred on y = n - 1 - i, the first at the top.
+            let i = n - 1.0 - y;
+            let whole = (i - i.round()).abs() < 0.01 && i > -0.5;
+            whole
+                .then(|| rows.get(i.round() as usize).map(label))
+                .flatten()
+                .unwrap_or_default()
+        })
+        .x_label_formatter(&|x| fmt_rate(*x))
+        .draw()?;
+    for (i, r) in rows.iter().enumerate() {
+        let mid = n - 1.0 - i as f64;
+        let color = if r.label.starts_with("turnstile") {
+            RGBColor(43, 108, 176)
+        } else {
+            RGBColor(160, 174, 192)
+        };
+        let bar = Rectangle::new(
+            [(0.0, mid - 0.35), (r.requests_per_sec, mid + 0.35)],
+            color.filled(),
+        );
+        chart.draw_series(std::iter::once(bar))?;
+        let text = format!(
+            "{}/s ({} per CPU-s)",
+            fmt_rate(r.requests_per_sec),
+            fmt_rate(r.per_server_cpu_sec)
+        );
+        chart.draw_series(std::iter::once(Text::new(
+            text,
+            (r.requests_per_sec + xmax * 0.01, mid + 0.15),
+            ("sans-serif", 12),
+        )))?;
+    }
     root.present()?;
     Ok(())
 }

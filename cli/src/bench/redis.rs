@@ -28,18 +28,16 @@ struct Report<'a> {
 }
 
 /// Runs the Redis rows: `requests` calls per row.
-pub fn run(url: &str, requests: u64, json: bool) -> Result<(), String> {
+pub fn run(url: &str, requests: u64, json: bool) -> crate::Result<()> {
     if requests < 64 {
         return Err(format!(
             "option --redis-requests: {requests}; give at least 64 (one per client at concurrency 64)"
-        ));
+        ).into());
     }
-    let load = std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse::<f64>().ok());
+    let load = super::report::load_average();
     if !json {
-        super::load_warning();
-        super::progress(format!(
+        super::report::load_warning();
+        super::report::progress(format!(
             "redis at {url}: {requests} calls per row, concurrency 1 and 64"
         ));
     }
@@ -64,7 +62,7 @@ pub fn run(url: &str, requests: u64, json: bool) -> Result<(), String> {
             name: r.name,
         });
     }
-    super::progress_done();
+    super::report::progress_done();
     if json {
         let doc = Report {
             engine: "redis",
@@ -73,10 +71,7 @@ pub fn run(url: &str, requests: u64, json: bool) -> Result<(), String> {
             load_average: load,
             results: out,
         };
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?
-        );
+        println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(());
     }
     println!(

@@ -286,6 +286,9 @@ fn chunk<C: Checker>(
 
 /// Runs `c` on `seqs.len()` threads (thread i walks `seqs[i]` round and round), pinned
 /// round-robin to the cores, for `warmup` and then a measured `window`.
+///
+/// Over 80 lines on purpose: the phase flag, the per-thread timed loops and the fold of their
+/// figures are read together to see what the window times and what it does not.
 pub fn measure<C: Checker>(
     c: &C,
     mode: Mode,

@@ -34,7 +34,7 @@ struct Report<'a> {
 }
 
 /// Measures and prints the Redis rows.
-pub fn run(url: &str, users: u64, json: bool) -> Result<(), String> {
+pub fn run(url: &str, users: u64, json: bool) -> crate::Result<()> {
     let bar = crate::progress::bar(1, json, "memory: filling redis");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -69,10 +69,7 @@ pub fn run(url: &str, users: u64, json: bool) -> Result<(), String> {
             users,
             results: rows,
         };
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?
-        );
+        println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(());
     }
     println!("memory --backend redis: {url}, 500 requests per hour; the database was flushed");

@@ -1,12 +1,14 @@
 //! RESP, the Redis protocol: [`parse`] reads commands (a pure function over a byte buffer),
 //! [`encode`] writes replies in RESP2 or RESP3, `connection` is a connection as a state machine
-//! over bytes in and bytes out (its bounds are its contract), and `serve` drives one over a
-//! tokio socket.
+//! over bytes in and bytes out (its bounds are its contract), `serve` drives one over a
+//! tokio socket, and `uring` drives many over io_uring (Linux).
 
 pub(crate) mod connection;
 pub mod encode;
 pub mod parse;
 pub(crate) mod serve;
+#[cfg(target_os = "linux")]
+pub(crate) mod uring;
 
 pub use encode::{Out, Proto};
 pub use parse::{parse_command, Bounds, Parsed, ProtocolError};

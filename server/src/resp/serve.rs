@@ -20,10 +20,10 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Reads of already-buffered input at shutdown, at most.
-const DRAIN_ROUNDS: u32 = 64;
+pub(crate) const DRAIN_ROUNDS: u32 = 64;
 
 /// How long a closing connection may take to write its last replies.
-const LAST_WRITE: Duration = Duration::from_secs(2);
+pub(crate) const LAST_WRITE: Duration = Duration::from_secs(2);
 
 /// No idle timeout: a wait this long is forever.
 const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);

@@ -1,0 +1,209 @@
+//! `turnstile bench --own-limits`: a rule whose keys have limits of their own (a limits class,
+//! docs/rules.md) against the same rule's own limit, side by side in one run, on the same keys.
+//!
+//! N keys (`--keys`) each get an entry in a CSV file: 90 % on five plans, 10 % a limit of
+//! their own (1 000 distinct ones). The engine is built from a rules file with two rules of
+//! one customer key and the same default limit, told apart by route: `own` takes the class
+//! (`limits_from`), `plain` does not. The report gives the file's load time (the engine's
+//! build, which reads it), the class's bytes per entry, then single-thread CPU-ns per check of
+//! each rule, interleaved `--repeat` times (default 3), medians and their ratio. Every key is
+//! checked once on each rule before timing, so every timed check is a lookup; limits are the
+//! throughput rows' 1e9 per second, so every check is admitted and does the whole work.
+
+use super::keys::{self, Distribution};
+use super::report::progress;
+use super::run::{measure, Checker, Mode, Timer};
+use std::io::Write;
+use std::time::{Duration, Instant};
+use turnstile::rules::{Engine, Request, Rules};
+
+/// The limit of every plan and rule: 1e9 per second, a burst of 1e9 (nothing is denied).
+const RATE: u64 = 1_000_000_000;
+/// Key sequence seed (the throughput rows').
+const SEED: u64 = 0x0be7_c4ec_5eed;
+
+/// One rule of the engine, by its route.
+struct Routed<'a> {
+    engine: &'a Engine,
+    route: &'static str,
+}
+
+impl Checker for Routed<'_> {
+    #[inline]
+    fn one(&self, key: u64) -> bool {
+        let r = Request::new().customer(key).route(self.route);
+        self.engine.check(&r).allowed()
+    }
+}
+
+/// A scratch directory, removed on drop (also on error).
+struct Scratch(std::path::PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Writes the entries of `n` keys: 90 % on plans p0..p4, 10 % their own limit.
+fn write_entries(path: &std::path::Path, n: u64) -> Result<u64, String> {
+    let f = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
+    let err = |e: std::io::Error| format!("{}: {e}", path.display());
+    writeln!(w, "key,plan").map_err(err)?;
+    for rank in 0..n {
+        let id = keys::key_id(rank);
+        if rank % 10 == 9 {
+            let l = RATE - (rank / 10) % 1000;
+            writeln!(w, "{id},{l}/1s burst={l}").map_err(err)?;
+        } else {
+            writeln!(w, "{id},p{}", rank % 5).map_err(err)?;
+        }
+    }
+    w.flush().map_err(err)?;
+    Ok(std::fs::metadata(path).map_err(err)?.len())
+}
+
+fn rules(file: &std::path::Path, n: u64) -> String {
+    let limit = format!(
+        "{{ algorithm = \"token_bucket\", limit = {RATE}, window = \"1s\", burst = {RATE} }}"
+    );
+    let plans: String = (0..5)
+        .map(|k| {
+            let l = RATE - 1000 - k;
+            format!("p{k} = {{ limit = {l}, window = \"1s\", burst = {l} }}\n")
+        })
+        .collect();
+    format!(
+        r#"
+[limits.customers]
+key = "customer"
+algorithm = "token_bucket"
+file = {file:?}
+capacity = {n}
+
+[limits.customers.plans]
+{plans}
+[[rule]]
+name = "own"
+key = "customer"
+match = {{ route_prefix = "/own" }}
+limits_from = "customers"
+capacity = {n}
+limits = [{limit}]
+
+[[rule]]
+name = "plain"
+key = "customer"
+match = {{ route_prefix = "/plain" }}
+capacity = {n}
+limits = [{limit}]
+"#
+    )
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Runs the mode (see the module docs).
+pub fn run(n: u64, seconds: f64, repeat: usize, json: bool) -> Result<(), String> {
+    let dir = std::env::temp_dir().join(format!("turnstile-own-limits-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let scratch = Scratch(dir);
+    let path = scratch.0.join("limits.csv");
+    progress(format!("own limits: writing {n} entries"));
+    let file_bytes = write_entries(&path, n)?;
+    let text = rules(&path, n);
+    let rules = Rules::parse(&text, "bench").map_err(|e| e.to_string())?;
+    progress("own limits: building the engine (reads the file)");
+    let t0 = Instant::now();
+    let engine = Engine::builder(rules)
+        .seed(SEED)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let load_s = t0.elapsed().as_secs_f64();
+    let src = engine.limits("customers").ok_or("no class `customers`")?;
+    let (entries, bytes) = (src.len(), src.bytes());
+    progress("own limits: inserting every key in both rules");
+    let own = Routed {
+        engine: &engine,
+        route: "/own",
+    };
+    let plain = Routed {
+        engine: &engine,
+        route: "/plain",
+    };
+    for rank in 0..n {
+        let id = keys::key_id(rank);
+        own.one(id);
+        plain.one(id);
+    }
+    let seq = keys::sequence(Distribution::Uniform, n, 1 << 20, SEED);
+    let timer = Timer::calibrate();
+    let window = Duration::from_secs_f64(seconds);
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for r in 0..repeat.max(1) {
+        for (name, c, out) in [("own", &own, &mut a), ("plain", &plain, &mut b)] {
+            progress(format!("own limits: {name}, run {}", r + 1));
+            let m = measure(c, Mode::Single, &[&seq], window / 10, window, &timer);
+            out.push(m.cpu_ns as f64 / m.checks.max(1) as f64);
+        }
+    }
+    let (ma, mb) = (median(&mut a.clone()), median(&mut b.clone()));
+    let mib = |b: f64| b / (1024.0 * 1024.0);
+    super::progress_done();
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "keys": n, "entries": entries, "file_bytes": file_bytes,
+                "load_seconds": load_s, "bytes": bytes,
+                "bytes_per_entry": bytes as f64 / entries.max(1) as f64,
+                "own_cpu_ns": a, "plain_cpu_ns": b,
+                "own_median": ma, "plain_median": mb, "ratio": ma / mb,
+            })
+        );
+        return Ok(());
+    }
+    println!(
+        "own limits: {n} keys with an entry (90 % on 5 plans, 10 % their own limit, 1000 \
+         distinct), CSV file of {:.1} MiB",
+        mib(file_bytes as f64)
+    );
+    println!(
+        "load: {load_s:.2} s (the engine's build, which reads the file); {entries} entries, \
+         {:.1} MiB, {:.1} bytes per entry",
+        mib(bytes as f64),
+        bytes as f64 / entries.max(1) as f64
+    );
+    println!();
+    let runs = |v: &[f64]| {
+        v.iter()
+            .map(|x| format!("{x:.1}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    println!(
+        "{:<34} {:>14} {:>10}   runs",
+        "rule (1 thread, uniform keys)", "CPU-ns/check", "× plain"
+    );
+    println!(
+        "{:<34} {:>14.1} {:>9.2}×   {}",
+        "own: the key's own limit",
+        ma,
+        ma / mb,
+        runs(&a)
+    );
+    println!(
+        "{:<34} {:>14.1} {:>9.2}×   {}",
+        "plain: the rule's own limit",
+        mb,
+        1.0,
+        runs(&b)
+    );
+    println!();
+    println!("medians of {} interleaved runs of {seconds} s", a.len());
+    Ok(())
+}

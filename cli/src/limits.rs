@@ -1,0 +1,71 @@
+//! `turnstile limits check RULES...`: loads each limits class's file of a rules file as the
+//! engine would (docs/rules.md, "Keys' own limits"), and reports its entries, its load time and
+//! its memory, or the first bad line as `file:line: message` (exit status 1).
+
+use clap::Subcommand;
+use std::time::Instant;
+use turnstile::keyed::KeyHasher;
+use turnstile::rules::limits::{LimitsSource, MemoryLimits};
+use turnstile::rules::Rules;
+
+/// `turnstile limits ...`.
+#[derive(Subcommand)]
+pub enum LimitsCommand {
+    /// Load the files of the limits classes of rules files: every line checked against its
+    /// class (its key, algorithm, window and plans). Prints one line per class; for a bad
+    /// file prints `file:line: what is wrong` and exits with status 1.
+    Check {
+        /// The rules files.
+        #[arg(required = true, value_name = "RULES")]
+        files: Vec<String>,
+    },
+}
+
+/// Runs the subcommand.
+pub fn run(cmd: LimitsCommand) -> Result<(), String> {
+    let LimitsCommand::Check { files } = cmd;
+    let mut bad = 0;
+    for f in &files {
+        let rules = match Rules::from_file(f) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("{e}");
+                bad += 1;
+                continue;
+            }
+        };
+        if rules.classes.is_empty() {
+            println!("{f}: no limits class");
+        }
+        for class in &rules.classes {
+            let t0 = Instant::now();
+            match MemoryLimits::new(class, KeyHasher::random(64)) {
+                Ok(src) => {
+                    let n = src.len();
+                    let from = class
+                        .file
+                        .as_ref()
+                        .map_or("no file".to_string(), |p| p.display().to_string());
+                    let room = class.capacity.max(n);
+                    println!(
+                        "{f}: class {}: {from}: ok: {n} entries in {:.2} s; {} plans; room for \
+                         {room} keys in {:.1} MiB ({:.1} bytes per key of room)",
+                        class.name,
+                        t0.elapsed().as_secs_f64(),
+                        class.plans.len(),
+                        src.bytes() as f64 / (1024.0 * 1024.0),
+                        src.bytes() as f64 / room as f64
+                    );
+                }
+                Err(e) => {
+                    eprintln!("{e}");
+                    bad += 1;
+                }
+            }
+        }
+    }
+    if bad > 0 {
+        std::process::exit(1);
+    }
+    Ok(())
+}

@@ -1,0 +1,881 @@
+//! The io_uring driver of RESP connections (`--runtime uring`): one pinned thread per core, each
+//! with its own ring and its own `SO_REUSEPORT` listener, drives the same [`Connection`] state
+//! machine as the tokio driver (`serve`), with the same bounds and the same semantics: idle
+//! timeout on no progress, the shutdown drain, a client's end of input, `--max-connections`.
+//!
+//! # Why io_uring, and how
+//!
+//! One command per round trip costs a server a read and a write system call per request and the
+//! event loop around them. Here one `io_uring_enter` per loop submits every reply produced since
+//! the last one and collects every completion since: a multishot accept, and receives into
+//! [`bufring`]'s provided buffers, re-armed in the same batch. A loop that finds fifty
+//! connections ready does one system call, not a hundred and one.
+//!
+//! # Who owns which memory
+//!
+//! A buffer the kernel reads or writes must outlive the operation, however the connection ends:
+//!
+//! * receives name no buffer (the kernel picks one from [`bufring`]); the data is copied into the
+//!   connection's input (what does not fit now, at most one buffer, waits in `stash`) and the
+//!   buffer given back at once;
+//! * a send reads the driver's own `send_buf` of its connection, a copy of the connection's
+//!   output: the connection may grow or clear its output while the send is out. The copy is
+//!   counted as written only when the kernel says it was;
+//! * a connection's slot (its socket, `send_buf`) is freed only once no operation of it is in
+//!   flight: closing one cancels its operations and waits for their completions;
+//! * at the end the worker cancels everything and waits for every completion; if some never
+//!   come, it leaks the buffers (and the ring) rather than free memory the kernel may use.
+//!
+//! # Bounds
+//!
+//! Those of [`Connection`], plus per connection at most one receive buffer of stashed input
+//! ([`BUF_SIZE`]) and a send copy of at most [`SEND_MAX`], both counted in the server's buffer
+//! gauge; per worker [`BUFS`] × [`BUF_SIZE`] of provided buffers. A connection reads (has a
+//! receive armed) only while it wants input and its stash is empty: a client that sends without
+//! reading is held back by TCP, as on tokio.
+//!
+//! A rules command whose counts live in Redis ([`Step::Remote`]) is run on a tokio runtime
+//! (`remote`); its answer comes back over a channel and an eventfd the ring reads.
+
+mod bufring;
+
+use super::connection::{Connection, Step};
+use super::serve::{Slot, DRAIN_ROUNDS, LAST_WRITE};
+use crate::check::Answer;
+use crate::cmd::rules::RemoteCall;
+use crate::state::Server;
+use bufring::BufRing;
+use io_uring::{cqueue, opcode, squeue, types, IoUring};
+use std::io;
+use std::net::TcpStream;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Submission queue entries (the completion queue is twice as long; completions beyond it are
+/// kept by the kernel, `IORING_FEAT_NODROP`).
+const ENTRIES: u32 = 1024;
+/// Provided receive buffers per worker, and their size.
+pub(crate) const BUFS: u16 = 512;
+pub(crate) const BUF_SIZE: usize = 4096;
+/// The most output one send carries.
+pub(crate) const SEND_MAX: usize = 64 * 1024;
+/// A send copy's capacity kept after a burst.
+const SEND_KEEP: usize = 16 * 1024;
+/// How often the loop looks at the shutdown signal and the idle connections when nothing
+/// happens.
+const TICK: Duration = Duration::from_millis(100);
+/// How long the worker waits, after the shutdown signal, for its connections to finish.
+const GRACE: Duration = Duration::from_secs(5);
+/// How long it waits for the completions of what it cancelled at the end.
+const CANCEL_WAIT: Duration = Duration::from_secs(2);
+
+/// What an operation was for, in the top byte of its `user_data`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Op {
+    Accept = 1,
+    Recv = 2,
+    Send = 3,
+    Wake = 4,
+    /// A cancellation (its own completion says nothing the driver needs).
+    Cancel = 5,
+}
+
+fn token(op: Op, slot: usize, gen: u32) -> u64 {
+    (op as u64) << 56 | u64::from(gen & 0xff_ffff) << 32 | slot as u64
+}
+
+fn untoken(t: u64) -> (Option<Op>, usize, u32) {
+    let op = match t >> 56 {
+        1 => Some(Op::Accept),
+        2 => Some(Op::Recv),
+        3 => Some(Op::Send),
+        4 => Some(Op::Wake),
+        5 => Some(Op::Cancel),
+        _ => None,
+    };
+    (
+        op,
+        (t & 0xffff_ffff) as usize,
+        ((t >> 32) & 0xff_ffff) as u32,
+    )
+}
+
+/// Why io_uring cannot serve here, or `Ok` if it can: `TURNSTILE_IO_URING=off` in the
+/// environment, or a kernel (or a seccomp profile) that refuses a ring, the extended wait, a
+/// ring of provided buffers (Linux 5.19) or multishot accept.
+///
+/// The probe runs on a thread of its own: a ring's teardown interrupts the system calls of
+/// every thread that used it (a task-work "signal"), and a blocking read with a timeout on the
+/// caller's thread would fail with `EINTR`.
+pub(crate) fn available() -> Result<(), String> {
+    if std::env::var("TURNSTILE_IO_URING").is_ok_and(|v| v.eq_ignore_ascii_case("off")) {
+        return Err("turned off by TURNSTILE_IO_URING=off".into());
+    }
+    std::thread::Builder::new()
+        .name("turnstile-probe".into())
+        .spawn(probe)
+        .map_err(|e| format!("probe thread: {e}"))?
+        .join()
+        .unwrap_or_else(|_| Err("the io_uring probe panicked".into()))
+}
+
+fn probe() -> Result<(), String> {
+    let ring = IoUring::new(8).map_err(|e| format!("io_uring_setup: {e}"))?;
+    if !ring.params().is_feature_ext_arg() {
+        return Err("the kernel's io_uring has no timed wait (Linux 5.11)".into());
+    }
+    let mut probe = io_uring::Probe::new();
+    ring.submitter()
+        .register_probe(&mut probe)
+        .map_err(|e| format!("io_uring probe: {e}"))?;
+    for (code, name) in [
+        (opcode::AcceptMulti::CODE, "accept"),
+        (opcode::Recv::CODE, "recv"),
+        (opcode::Send::CODE, "send"),
+        (opcode::AsyncCancel2::CODE, "cancel"),
+    ] {
+        if !probe.is_supported(code) {
+            return Err(format!("the kernel's io_uring has no {name}"));
+        }
+    }
+    BufRing::new(&ring.submitter(), 2, 64, 0)
+        .map(|mut b| {
+            b.unregister(&ring.submitter());
+        })
+        .map_err(|e| format!("io_uring provided buffers (Linux 5.19): {e}"))
+}
+
+/// One connection's driver state.
+struct Conn {
+    /// Kept before `sock`: the connection's counts and buffers go before its socket.
+    conn: Connection,
+    sock: TcpStream,
+    gen: u32,
+    _slot: Slot,
+    /// A receive is in flight.
+    recv: bool,
+    /// A send of `send_buf[..n]` is in flight.
+    send: Option<usize>,
+    /// The loop iteration whose submission carried the send.
+    send_round: u64,
+    send_buf: Vec<u8>,
+    /// Received input the connection could not take yet (at most one buffer).
+    stash: Vec<u8>,
+    stash_at: usize,
+    /// The client closed its side.
+    eof: bool,
+    /// A remote call is out.
+    parked: bool,
+    state: State,
+    /// The last read or write that moved data.
+    progress: Instant,
+    /// Shutdown: receives left before closing (each without waiting).
+    drain: u32,
+    /// In the dirty list.
+    dirty: bool,
+    /// Buffer capacity reported to the server's gauge.
+    accounted: usize,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum State {
+    Open,
+    /// Writing its last output until this deadline, then closed.
+    Closing(Instant),
+    /// Closed as soon as no operation of it is in flight (they are cancelled).
+    Gone {
+        cancelled: bool,
+    },
+}
+
+impl Conn {
+    fn stashed(&self) -> &[u8] {
+        &self.stash[self.stash_at..]
+    }
+
+    /// Moves input into the connection from `data`, then from the stash; what does not fit is
+    /// kept (`data` is then at most one buffer and the stash was empty: a receive is armed only
+    /// with an empty stash).
+    fn feed(&mut self, mut data: &[u8]) {
+        while !self.stashed().is_empty() {
+            let Some(buf) = self.conn.read_buf() else {
+                break;
+            };
+            let from = &self.stash[self.stash_at..];
+            let n = buf.len().min(from.len());
+            buf[..n].copy_from_slice(&from[..n]);
+            self.conn.read(n);
+            self.stash_at += n;
+        }
+        if self.stashed().is_empty() {
+            self.stash.clear();
+            self.stash_at = 0;
+        }
+        while !data.is_empty() {
+            if !self.stashed().is_empty() {
+                self.stash.extend_from_slice(data);
+                return;
+            }
+            let Some(buf) = self.conn.read_buf() else {
+                self.stash.extend_from_slice(data);
+                return;
+            };
+            let n = buf.len().min(data.len());
+            buf[..n].copy_from_slice(&data[..n]);
+            self.conn.read(n);
+            data = &data[n..];
+        }
+    }
+
+    /// The client went away (or must be let go): nothing more is run for it.
+    fn gone(&mut self) {
+        if !matches!(self.state, State::Gone { .. }) {
+            tracing::debug!(conn = self.conn.id(), "client gone; closing");
+            self.conn.abandon();
+            self.state = State::Gone { cancelled: false };
+        }
+    }
+
+    fn in_flight(&self) -> bool {
+        self.recv || self.send.is_some()
+    }
+
+    /// Reports the driver's buffers to the server's gauge.
+    fn account(&mut self, srv: &Server) {
+        let now = self.send_buf.capacity() + self.stash.capacity();
+        if now != self.accounted {
+            srv.buffers.resized(self.accounted, now);
+            self.accounted = now;
+        }
+    }
+}
+
+/// An answer from Redis for the connection in `slot` (of generation `gen`).
+type Reply = (usize, u32, RemoteCall, Answer);
+
+/// One worker: its ring, its listener, its connections.
+struct Worker {
+    srv: Arc<Server>,
+    ring: IoUring,
+    bufs: BufRing,
+    listener: std::net::TcpListener,
+    accepting: bool,
+    conns: Vec<Option<Conn>>,
+    free: Vec<usize>,
+    gens: u32,
+    /// Connections to run and flush at the end of this iteration.
+    dirty: Vec<usize>,
+    /// Entries to submit.
+    sqes: Vec<squeue::Entry>,
+    /// Operations in flight (a multishot one counts once, until its last completion).
+    in_flight: usize,
+    round: u64,
+    /// Sends submitted in the last round.
+    sent: Vec<(usize, u32)>,
+    now: Instant,
+    next_tick: Instant,
+    stopping: Option<Instant>,
+    /// The end: nothing is armed again.
+    finishing: bool,
+    /// Rules calls to Redis: run on `remote`, answered on `replies`, which wakes `wake`.
+    remote: tokio::runtime::Handle,
+    replies_tx: mpsc::Sender<Reply>,
+    replies: mpsc::Receiver<Reply>,
+    wake: Arc<OwnedFd>,
+    /// The eventfd's counter, read by the ring (boxed: it must not move while a read is out).
+    wake_buf: Box<[u8; 8]>,
+    wake_armed: bool,
+}
+
+/// Serves RESP on `listener` until shutdown (the worker's thread; `remote` runs calls to
+/// Redis). Returns once every connection has closed, or the grace period has passed.
+pub(crate) fn serve(
+    srv: Arc<Server>,
+    listener: std::net::TcpListener,
+    remote: tokio::runtime::Handle,
+) -> io::Result<()> {
+    let ring = {
+        let mut b = IoUring::builder();
+        b.setup_single_issuer().setup_defer_taskrun();
+        match b.setup_cqsize(2 * ENTRIES).build(ENTRIES) {
+            Ok(r) => r,
+            // A kernel before 6.1 has no deferred task runs: the plain ring works as well.
+            Err(_) => IoUring::builder()
+                .setup_cqsize(2 * ENTRIES)
+                .build(ENTRIES)?,
+        }
+    };
+    let bufs = BufRing::new(&ring.submitter(), BUFS, BUF_SIZE, 0)?;
+    srv.buffers.resized(0, bufs.bytes());
+    // A blocking eventfd: the ring's read of it waits (one that does not would come back
+    // EAGAIN at once). The tasks' writes never block: they add 1 to a 64-bit counter.
+    // SAFETY: eventfd(2) with valid flags; its result is checked before it is owned.
+    let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    if efd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor that nothing else owns.
+    let wake = Arc::new(unsafe { OwnedFd::from_raw_fd(efd) });
+    let (replies_tx, replies) = mpsc::channel();
+    let now = Instant::now();
+    let mut w = Worker {
+        srv,
+        ring,
+        bufs,
+        listener,
+        accepting: false,
+        conns: Vec::new(),
+        free: Vec::new(),
+        gens: 0,
+        dirty: Vec::new(),
+        sqes: Vec::new(),
+        in_flight: 0,
+        round: 0,
+        sent: Vec::new(),
+        now,
+        next_tick: now + TICK,
+        stopping: None,
+        finishing: false,
+        remote,
+        replies_tx,
+        replies,
+        wake,
+        wake_buf: Box::new([0; 8]),
+        wake_armed: false,
+    };
+    let r = w.run();
+    w.finish();
+    r
+}
+
+impl Worker {
+    fn run(&mut self) -> io::Result<()> {
+        self.arm_accept();
+        self.arm_wake();
+        let mut cqes: Vec<(u64, i32, u32)> = Vec::with_capacity(256);
+        loop {
+            self.submit(true)?;
+            self.round += 1;
+            self.now = Instant::now();
+            cqes.clear();
+            cqes.extend(
+                self.ring
+                    .completion()
+                    .map(|c| (c.user_data(), c.result(), c.flags())),
+            );
+            for &(t, res, flags) in &cqes {
+                self.complete(t, res, flags);
+            }
+            // Sends of the last round still out: the client is not reading as fast as the
+            // connection answers (tokio's driver sees a write that would block).
+            let round = self.round;
+            for (i, gen) in std::mem::take(&mut self.sent) {
+                if let Some(c) = self.conn(i, gen) {
+                    if c.send.is_some() && c.send_round < round && c.conn.blocked() {
+                        self.mark(i);
+                    }
+                }
+            }
+            if self.now >= self.next_tick {
+                self.next_tick = self.now + TICK;
+                self.tick();
+            }
+            let dirty = std::mem::take(&mut self.dirty);
+            for &i in &dirty {
+                if let Some(c) = self.conns[i].as_mut() {
+                    c.dirty = false;
+                }
+                self.pump(i);
+            }
+            self.dirty = dirty;
+            self.dirty.clear();
+            if let Some(since) = self.stopping {
+                let live = self.conns.iter().flatten().count();
+                if (live == 0 && !self.accepting) || self.now >= since + GRACE {
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// Pushes the entries queued and enters the kernel: waits (at most a tick) for a
+    /// completion if `wait`.
+    fn submit(&mut self, wait: bool) -> io::Result<()> {
+        let mut at = 0;
+        while at < self.sqes.len() {
+            {
+                let mut sq = self.ring.submission();
+                while at < self.sqes.len() {
+                    // SAFETY: every entry's buffers are owned by the worker until its
+                    // completion (module docs: a connection's slot, the provided buffers and
+                    // `wake_buf` are freed only once nothing refers to them).
+                    if unsafe { sq.push(&self.sqes[at]) }.is_err() {
+                        break;
+                    }
+                    at += 1;
+                }
+            }
+            if at < self.sqes.len() {
+                self.ring.submit()?;
+            }
+        }
+        self.sqes.clear();
+        let r = if wait {
+            let ts = types::Timespec::new().nsec(TICK.as_nanos() as u32);
+            let args = types::SubmitArgs::new().timespec(&ts);
+            self.ring.submitter().submit_with_args(1, &args)
+        } else {
+            self.ring.submit()
+        };
+        match r {
+            Ok(_) => Ok(()),
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ETIME | libc::EINTR | libc::EBUSY | libc::EAGAIN)
+                ) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn push(&mut self, e: squeue::Entry) {
+        self.sqes.push(e);
+    }
+
+    fn conn(&mut self, i: usize, gen: u32) -> Option<&mut Conn> {
+        self.conns
+            .get_mut(i)?
+            .as_mut()
+            .filter(|c| c.gen & 0xff_ffff == gen)
+    }
+
+    fn mark(&mut self, i: usize) {
+        if let Some(c) = self.conns[i].as_mut() {
+            if !c.dirty {
+                c.dirty = true;
+                self.dirty.push(i);
+            }
+        }
+    }
+
+    fn arm_accept(&mut self) {
+        let fd = types::Fd(self.listener.as_raw_fd());
+        let e = opcode::AcceptMulti::new(fd)
+            .flags(libc::SOCK_CLOEXEC)
+            .build()
+            .user_data(token(Op::Accept, 0, 0));
+        self.push(e);
+        self.accepting = true;
+        self.in_flight += 1;
+    }
+
+    fn arm_wake(&mut self) {
+        let e = opcode::Read::new(
+            types::Fd(self.wake.as_raw_fd()),
+            self.wake_buf.as_mut_ptr(),
+            8,
+        )
+        .build()
+        .user_data(token(Op::Wake, 0, 0));
+        self.push(e);
+        self.wake_armed = true;
+        self.in_flight += 1;
+    }
+
+    fn complete(&mut self, t: u64, res: i32, flags: u32) {
+        let (op, i, gen) = untoken(t);
+        let more = cqueue::more(flags);
+        if !more && op != Some(Op::Cancel) {
+            self.in_flight -= 1;
+        }
+        match op {
+            Some(Op::Accept) => {
+                if !more {
+                    self.accepting = false;
+                }
+                if res >= 0 {
+                    // SAFETY: a new descriptor the kernel just made for this worker.
+                    let fd = unsafe { OwnedFd::from_raw_fd(res) };
+                    self.accepted(TcpStream::from(fd));
+                } else if res != -libc::ECANCELED {
+                    tracing::warn!(error = %io::Error::from_raw_os_error(-res), "accept failed");
+                }
+                if !self.accepting && self.stopping.is_none() && !self.finishing {
+                    self.arm_accept();
+                }
+            }
+            Some(Op::Recv) => self.received(i, gen, res, flags),
+            Some(Op::Send) => self.sent_done(i, gen, res),
+            Some(Op::Wake) => {
+                self.wake_armed = false;
+                while let Ok((i, gen, call, answer)) = self.replies.try_recv() {
+                    if let Some(c) = self.conn(i, gen) {
+                        c.parked = false;
+                        c.conn.resume(call, answer);
+                        self.mark(i);
+                    }
+                }
+                if !self.finishing {
+                    self.arm_wake();
+                }
+            }
+            Some(Op::Cancel) | None => {}
+        }
+    }
+
+    fn accepted(&mut self, sock: TcpStream) {
+        let Some(slot) = Slot::take(&self.srv) else {
+            // One short write to a new socket: its send buffer is empty.
+            let _ = io::Write::write(&mut &sock, b"-ERR max number of clients reached\r\n");
+            return;
+        };
+        let _ = sock.set_nodelay(true);
+        let id = crate::workers::next_conn_id();
+        let mut conn = Connection::new(
+            self.srv.clone(),
+            id,
+            sock.peer_addr().ok(),
+            sock.local_addr().ok(),
+        );
+        conn.set_fd(sock.as_raw_fd());
+        self.gens = self.gens.wrapping_add(1);
+        let c = Conn {
+            conn,
+            sock,
+            gen: self.gens & 0xff_ffff,
+            _slot: slot,
+            recv: false,
+            send: None,
+            send_round: 0,
+            send_buf: Vec::new(),
+            stash: Vec::new(),
+            stash_at: 0,
+            eof: false,
+            parked: false,
+            state: State::Open,
+            progress: self.now,
+            drain: 0,
+            dirty: false,
+            accounted: 0,
+        };
+        let i = match self.free.pop() {
+            Some(i) => {
+                self.conns[i] = Some(c);
+                i
+            }
+            None => {
+                self.conns.push(Some(c));
+                self.conns.len() - 1
+            }
+        };
+        if self.stopping.is_some() {
+            self.start_drain(i);
+        }
+        self.mark(i);
+    }
+
+    fn received(&mut self, i: usize, gen: u32, res: i32, flags: u32) {
+        let bid = cqueue::buffer_select(flags);
+        let now = self.now;
+        let Some(c) = self.conns.get_mut(i).and_then(|c| c.as_mut()) else {
+            if let Some(b) = bid {
+                self.bufs.recycle(b);
+            }
+            return;
+        };
+        debug_assert_eq!(c.gen, gen);
+        c.recv = false;
+        if res > 0 {
+            let n = res as usize;
+            if let Some(b) = bid {
+                if c.state == State::Open {
+                    c.feed(self.bufs.data(b, n));
+                }
+                self.bufs.recycle(b);
+            }
+            c.progress = now;
+        } else if res == 0 {
+            c.eof = true;
+        } else if res == -libc::EAGAIN || res == -libc::EWOULDBLOCK {
+            // A receive of the shutdown drain found nothing: done reading.
+            c.drain = 0;
+        } else if res == -libc::ENOBUFS || res == -libc::ECANCELED || res == -libc::EINTR {
+            // Re-armed below, if it still reads.
+        } else {
+            c.gone();
+        }
+        self.mark(i);
+    }
+
+    fn sent_done(&mut self, i: usize, gen: u32, res: i32) {
+        let now = self.now;
+        let Some(c) = self.conns.get_mut(i).and_then(|c| c.as_mut()) else {
+            return;
+        };
+        debug_assert_eq!(c.gen, gen);
+        let len = c.send.take().unwrap_or(0);
+        if res > 0 && matches!(c.state, State::Open | State::Closing(_)) {
+            let n = res as usize;
+            c.conn.wrote(n);
+            c.progress = now;
+            if n < len {
+                c.conn.blocked();
+            }
+        } else if res < 0 && res != -libc::ECANCELED && res != -libc::EINTR {
+            c.gone();
+        }
+        // The usual case, one reply per round trip: all written, a receive armed, nothing more
+        // to run until it completes. Otherwise the connection may have more to send, room to
+        // read or run again, or an end to reach.
+        let settled = c.state == State::Open && c.recv && !c.eof && c.conn.output().is_empty();
+        if !settled {
+            self.mark(i);
+        }
+    }
+
+    /// Runs the connection on what it has, then queues its send and its next receive, or
+    /// closes it.
+    fn pump(&mut self, i: usize) {
+        let Some(c) = self.conns[i].as_mut() else {
+            return;
+        };
+        if c.state == State::Open && !c.parked {
+            loop {
+                let before = (c.stashed().len(), c.conn.output().len());
+                c.feed(&[]);
+                match c.conn.run() {
+                    Step::Remote(call) => {
+                        c.parked = true;
+                        let (tx, srv, wake, gen) = (
+                            self.replies_tx.clone(),
+                            self.srv.clone(),
+                            self.wake.clone(),
+                            c.gen,
+                        );
+                        self.remote.spawn(async move {
+                            let answer = call.run(&srv).await;
+                            let _ = tx.send((i, gen, call, answer));
+                            let one = 1u64.to_ne_bytes();
+                            // SAFETY: an 8-byte write from a live buffer to the eventfd, which
+                            // the Arc keeps open.
+                            unsafe { libc::write(wake.as_raw_fd(), one.as_ptr().cast(), 8) };
+                        });
+                        break;
+                    }
+                    Step::Close => {
+                        c.state = State::Closing(self.now + LAST_WRITE);
+                        break;
+                    }
+                    Step::Wait => {}
+                }
+                // More stashed input, and room for it: run again (while that moves something).
+                if c.stashed().is_empty()
+                    || !c.conn.wants_read()
+                    || before == (c.stashed().len(), c.conn.output().len())
+                {
+                    break;
+                }
+            }
+        }
+        let c = self.conns[i].as_mut().expect("checked");
+        let fd = types::Fd(c.sock.as_raw_fd());
+        // The send: a copy of the output, counted written when the kernel says so.
+        if c.send.is_none() && !matches!(c.state, State::Gone { .. }) && !c.conn.output().is_empty()
+        {
+            let out = c.conn.output();
+            let n = out.len().min(SEND_MAX);
+            c.send_buf.clear();
+            c.send_buf.extend_from_slice(&out[..n]);
+            c.send = Some(n);
+            c.send_round = self.round;
+            let e = opcode::Send::new(fd, c.send_buf.as_ptr(), n as u32)
+                .flags(libc::MSG_NOSIGNAL)
+                .build()
+                .user_data(token(Op::Send, i, c.gen));
+            self.sqes.push(e);
+            self.in_flight += 1;
+            self.sent.push((i, c.gen));
+        } else if c.send.is_none() && c.send_buf.capacity() > SEND_KEEP {
+            c.send_buf = Vec::new();
+        }
+        let idle_out = c.send.is_none() && c.conn.output().is_empty() && !c.parked;
+        let drained = self.stopping.is_some() && c.drain == 0 && !c.recv;
+        if c.state == State::Open && (c.eof || drained) && c.stashed().is_empty() && idle_out {
+            // The client closed its side and has every reply, or the shutdown drain is over
+            // and every command it read is answered.
+            c.state = State::Closing(self.now + LAST_WRITE);
+        }
+        if let State::Closing(_) = c.state {
+            if idle_out {
+                // SAFETY: shutdown(2) of the connection's own open socket.
+                unsafe { libc::shutdown(c.sock.as_raw_fd(), libc::SHUT_WR) };
+                c.state = State::Gone { cancelled: false };
+            }
+        }
+        // The next receive: only with an empty stash, while the connection reads.
+        if c.state == State::Open
+            && !c.recv
+            && !c.eof
+            && c.stashed().is_empty()
+            && c.conn.wants_read()
+            && (self.stopping.is_none() || c.drain > 0)
+        {
+            let mut flags = 0;
+            if self.stopping.is_some() {
+                // The shutdown drain reads what the socket holds, without waiting.
+                flags = libc::MSG_DONTWAIT;
+                c.drain -= 1;
+            }
+            let e = opcode::Recv::new(fd, std::ptr::null_mut(), BUF_SIZE as u32)
+                .buf_group(self.bufs.group())
+                .flags(flags)
+                .build()
+                .flags(squeue::Flags::BUFFER_SELECT)
+                .user_data(token(Op::Recv, i, c.gen));
+            self.sqes.push(e);
+            self.in_flight += 1;
+            c.recv = true;
+        }
+        c.account(&self.srv);
+        if let State::Gone { cancelled } = c.state {
+            if !c.in_flight() {
+                self.release(i);
+            } else if !cancelled {
+                c.state = State::Gone { cancelled: true };
+                let e = opcode::AsyncCancel2::new(types::CancelBuilder::fd(fd).all())
+                    .build()
+                    .user_data(token(Op::Cancel, i, c.gen));
+                self.sqes.push(e);
+            }
+        }
+    }
+
+    /// Frees the slot of a connection with nothing in flight: closes its socket.
+    fn release(&mut self, i: usize) {
+        if let Some(mut c) = self.conns[i].take() {
+            debug_assert!(!c.in_flight());
+            c.send_buf = Vec::new();
+            c.stash = Vec::new();
+            c.account(&self.srv);
+            self.free.push(i);
+        }
+    }
+
+    /// Every tick: the shutdown signal, idle connections, closing deadlines.
+    fn tick(&mut self) {
+        if self.stopping.is_none() && *self.srv.shutdown.borrow() {
+            self.stopping = Some(self.now);
+            if self.accepting {
+                let fd = types::Fd(self.listener.as_raw_fd());
+                let e = opcode::AsyncCancel2::new(types::CancelBuilder::fd(fd).all())
+                    .build()
+                    .user_data(token(Op::Cancel, 0, 0));
+                self.push(e);
+            }
+            for i in 0..self.conns.len() {
+                if self.conns[i].is_some() {
+                    self.start_drain(i);
+                    self.mark(i);
+                }
+            }
+        }
+        let idle = self.srv.resp.idle_timeout;
+        for i in 0..self.conns.len() {
+            let Some(c) = self.conns[i].as_mut() else {
+                continue;
+            };
+            let over = match c.state {
+                State::Open => {
+                    !idle.is_zero() && !c.parked && self.now.duration_since(c.progress) >= idle
+                }
+                State::Closing(deadline) => self.now >= deadline,
+                State::Gone { .. } => false,
+            };
+            if over {
+                tracing::debug!(
+                    conn = c.conn.id(),
+                    "no progress for the idle timeout; closing"
+                );
+                c.gone();
+                self.mark(i);
+            }
+        }
+    }
+
+    /// Shutdown: what the client sent before it is answered too — what the socket already
+    /// holds is read without waiting (at most [`DRAIN_ROUNDS`] receives), then it closes.
+    fn start_drain(&mut self, i: usize) {
+        let Some(c) = self.conns[i].as_mut() else {
+            return;
+        };
+        if c.state != State::Open || c.eof {
+            return;
+        }
+        c.drain = DRAIN_ROUNDS;
+        if c.recv {
+            // The receive out waits for data: cancelled, then re-armed without waiting.
+            let e = opcode::AsyncCancel2::new(types::CancelBuilder::user_data(token(
+                Op::Recv,
+                i,
+                c.gen,
+            )))
+            .build()
+            .user_data(token(Op::Cancel, i, c.gen));
+            self.push(e);
+        }
+    }
+
+    /// The end: every operation still out is cancelled and its completion awaited, so that no
+    /// buffer is freed while the kernel may use it; then the buffer ring is unregistered. If
+    /// completions do not all come, the memory is leaked instead.
+    fn finish(&mut self) {
+        self.finishing = true;
+        for c in self.conns.iter_mut().flatten() {
+            c.conn.abandon();
+            c.state = State::Gone { cancelled: true };
+        }
+        self.stopping.get_or_insert(self.now);
+        if self.in_flight > 0 {
+            let e = opcode::AsyncCancel2::new(types::CancelBuilder::any())
+                .build()
+                .user_data(token(Op::Cancel, 0, 0));
+            self.push(e);
+        }
+        let deadline = Instant::now() + CANCEL_WAIT;
+        while self.in_flight > 0 && Instant::now() < deadline {
+            if self.submit(true).is_err() {
+                break;
+            }
+            let cqes: Vec<_> = self
+                .ring
+                .completion()
+                .map(|c| (c.user_data(), c.result(), c.flags()))
+                .collect();
+            for (t, res, flags) in cqes {
+                self.complete(t, res, flags);
+            }
+            self.sqes.clear();
+        }
+        if self.in_flight > 0 {
+            tracing::warn!(
+                in_flight = self.in_flight,
+                "io_uring operations did not complete at shutdown; their buffers are leaked"
+            );
+            for c in self.conns.iter_mut().flatten() {
+                std::mem::forget(std::mem::take(&mut c.send_buf));
+            }
+            std::mem::forget(std::mem::replace(&mut self.wake_buf, Box::new([0; 8])));
+            return;
+        }
+        for i in 0..self.conns.len() {
+            self.release(i);
+        }
+        self.srv.buffers.resized(self.bufs.bytes(), 0);
+        self.bufs.unregister(&self.ring.submitter());
+    }
+}
