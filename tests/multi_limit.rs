@@ -73,7 +73,7 @@ fn fw3_tb2() -> Vec<Limit> {
 
 #[test]
 fn a_denial_reports_the_least_remaining_of_all_limits() {
-    // Issue 14, defect 3: cost 2 admitted (window 1 left, bucket 0), cost 2 again denied by
+    // Cost 2 admitted (window 1 left, bucket 0), cost 2 again denied by
     // both. The window's 1 was reported although the bucket holds nothing: a cost-1 request
     // at the same instant is denied.
     for (name, h) in holders(&fw3_tb2()) {
@@ -94,7 +94,7 @@ fn a_denial_reports_the_least_remaining_of_all_limits() {
 
 #[test]
 fn a_denial_by_one_limit_reports_no_reset_for_what_was_not_recorded() {
-    // Issue 14, defect 4: a fresh key, cost 3: the window would admit it, the bucket never
+    // A fresh key, cost 3: the window would admit it, the bucket never
     // can. Nothing is recorded, so the key is as fresh as before: reset 0 (it was 10 s, the
     // window's reset as if the request had been counted), remaining 2 (the bucket's).
     for (name, h) in holders(&fw3_tb2()) {

@@ -1,6 +1,6 @@
 //! The rules engine's promises beyond one rule: a denial's `retry_after` waits for every rule
-//! that would deny (issue 14, defect 9), and a reload that changes a rule's limits carries
-//! each key's state over when its records read alike under the new limits (defect 8), also
+//! that would deny, and a reload that changes a rule's limits carries
+//! each key's state over when its records read alike under the new limits, also
 //! while other threads check.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

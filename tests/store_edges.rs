@@ -67,7 +67,7 @@ fn a_shard_past_the_placement_range_is_refused() {
 
 const SEC: u64 = 1_000_000_000;
 
-/// The scenario of issue 13, defect 9: token_bucket of capacity 1 refilling 1 per 10 s, a
+/// A check stamped before a reclaim: token_bucket of capacity 1 refilling 1 per 10 s, a
 /// store of 8 slots. `k0` is admitted at 100 s; checks of other keys stamped 120 s fill the
 /// store and reclaim `k0`'s record (idle by then), and one of them is reset to leave room;
 /// `k0` checked at 105 s must get the answer

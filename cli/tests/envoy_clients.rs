@@ -19,9 +19,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 const BIN: &str = env!("CARGO_BIN_EXE_turnstile");
 
 const INSTALL: &str = "The Envoy client tests need Python 3 with grpcio and grpcio-tools: \
-     python3 -m venv target/test-venv && target/test-venv/bin/pip install grpcio grpcio-tools, \
-     then run them with TURNSTILE_TEST_PYTHON=target/test-venv/bin/python (a relative path is \
-     taken from the workspace root)";
+     `cargo xtask test` installs them (xtask/src/deps.rs) and runs the tests with \
+     TURNSTILE_TEST_PYTHON set; by hand: python3 -m venv target/test-venv && \
+     target/test-venv/bin/pip install grpcio grpcio-tools, then run them with \
+     TURNSTILE_TEST_PYTHON=target/test-venv/bin/python (a relative path is taken from the \
+     workspace root)";
 
 /// The settings upstream reads from the environment: cleared for each server, then set.
 const SETTINGS: &[&str] = &[

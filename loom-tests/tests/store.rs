@@ -362,7 +362,7 @@ fn stale_helper_keys() -> (u64, u64, u64, u64) {
     (ko, kt, k, f)
 }
 
-/// Issue 13, defect 1: a stale helper must not publish another insertion's pending slot.
+/// A stale helper must not publish another insertion's pending slot.
 /// Bucket 0's header Ha and bucket 1's header Hb are brought to the same version (each had one
 /// commit: `ko` inserted and reset, `f` inserted). Then, with three threads:
 ///
@@ -404,7 +404,7 @@ fn stale_helper_does_not_publish_another_headers_claim() {
     });
 }
 
-/// Probing past the home buckets and wrapping around the table (issue 13, defect 2): a
+/// Probing past the home buckets and wrapping around the table: a
 /// two-bucket store whose keys have ranges of two buckets (`loom_range(2)`), so that a key at
 /// home in bucket 1 probes buckets 1, 1, then 0, 0 (bucket 1 + 1 wraps to 0). Bucket 1 is full
 /// of busy keys; thread A inserts `a`, thread B inserts `b` and then checks `a`, all three

@@ -2,6 +2,29 @@
 //!
 //! turnstile's algorithms on Redis and Redis Cluster, for limits that many machines share.
 //!
+//! ```no_run
+//! use std::time::Duration;
+//! use turnstile::{Limit, Limits};
+//! use turnstile_redis::{FailurePolicy, RedisStore};
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     // 15 requests per second per customer, shared by every process using this Redis.
+//!     let limits = Limits::new(vec![Limit::token_bucket(15, 15, Duration::from_secs(1))?])?;
+//!     let store = RedisStore::builder(limits)
+//!         .prefix("api:")
+//!         .timeout(Duration::from_millis(20))                // then the policy answers
+//!         .policy(FailurePolicy::Insurance { expected_nodes: 4 }) // in memory at 15 / 4
+//!         .connect("redis://127.0.0.1:6379")                 // or .connect_cluster(&[...])
+//!         .await?;
+//!     let d = store.check("customer-a", 1).await; // never fails: the policy answers for Redis
+//!     if !d.allowed() {
+//!         println!("429, Retry-After: {:?}", d.retry_after());
+//!     }
+//!     Ok(())
+//! }
+//! ```
+//!
 //! * [`RedisStore`] takes the same [`turnstile::Limits`] as the in-memory
 //!   `turnstile::keyed::Store` and answers the same [`turnstile::Decision`]s: every decision is
 //!   one atomic Lua script call (`EVALSHA`, reloaded on `NOSCRIPT`), several limits on one key

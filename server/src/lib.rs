@@ -14,8 +14,40 @@
 //!   `snapshot`; `workers`: thread-per-core or one multi-thread runtime; `control`: signals,
 //!   reload and the snapshot timer.
 //!
-//! The binary is `turnstile serve` (its flags are [`ServeArgs`]); tests start a server in
-//! process with [`start`] and stop it with [`Running::stop`].
+//! The binary is `turnstile serve` (its flags are [`ServeArgs`]); a program or a test starts
+//! the same server in process with [`start`] and stops it with [`Running::stop`]:
+//!
+//! ```
+//! use std::io::{BufRead, BufReader, Write};
+//! use std::net::TcpStream;
+//! use turnstile_server::{start, ServeArgs};
+//!
+//! // `turnstile serve` on free loopback ports, CL.THROTTLE only (no rules file).
+//! let mut args = ServeArgs::new();
+//! args.resp = "127.0.0.1:0".parse().unwrap();
+//! args.http = "127.0.0.1:0".parse().unwrap();
+//! args.workers = Some(1);
+//! args.throttle_keys = 10_000;
+//! let server = start(args).unwrap();
+//!
+//! // Any Redis client works; here RESP by hand: CL.THROTTLE user:1 15 30 60, as redis-cell.
+//! let mut conn = TcpStream::connect(server.resp).unwrap();
+//! conn.write_all(b"*5\r\n$11\r\nCL.THROTTLE\r\n$6\r\nuser:1\r\n$2\r\n15\r\n$2\r\n30\r\n$2\r\n60\r\n")
+//!     .unwrap();
+//! let mut reply = BufReader::new(conn);
+//! let lines: Vec<String> = (0..6)
+//!     .map(|_| {
+//!         let mut l = String::new();
+//!         reply.read_line(&mut l).unwrap();
+//!         l.trim_end().to_string()
+//!     })
+//!     .collect();
+//! // Allowed (0), limit 16, 15 left, no retry (-1), idle again in 2 s.
+//! assert_eq!(lines, ["*5", ":0", ":16", ":15", ":-1", ":2"]);
+//!
+//! server.stop();
+//! server.join().unwrap();
+//! ```
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]

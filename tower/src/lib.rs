@@ -18,18 +18,33 @@
 //! * **Shaping**: a leaky-bucket shaper's delay is waited (bounded), and refunded if the
 //!   request is cancelled while it waits.
 //!
-//! ```no_run
-//! use std::sync::Arc;
-//! use axum::{routing::get, Router};
-//! use turnstile::{keyed::Store, Limit as Quota};
-//! use turnstile_tower::{key::PeerIp, RateLimitLayer, StoreLimit};
-//!
-//! let store = Arc::new(Store::with_capacity(
-//!     Quota::sliding_window(10, std::time::Duration::from_secs(60)).unwrap(), 100_000).unwrap());
-//! let app: Router = Router::new()
-//!     .route("/", get(|| async { "hello" }))
-//!     .layer(RateLimitLayer::new(StoreLimit::new(store, PeerIp)));
 //! ```
+//! use axum::{body::Body, http::Request, routing::get, Router};
+//! use std::{sync::Arc, time::Duration};
+//! use tower::ServiceExt; // oneshot
+//! use turnstile::{keyed::Store, Limit};
+//! use turnstile_tower::{key::Header, RateLimitLayer, StoreLimit};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! // 2 requests a minute per API key, room for 100 000 keys.
+//! let store = Store::with_capacity(Limit::fixed_window(2, Duration::from_secs(60)).unwrap(), 100_000);
+//! let app = Router::new()
+//!     .route("/", get(|| async { "hello" }))
+//!     .layer(RateLimitLayer::new(StoreLimit::new(Arc::new(store.unwrap()), Header::named("x-api-key"))));
+//!
+//! for expected in [200, 200, 429] {
+//!     let request = Request::get("/").header("x-api-key", "k-1").body(Body::empty()).unwrap();
+//!     let response = app.clone().oneshot(request).await.unwrap();
+//!     assert_eq!(response.status(), expected);
+//!     assert!(response.headers().contains_key("ratelimit-policy"));
+//! }
+//! # }
+//! ```
+//!
+//! A server keys by the client's address instead with [`PeerIp`] (served with
+//! `into_make_service_with_connect_info::<SocketAddr>()`) or [`ClientIp`] behind trusted
+//! proxies; `cargo run --release -p turnstile-tower --example axum` runs one (docs/tower.md).
 
 // No unsafe code in a default build; `unsafe-fast-headers` allows one block (headers.rs).
 #![cfg_attr(not(feature = "unsafe-fast-headers"), forbid(unsafe_code))]

@@ -1,0 +1,249 @@
+//! `cargo xtask`: the project's own tasks, in Rust, with nothing but the toolchain
+//! (`.cargo/config.toml` aliases `cargo xtask` to `cargo run --release -q -p xtask --`).
+//!
+//! * `cargo xtask test [ARGS...]`: installs what the tests need (`src/deps.rs`, the one table),
+//!   then runs `cargo test --release --workspace ARGS...` and exits with its status.
+//! * `cargo xtask deps [--dry-run] [--path PATH] [--privilege root|sudo|none] [--pip SPEC]
+//!   [--npm SPEC]`: only the check and install; `--path ''` shows what a fresh machine gets.
+//! * `cargo xtask docs [--list] [--only TEXT] [--verbose]`: the docs test — runs the shell
+//!   commands of README.md and docs/*.md (the fence convention: `src/docs.rs`).
+//!
+//! No dependencies: it must build on a fresh machine before anything is installed.
+
+mod deps;
+mod docs;
+mod install;
+
+use install::{Options, Privilege};
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::{Command, ExitCode};
+
+const USAGE: &str = "\
+cargo xtask: the project's own tasks
+
+USAGE:
+    cargo xtask test [ARGS...]    install what the tests need, then
+                                  cargo test --release --workspace ARGS...
+    cargo xtask deps [OPTIONS]    only check and install what the tests need
+    cargo xtask docs [OPTIONS]    the docs test: run the sh fences of README.md and docs/*.md
+
+deps OPTIONS:
+    --dry-run                     print the commands instead of running them
+    --path PATH                   look for programs on PATH instead of $PATH
+                                  (--path '' --dry-run: what a fresh machine gets)
+    --privilege root|sudo|none    plan as if running with this privilege
+    --pip SPEC, --npm SPEC        one more package (to try the mechanism)
+
+docs OPTIONS:
+    --list                        list the fences and what would be done with each
+    --only TEXT                   only the fences whose FILE:LINE contains TEXT
+    --verbose                     print every fence's output
+
+What the tests need is one table: xtask/src/deps.rs. The fence convention: xtask/src/docs.rs
+(and docs/verification.md).
+";
+
+/// The workspace root: xtask's own folder's parent.
+fn root() -> PathBuf {
+    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    here.parent().map_or(here.clone(), |p| p.to_path_buf())
+}
+
+fn main() -> ExitCode {
+    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    let Some(cmd) = args.first().and_then(|a| a.to_str()) else {
+        eprint!("{USAGE}");
+        return ExitCode::from(2);
+    };
+    let rest = &args[1..];
+    let result = match cmd {
+        "test" => test(rest),
+        "deps" => deps(rest),
+        "docs" => docs_test(rest),
+        "help" | "--help" | "-h" => {
+            print!("{USAGE}");
+            Ok(ExitCode::SUCCESS)
+        }
+        other => Err(format!(
+            "unknown task `{other}`; expected test, deps or docs (cargo xtask help)"
+        )),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("xtask: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Installs what the tests need, then runs them with the variables naming the clients.
+fn test(args: &[OsString]) -> Result<ExitCode, String> {
+    let root = root();
+    let env = install::ensure(&Options::detect(&root))?;
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(&root)
+        .args(["test", "--release", "--workspace"])
+        .args(args);
+    for (k, v) in &env {
+        cmd.env(k, v);
+    }
+    let shown: Vec<String> = args.iter().map(|a| a.to_string_lossy().into()).collect();
+    eprintln!(
+        "xtask: cargo test --release --workspace {}",
+        shown.join(" ")
+    );
+    let status = cmd
+        .status()
+        .map_err(|e| format!("cannot run cargo test: {e}"))?;
+    Ok(match status.code() {
+        Some(0) => ExitCode::SUCCESS,
+        Some(c) => ExitCode::from(u8::try_from(c).unwrap_or(1)),
+        None => ExitCode::FAILURE,
+    })
+}
+
+/// `cargo xtask deps`: the check and install alone.
+fn deps(args: &[OsString]) -> Result<ExitCode, String> {
+    let mut opts = Options::detect(&root());
+    let mut it = args.iter().map(|a| a.to_string_lossy().into_owned());
+    while let Some(a) = it.next() {
+        let mut value = |name: &str| {
+            it.next()
+                .ok_or_else(|| format!("{name} needs a value (cargo xtask help)"))
+        };
+        match a.as_str() {
+            "--dry-run" => opts.dry_run = true,
+            "--path" => opts.search_path = value("--path")?.into(),
+            "--privilege" => opts.privilege = value("--privilege")?.parse::<Privilege>()?,
+            "--pip" => opts.extra_pip.push(value("--pip")?),
+            "--npm" => opts.extra_npm.push(value("--npm")?),
+            other => return Err(format!("deps: unknown option `{other}` (cargo xtask help)")),
+        }
+    }
+    let env = install::ensure(&opts)?;
+    for (k, v) in env {
+        println!("{k}={}", v.to_string_lossy());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `cargo xtask docs`: the docs test.
+fn docs_test(args: &[OsString]) -> Result<ExitCode, String> {
+    let (mut list, mut verbose, mut only) = (false, false, None::<String>);
+    let mut it = args.iter().map(|a| a.to_string_lossy().into_owned());
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--list" => list = true,
+            "--verbose" => verbose = true,
+            "--only" => {
+                only = Some(
+                    it.next()
+                        .ok_or("--only needs a value: a file name or FILE:LINE")?,
+                )
+            }
+            other => return Err(format!("docs: unknown option `{other}` (cargo xtask help)")),
+        }
+    }
+    let root = root();
+    // Every fence first: a malformed one fails before anything runs.
+    let mut all = Vec::new();
+    for file in docs::doc_files(&root)? {
+        let rel = file
+            .strip_prefix(&root)
+            .unwrap_or(&file)
+            .display()
+            .to_string();
+        let text = std::fs::read_to_string(&file).map_err(|e| format!("cannot read {rel}: {e}"))?;
+        for f in docs::fences(&rel, &text)? {
+            let kind = f.kind()?;
+            all.push((f, kind));
+        }
+    }
+    let issue_refs = docs::issue_references(&root)?;
+    let selected: Vec<&(docs::Fence, docs::Kind)> = all
+        .iter()
+        .filter(|(f, _)| {
+            only.as_deref()
+                .is_none_or(|o| format!("{}:{}", f.file, f.line).contains(o))
+        })
+        .collect();
+    if list {
+        for (f, k) in &selected {
+            let what = match k {
+                docs::Kind::Run(t) => format!("run (within {} s)", t.as_secs()),
+                docs::Kind::NoRun(r) => format!("not run: {r}"),
+                docs::Kind::Other => continue,
+            };
+            println!("{}:{}  {what}", f.file, f.line);
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut opts = Options::detect(&root);
+    opts.scope = deps::Scope::Docs;
+    install::ensure(&opts)?;
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    eprintln!("xtask: cargo build --release (the turnstile binary the docs run)");
+    let built = Command::new(&cargo)
+        .current_dir(&root)
+        .args(["build", "--release", "--quiet"])
+        .status()
+        .map_err(|e| format!("cannot run cargo build: {e}"))?;
+    if !built.success() {
+        return Err("cargo build --release failed".into());
+    }
+    let release = opts.target_dir.join("release");
+    docs::check_serve_defaults(&release.join("turnstile"))?;
+    let path = format!(
+        "{}:{}",
+        release.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let t0 = std::time::Instant::now();
+    let (mut ran, mut failed, mut skipped) = (0, Vec::new(), 0);
+    for (f, k) in selected {
+        let where_ = format!("{}:{}", f.file, f.line);
+        match k {
+            docs::Kind::Other => {}
+            docs::Kind::NoRun(reason) => {
+                skipped += 1;
+                eprintln!("skip {where_}: {reason}");
+            }
+            docs::Kind::Run(timeout) => {
+                ran += 1;
+                let o = docs::run_fence(&root, f, *timeout, &path);
+                for n in &o.notes {
+                    eprintln!("     {where_}: {n}");
+                }
+                match &o.failure {
+                    None => eprintln!("ok   {where_} ({:.1} s)", o.took.as_secs_f64()),
+                    Some(why) => {
+                        eprintln!("FAIL {where_} ({:.1} s): {why}", o.took.as_secs_f64());
+                        failed.push(format!("{where_}: {why}"));
+                    }
+                }
+                if verbose || o.failure.is_some() {
+                    eprintln!("---- output of {where_}\n{}\n----", o.log.trim_end());
+                }
+            }
+        }
+    }
+    if !issue_refs.is_empty() {
+        failed.push(format!(
+            "issue numbers in the manual (a reader cannot see them; history goes to CHANGELOG.md):\n  {}",
+            issue_refs.join("\n  ")
+        ));
+    }
+    eprintln!(
+        "docs: {ran} fences run, {} failed, {skipped} not run (their reasons above), in {:.0} s",
+        failed.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    if failed.is_empty() {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        Err(format!("the docs test failed:\n{}", failed.join("\n")))
+    }
+}
