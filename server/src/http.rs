@@ -448,7 +448,12 @@ where
         let shown = self.access(&req);
         if shown.unwrap_or(Access::None) < needs(req.uri().path(), self.shared.http.metrics_open) {
             let r = self.refuse(shown, req.uri().path());
+            let limit = self.shared.http.max_body;
             return Either::Left(Box::pin(async move {
+                // The body is read (up to --max-body, then dropped) before the refusal: a
+                // client still sending it otherwise sees its HTTP/2 stream reset under it
+                // (curl: "Stream error in the HTTP/2 framing layer") instead of the 401.
+                let _ = axum::body::to_bytes(req.into_body(), limit).await;
                 drop(busy);
                 Ok(r)
             }));
