@@ -54,9 +54,9 @@ mod multi;
 mod session;
 
 use ahead::Ahead;
-use multi::{queue, runs_in_multi, Queue};
 #[cfg(test)]
 use multi::RANGE;
+use multi::{queue, runs_in_multi, Queue};
 pub(crate) use session::{BufferStats, Session};
 
 /// Output waiting for the client past which the connection stops reading and running
