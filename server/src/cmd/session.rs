@@ -120,7 +120,7 @@ impl<'a> SessionCommand<'a> {
                     set(&mut s.lib_ver, v);
                     o.simple("OK");
                 } else {
-                    o.error(&format!(
+                    o.error_fmt(format_args!(
                         "ERR Unrecognized option '{}'",
                         String::from_utf8_lossy(&attr[..attr.len().min(64)])
                     ));

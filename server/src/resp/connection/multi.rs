@@ -118,7 +118,7 @@ pub(super) fn queue(srv: &Server, q: &mut Queue, args: Args<'_>, o: &mut Out<'_>
         });
     if !fits {
         q.dirty = true;
-        o.error(&format!(
+        o.error_fmt(format_args!(
             "ERR the transaction is too large: at most {MAX_QUEUED} commands and {} bytes queued (arguments, and 16 per argument and per command) between MULTI and EXEC (--client-output-limit); send it in parts",
             srv.resp.output_limit
         ));
