@@ -22,9 +22,9 @@ use crossbeam_utils::CachePadded;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum FullPolicy {
-    /// Refuse it: the check answers [`Outcome::StoreFull`] (fail closed), with a retry hint.
+    /// Refuse it: the check answers [`Outcome::StoreFull`](crate::Outcome::StoreFull) (fail closed), with a retry hint.
     Reject,
-    /// Admit it without tracking: [`Outcome::Untracked`] (fail open).
+    /// Admit it without tracking: [`Outcome::Untracked`](crate::Outcome::Untracked) (fail open).
     #[default]
     AllowUntracked,
     /// Evict the record closest to idle in the probe range and track the new key.

@@ -13,7 +13,7 @@ impl<C: Clock> Store<C> {
     /// Returns `false` (and visits nothing) for an arena store, whose records are not one word.
     ///
     /// Ids are hashes of the keys under this store's seed: a store that imports them must be
-    /// built with the same [`StoreBuilder::seed`]. Times inside the state are this store's
+    /// built with the same [`StoreBuilder::seed`](super::StoreBuilder::seed). Times inside the state are this store's
     /// clock's: convert them before importing into a store on another clock.
     pub fn export_packed(&self, mut f: impl FnMut(u64, u64)) -> bool {
         if self.packed.is_none() {
@@ -26,7 +26,7 @@ impl<C: Clock> Store<C> {
     /// Snapshot support: sets key id `id`'s record in a packed store to `state` (from
     /// [`Store::export_packed`], its times converted to this store's clock), inserting it if
     /// absent. `now` is this store's clock's time (a full probe range reclaims idle records
-    /// as of it, then follows the store's [`FullPolicy`]). Returns whether the record is
+    /// as of it, then follows the store's [`FullPolicy`](super::FullPolicy)). Returns whether the record is
     /// stored; `false` for an arena store, a state using bit 63, or no room.
     pub fn import_packed(&self, id: u64, state: u64, now: Nanos) -> bool {
         if self.packed.is_none() || state >> 63 != 0 {
@@ -36,7 +36,7 @@ impl<C: Clock> Store<C> {
     }
 
     /// Words of one record as [`Store::export_records`] gives them: 1 for a packed store,
-    /// [`Limits::words`] for an arena store.
+    /// [`Limits::words`](crate::Limits::words) for an arena store.
     pub fn record_words(&self) -> usize {
         if self.packed.is_some() {
             1
@@ -76,7 +76,7 @@ impl<C: Clock> Store<C> {
     /// [`Store::export_records`] of a store with the same limits and seed, on a clock that
     /// this store's continues), inserting it if absent. `now` is this store's clock's time (a
     /// full probe range reclaims idle records as of it, then follows the store's
-    /// [`FullPolicy`]). Returns whether the record is stored; `false` if `words` is not
+    /// [`FullPolicy`](super::FullPolicy)). Returns whether the record is stored; `false` if `words` is not
     /// [`Store::record_words`] long, a packed state uses bit 63, or there is no room.
     pub fn import_record(&self, id: u64, words: &[u64], now: Nanos) -> bool {
         if words.len() != self.record_words() {
