@@ -4,9 +4,12 @@
 //! come from `cargo xtask test` (TURNSTILE_TEST_PYTHON, TURNSTILE_TEST_NODE_PATH). A missing
 //! client library fails the test with what to run, never skips it.
 
+mod common;
+use common::free_port;
+
 use serde_json::{json, Value};
 use std::io::Read;
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -30,14 +33,6 @@ fn from_env(var: &str, default: &str) -> PathBuf {
             }
         }
     }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// `turnstile serve`, killed when dropped (also on a failed assertion).

@@ -9,9 +9,10 @@
 
 use serde_json::{json, Value};
 mod common;
+use common::free_port;
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -113,14 +114,6 @@ fn protos() -> PathBuf {
         dir.display()
     );
     dir
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// `turnstile serve` with the Envoy service; killed when dropped (also on a failed assertion).

@@ -5,11 +5,12 @@
 //! failure (a guard).
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
+use common::free_port;
 
 const BIN: &str = env!("CARGO_BIN_EXE_turnstile");
 const RULES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/rules.toml");
@@ -21,14 +22,6 @@ const ADMIN: &str = "s3cret-admin";
 /// after) are far below it; the rest is the allocator's rounding (serve runs without
 /// transparent huge pages; measured: 1-4 MiB). The unbounded server took 359 MiB.
 const ONE_CONNECTION_RSS: u64 = 12 << 20;
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// A server for one test, killed when dropped (also when the test fails).
 struct Server {

@@ -2,6 +2,9 @@
 //! ports, spoken to with redis-cli and curl (.ci/run installs both), stopped with SIGTERM.
 //! Also what a user sees for a wrong flag, a broken rules file, and `rules import-envoy`.
 
+mod common;
+use common::free_port;
+
 use std::io::{BufRead, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
@@ -9,16 +12,6 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_turnstile");
-
-/// A port free at the time of asking (the OS may hand it out again; the start would then fail
-/// with a clear `cannot listen` and the test says so).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 struct Server {
     child: Child,

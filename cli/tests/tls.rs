@@ -3,22 +3,15 @@
 //! --cacert`, with a password; a client that speaks plain text to a TLS listener gets nothing.
 
 mod common;
+use common::free_port;
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_turnstile");
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// The server, killed when dropped (also on a failed assertion).
 struct Server {

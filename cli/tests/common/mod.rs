@@ -1,6 +1,7 @@
 //! What several of the CLI's test files share.
 #![allow(dead_code)]
 
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 
 /// A self-signed certificate for `localhost` and 127.0.0.1, and its key, written as PEM files
@@ -33,4 +34,14 @@ pub fn wait_bounded(
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+}
+
+/// A loopback port free at the time of asking (the OS may hand it out again; a server started
+/// on it would then fail with a clear `cannot listen`, and the test says so).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
