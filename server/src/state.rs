@@ -45,6 +45,13 @@ impl Buffers {
         false
     }
 
+    /// Counts `n` bytes as borrowed whether or not the budget has them (memory already
+    /// held: the next [`Buffers::reserve`] is refused until it is given back).
+    pub(crate) fn force(&self, n: usize) {
+        // Relaxed: see `reserve`.
+        self.deferred.fetch_add(n, Ordering::Relaxed);
+    }
+
     /// Gives back `n` bytes of the deferred budget.
     pub(crate) fn release(&self, n: usize) {
         if n > 0 {

@@ -209,7 +209,27 @@ impl Connection {
         !self.closing
             && !self.parked
             && (self.pending() < OUTPUT_PAUSE
-                || (self.blocked && self.pending() - OUTPUT_PAUSE <= self.out_reserved))
+                || (self.blocked && self.out.len() + self.reply_max() <= self.out.capacity()))
+    }
+
+    /// The longest reply one command writes (`ECHO` and `PING` echo an argument).
+    fn reply_max(&self) -> usize {
+        MAX_REPLY.max(self.srv.resp.bounds.max_bulk + 32)
+    }
+
+    /// Output capacity a connection holds of its own: [`OUTPUT_PAUSE`] and one reply. Beyond
+    /// it every byte of capacity is borrowed from the deferred budget (`out_reserved`).
+    fn out_base(&self) -> usize {
+        OUTPUT_PAUSE + self.reply_max()
+    }
+
+    /// Gives back the budget the output's capacity no longer uses.
+    fn settle_reserved(&mut self) {
+        let used = self.out.capacity().saturating_sub(self.out_base());
+        if used < self.out_reserved {
+            self.srv.buffers.release(self.out_reserved - used);
+            self.out_reserved = used;
+        }
     }
 
     /// The driver could not write all of [`Connection::output`] now (the client's receive
@@ -268,15 +288,27 @@ impl Connection {
             self.written = 0;
             if self.out.capacity() > OUTPUT_KEEP {
                 self.out.shrink_to(OUTPUT_KEEP);
-                self.account();
             }
+        } else if self.written >= self.pending() || self.pending() <= self.out_base() {
+            // Part of it written while more was produced (the io_uring driver answers while
+            // its copy is being sent; a slow reader): what was written goes, or the buffer
+            // would hold everything ever sent to a client that reads a little at a time.
+            // Moving at most as much as was written (or a small rest) keeps the cost linear
+            // in the bytes sent.
+            self.out.drain(..self.written);
+            self.written = 0;
         }
         if self.pending() <= OUTPUT_PAUSE {
             self.blocked = false;
-            self.srv
-                .buffers
-                .release(std::mem::take(&mut self.out_reserved));
+            // Back within its own allowance: the borrowed capacity goes back.
+            if self.out.capacity() > self.out_base() {
+                self.out.shrink_to(self.out_base());
+            }
+        } else if self.out.capacity() > 4 * self.out.len().max(self.out_base()) {
+            self.out.shrink_to(2 * self.out.len().max(self.out_base()));
         }
+        self.settle_reserved();
+        self.account();
     }
 
     /// The socket's descriptor, for `CLIENT INFO`.
@@ -293,34 +325,49 @@ impl Connection {
     /// run for it.
     pub(crate) fn abandon(&mut self) {
         self.closing = true;
-        self.out.clear();
+        // Freed, not just cleared: the budget it borrowed is lent to others at once.
+        self.out = Vec::new();
         self.written = 0;
-        self.srv
-            .buffers
-            .release(std::mem::take(&mut self.out_reserved));
+        self.settle_reserved();
+        self.account();
     }
 
     /// Whether another command may run: its output does not wait past [`OUTPUT_PAUSE`], or
     /// (once the driver found the client slower than the answers) the deferred budget lends
     /// it room. Past [`OUTPUT_PAUSE`] the driver is given the output to write first.
+    ///
+    /// The output's capacity is grown here, before the command, to hold one more reply: the
+    /// command's writes never grow it, and every byte of it past [`Connection::out_base`] is
+    /// borrowed from the budget — the bound is on memory held, not on bytes waiting (a
+    /// growing buffer may hold twice what waits).
     fn room(&mut self) -> bool {
-        let over = self.pending().saturating_sub(OUTPUT_PAUSE);
-        if over == 0 {
-            return true;
-        }
-        if !self.blocked {
+        if self.pending() > OUTPUT_PAUSE && !self.blocked {
             return false;
         }
-        if over <= self.out_reserved {
+        let need = self.out.len() + self.reply_max();
+        if need <= self.out.capacity() {
             return true;
         }
-        let more = (over - self.out_reserved).div_ceil(BUDGET_STEP) * BUDGET_STEP;
-        if self.srv.buffers.reserve(more) {
-            self.out_reserved += more;
-            true
-        } else {
-            false
+        let base = self.out_base();
+        if need <= base {
+            // Within its own allowance: grown as a vector grows, up to it.
+            let to = need.next_power_of_two().min(base);
+            self.out.reserve_exact(to - self.out.len());
+            return true;
         }
+        // Borrowed, doubling (so that the copies stay linear in the bytes answered), or just
+        // enough when the budget cannot lend that much.
+        let step = |n: usize| n.div_ceil(BUDGET_STEP) * BUDGET_STEP;
+        let have = base + self.out_reserved;
+        for to in [step(need.max(2 * self.out.capacity())), step(need)] {
+            let more = to.saturating_sub(have);
+            if self.srv.buffers.reserve(more) {
+                self.out_reserved += more;
+                self.out.reserve_exact(to - self.out.len());
+                return true;
+            }
+        }
+        false
     }
 
     /// Runs every command it can (module docs), then tells the driver what to do.
@@ -341,6 +388,14 @@ impl Connection {
                     self.input.shrink_to_fit();
                 }
             }
+        }
+        // A write that [`Connection::room`] did not size (an error reply, a remote answer) may
+        // have grown the output: what it holds past its allowance is counted as borrowed
+        // even past the budget, so that the gauge and the budget stay true.
+        let over = self.out.capacity().saturating_sub(self.out_base());
+        if over > self.out_reserved {
+            self.srv.buffers.force(over - self.out_reserved);
+            self.out_reserved = over;
         }
         self.account();
         // Counted before the replies go out: a client that read one sees it counted.
@@ -743,6 +798,13 @@ mod tests {
                 Step::Wait => {}
             }
             assert!(c.pending() <= (64 << 10) + 8192, "{}", c.pending());
+            // The memory it holds past its own allowance is what it borrowed, no more.
+            assert!(
+                c.out.capacity() <= c.out_base() + c.out_reserved,
+                "capacity {} borrowed {}",
+                c.out.capacity(),
+                c.out_reserved
+            );
             let Some(buf) = c.read_buf() else { break };
             let n = buf.len().min(input.len() - at);
             buf[..n].copy_from_slice(&input[at..at + n]);
@@ -752,6 +814,7 @@ mod tests {
         // The server-wide budget (1 MiB here) lends more than the output limit: closed.
         assert!(closed, "pending {}", c.pending());
         assert_eq!(c.pending(), 0, "its output is dropped");
+        assert_eq!(c.out.capacity(), 0, "and freed");
         assert_eq!(
             c.srv
                 .buffers
@@ -759,6 +822,36 @@ mod tests {
                 .load(std::sync::atomic::Ordering::Relaxed),
             0
         );
+    }
+
+    #[test]
+    fn output_written_while_more_is_answered_is_let_go() {
+        // The io_uring driver's pattern: a copy of the output is out while the connection
+        // answers more; the copy completes, and the connection is never all written. What was
+        // written must not stay in the buffer (it once grew by everything ever sent).
+        let mut c = conn(|_| {});
+        let input = b"PING\r\n".repeat(400_000);
+        let (mut at, mut sent) = (0, 0);
+        while at < input.len() {
+            let _ = c.run();
+            let out = c.output().len().min(64 << 10);
+            // The client's commands come in pieces (a round trip each).
+            if let Some(buf) = c.read_buf() {
+                let n = buf.len().min(input.len() - at).min(1200);
+                buf[..n].copy_from_slice(&input[at..at + n]);
+                c.read(n);
+                at += n;
+            }
+            let _ = c.run();
+            c.wrote(out);
+            sent += out;
+            assert!(
+                c.out.capacity() <= 4 * (OUTPUT_PAUSE + MAX_REPLY),
+                "{} bytes held after {sent} sent",
+                c.out.capacity()
+            );
+        }
+        assert!(sent > 2 << 20, "{sent}");
     }
 
     #[test]
