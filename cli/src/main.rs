@@ -92,6 +92,7 @@ fn main() {
         Command::Accuracy(a) => accuracy::run(a),
         Command::Serve(a) => {
             no_huge_pages_for_a_service();
+            turnstile_server::trim::set_hook(give_memory_back);
             turnstile_server::run(*a).map_err(Error::from)
         }
         Command::Soak(a) => soak::run(a).map_err(Error::from),
@@ -124,6 +125,14 @@ fn no_huge_pages_for_a_service() {
             libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
         }
     }
+}
+
+/// What an idle worker of `serve` calls (at most once a second, `turnstile_server::trim`):
+/// mimalloc frees what the thread no longer uses and returns its empty pages to the system,
+/// so that the memory of a burst of connections goes once they have.
+fn give_memory_back() {
+    // SAFETY: mi_collect takes no pointer; it works on the calling thread's own heap.
+    unsafe { libmimalloc_sys::mi_collect(true) };
 }
 
 /// A command that prints as it goes (`turnstile demo | head -1`) then ends as a Unix filter does

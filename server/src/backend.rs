@@ -176,6 +176,7 @@ impl Backends {
         }
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
+            .on_thread_park(crate::trim::park)
             .build()?;
         let handle = rt.handle().clone();
         let (stop, rx) = tokio::sync::oneshot::channel::<()>();

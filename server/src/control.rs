@@ -198,6 +198,7 @@ pub(crate) struct Prepared {
 pub(crate) fn prepare() -> Result<Prepared, ServeError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        .on_thread_park(crate::trim::park)
         .build()
         .map_err(ServeError::Runtime)?;
     #[cfg(unix)]

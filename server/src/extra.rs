@@ -55,6 +55,7 @@ pub(crate) fn spawn(shared: &Arc<Server>, args: &ServeArgs) -> Result<Grpc, Serv
         .map_err(|e| ServeError::Bind("--grpc", addr, e))?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        .on_thread_park(crate::trim::park)
         .build()
         .map_err(ServeError::Runtime)?;
     let auth = shared.http.auth.clone();

@@ -68,6 +68,7 @@ pub mod snapshot;
 mod state;
 pub mod throttle;
 mod tls;
+pub mod trim;
 mod watchdog;
 mod workers;
 

@@ -188,6 +188,7 @@ pub(crate) fn spawn(
                     }
                     let rt = match tokio::runtime::Builder::new_current_thread()
                         .enable_all()
+                        .on_thread_park(crate::trim::park)
                         .build()
                     {
                         Ok(rt) => rt,
@@ -207,6 +208,7 @@ pub(crate) fn spawn(
             .worker_threads(workers)
             .thread_name("turnstile-worker")
             .enable_all()
+            .on_thread_park(crate::trim::park)
             .build()
             .map_err(ServeError::Runtime)?;
         let l = all.into_iter().next().expect("one set of listeners");
@@ -234,6 +236,7 @@ fn spawn_uring(
         .worker_threads(all.len())
         .thread_name("turnstile-http")
         .enable_all()
+        .on_thread_park(crate::trim::park)
         .build()
         .map_err(ServeError::Runtime)?;
     let cores = core_affinity::get_core_ids().unwrap_or_default();
@@ -302,6 +305,7 @@ fn uring_worker(shared: Arc<Server>, resp: std::net::TcpListener, remote: tokio:
     tracing::warn!(error = %e, "io_uring worker failed: its RESP listener is served on tokio");
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        .on_thread_park(crate::trim::park)
         .build();
     match (rt, tokio::net::TcpListener::from_std(resp)) {
         (Ok(rt), Ok(l)) => rt.block_on(async move {

@@ -276,6 +276,8 @@ struct Worker {
     sent: Vec<(usize, u32)>,
     now: Instant,
     next_tick: Instant,
+    /// Connections were released since the allocator was last asked to give memory back.
+    trim: bool,
     stopping: Option<Instant>,
     /// The end: nothing is armed again.
     finishing: bool,
@@ -336,6 +338,7 @@ pub(crate) fn serve(
         sent: Vec::new(),
         now,
         next_tick: now + TICK,
+        trim: false,
         stopping: None,
         finishing: false,
         remote,
@@ -765,11 +768,16 @@ impl Worker {
             c.stash = Vec::new();
             c.account(&self.srv);
             self.free.push(i);
+            self.trim = true;
         }
     }
 
-    /// Every tick: the shutdown signal, idle connections, closing deadlines.
+    /// Every tick: the shutdown signal, idle connections, closing deadlines, and memory given
+    /// back once connections have gone (`trim`: at most once a second).
     fn tick(&mut self) {
+        if self.trim && self.dirty.is_empty() && crate::trim::idle() {
+            self.trim = false;
+        }
         if self.stopping.is_none() && *self.srv.shutdown.borrow() {
             self.stopping = Some(self.now);
             if self.accepting {
