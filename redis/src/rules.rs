@@ -358,16 +358,26 @@ impl RedisRules {
             return Ok(out);
         }
         // Several slots: the enforcing steps of each key id, concurrently.
-        let enforcing: Vec<(usize, char)> = (0..steps.len())
-            .filter(|&i| !steps[i].is_shadow())
-            .map(|i| (i, 'a'))
-            .collect();
-        let slots: Vec<Vec<usize>> = groups(plan, &enforcing)
-            .into_values()
-            .map(|g| g.into_iter().map(|(i, _)| i).collect())
-            .collect();
+        if self.enforce_by_slot(plan, now, &mut out).await? {
+            // Every slot admitted: the shadow steps, per key id.
+            self.shadow_by_slot(plan, now, &mut out).await?;
+        }
+        Ok(out)
+    }
+
+    /// The enforcing steps of each key id, one call per key id, concurrently; their outcomes
+    /// into `out`. If one denies or fails, refunds what the admitting ones took; `Ok(true)`
+    /// when every key id admitted.
+    async fn enforce_by_slot<C: Clock>(
+        &self,
+        plan: &Plan<C>,
+        now: Option<u64>,
+        out: &mut [Option<StepOutcome>],
+    ) -> Result<bool, Error> {
+        let n = plan.steps().len();
+        let slots = slot_groups(plan, false);
         let calls = slots.iter().map(|g| async move {
-            let mut o = vec![None; steps.len()];
+            let mut o = vec![None; n];
             let denier = self.check_call(plan, g, now, &mut o).await?;
             Ok::<_, Error>((denier, o))
         });
@@ -390,36 +400,39 @@ impl RedisRules {
                 Err(e) => first_err = first_err.or(Some(e)),
             }
         }
-        if first_err.is_some() || denied {
-            // Give back what the admitting slots took: to the pool where the pool admitted.
-            let undo = admitted_groups.iter().map(|g| {
-                let targets = g
-                    .iter()
-                    .map(|&i| {
-                        let by_pool = out[i].is_some_and(|o: StepOutcome| !o.main.allowed());
-                        (i, if by_pool { 'p' } else { 'm' })
-                    })
-                    .collect();
-                self.refund_call(plan, targets, now)
-            });
-            // A refund that fails leaves a charge: never more admitted than the limits allow.
-            let _ = futures_util::future::join_all(undo).await;
-            if let Some(e) = first_err {
-                return Err(e);
-            }
-            return Ok(out);
+        if first_err.is_none() && !denied {
+            return Ok(true);
         }
-        // Every slot admitted: the shadow steps, per key id.
-        let shadow: Vec<(usize, char)> = (0..steps.len())
-            .filter(|&i| steps[i].is_shadow())
-            .map(|i| (i, 'a'))
-            .collect();
-        let slots: Vec<Vec<usize>> = groups(plan, &shadow)
-            .into_values()
-            .map(|g| g.into_iter().map(|(i, _)| i).collect())
-            .collect();
+        // Give back what the admitting slots took: to the pool where the pool admitted.
+        let undo = admitted_groups.iter().map(|g| {
+            let targets = g
+                .iter()
+                .map(|&i| {
+                    let by_pool = out[i].is_some_and(|o: StepOutcome| !o.main.allowed());
+                    (i, if by_pool { 'p' } else { 'm' })
+                })
+                .collect();
+            self.refund_call(plan, targets, now)
+        });
+        // A refund that fails leaves a charge: never more admitted than the limits allow.
+        let _ = futures_util::future::join_all(undo).await;
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(false),
+        }
+    }
+
+    /// The shadow steps, one call per key id, concurrently; their outcomes into `out`.
+    async fn shadow_by_slot<C: Clock>(
+        &self,
+        plan: &Plan<C>,
+        now: Option<u64>,
+        out: &mut [Option<StepOutcome>],
+    ) -> Result<(), Error> {
+        let n = plan.steps().len();
+        let slots = slot_groups(plan, true);
         let calls = slots.iter().map(|g| async move {
-            let mut o = vec![None; steps.len()];
+            let mut o = vec![None; n];
             self.check_call(plan, g, now, &mut o).await?;
             Ok::<_, Error>(o)
         });
@@ -432,7 +445,7 @@ impl RedisRules {
                 out[i] = o[i];
             }
         }
-        Ok(out)
+        Ok(())
     }
 
     /// The names of a step's keys: its limits' or its pool's.
@@ -544,6 +557,19 @@ impl RedisRules {
             fcall(f, &keys, (op, spec, costs))
         })
     }
+}
+
+/// The indices of the shadow (`shadow`) or enforcing steps of `plan`, one group per key id.
+fn slot_groups<C: Clock>(plan: &Plan<C>, shadow: bool) -> Vec<Vec<usize>> {
+    let steps = plan.steps();
+    let picked: Vec<(usize, char)> = (0..steps.len())
+        .filter(|&i| steps[i].is_shadow() == shadow)
+        .map(|i| (i, 'a'))
+        .collect();
+    groups(plan, &picked)
+        .into_values()
+        .map(|g| g.into_iter().map(|(i, _)| i).collect())
+        .collect()
 }
 
 /// `steps` grouped by key id (one Cluster slot each), in plan order within a group.
