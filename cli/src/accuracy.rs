@@ -413,6 +413,17 @@ fn round3(x: f64) -> f64 {
 }
 
 fn print_report(r: &Report) {
+    print_traffic(r);
+    println!();
+    print_results(r);
+    println!();
+    print_by_kind(r);
+    println!();
+    print_legend(r);
+}
+
+/// The run's parameters and the traffic it simulated.
+fn print_traffic(r: &Report) {
     println!(
         "accuracy: {} requests from {} sources (seed {}, {} mix), {} requests per {} s, window_ring of {} buckets; rejected requests {}",
         r.requests,
@@ -438,7 +449,11 @@ fn print_report(r: &Report) {
             k.kind, k.sources, k.requests, k.over_limit_sources
         );
     }
-    println!();
+}
+
+/// One row per algorithm and way of running it, Cloudflare's 2017 figures, then the
+/// window_ring / sliding_window ratios.
+fn print_results(r: &Report) {
     println!(
         "{:<15} {:<12} {:>12} {:>10} {:>10} {:>10} {:>11} {:>11} {:>9} {:>9}",
         "algorithm",
@@ -489,7 +504,10 @@ fn print_report(r: &Report) {
         opt(q.wrong_decisions),
         opt(q.wrong_decisions_at_limit)
     );
-    println!();
+}
+
+/// Wrong decisions per algorithm by kind of source.
+fn print_by_kind(r: &Report) {
     println!("wrong decisions by kind of source:      steady      bursty  edge_attacker");
     for x in &r.results {
         let k = &x.wrong_by_kind;
@@ -498,7 +516,10 @@ fn print_report(r: &Report) {
             x.algorithm, x.path, k.steady, k.bursty, k.edge_attacker
         );
     }
-    println!();
+}
+
+/// What the columns mean.
+fn print_legend(r: &Report) {
     println!("wrong %: requests decided differently from the exact sliding log (allowed: admitted");
     println!("  here, refused there; limited: the reverse). at lim %: the same over the requests");
     println!("  whose source's exact count was within 10 % of the limit. rate err %: mean |estimate - exact| /");

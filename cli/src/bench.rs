@@ -46,6 +46,16 @@ pub(crate) fn redis_error(url: &str, e: turnstile_redis::Error) -> String {
     )
 }
 
+/// The runtime of the Redis rows (bench and memory): one worker thread, the Redis client's
+/// I/O on it.
+pub(crate) fn redis_runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))
+}
+
 /// Runs the command.
 pub fn run(mut args: BenchArgs) -> crate::Result<()> {
     match args.command.take() {

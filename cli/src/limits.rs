@@ -24,13 +24,12 @@ pub enum LimitsCommand {
 /// Runs the subcommand.
 pub fn run(cmd: LimitsCommand) -> Result<(), String> {
     let LimitsCommand::Check { files } = cmd;
-    let mut bad = 0;
+    let mut failures = crate::Failures::default();
     for f in &files {
         let rules = match Rules::from_file(f) {
             Ok(r) => r,
             Err(e) => {
-                eprintln!("{e}");
-                bad += 1;
+                failures.report(e);
                 continue;
             }
         };
@@ -57,15 +56,10 @@ pub fn run(cmd: LimitsCommand) -> Result<(), String> {
                         src.bytes() as f64 / room as f64
                     );
                 }
-                Err(e) => {
-                    eprintln!("{e}");
-                    bad += 1;
-                }
+                Err(e) => failures.report(e),
             }
         }
     }
-    if bad > 0 {
-        std::process::exit(1);
-    }
+    failures.exit_if_any();
     Ok(())
 }

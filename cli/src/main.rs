@@ -32,6 +32,26 @@ pub type Error = Box<dyn std::error::Error + Send + Sync>;
 /// `Result` with the CLI's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// The errors a `check` subcommand met: each printed to standard error as it comes; any of
+/// them makes the exit status 1 once every file has been checked.
+#[derive(Default)]
+pub struct Failures(usize);
+
+impl Failures {
+    /// Prints `e` and counts it.
+    pub fn report(&mut self, e: impl std::fmt::Display) {
+        eprintln!("{e}");
+        self.0 += 1;
+    }
+
+    /// Exits with status 1 if any error was reported.
+    pub fn exit_if_any(self) {
+        if self.0 > 0 {
+            std::process::exit(1);
+        }
+    }
+}
+
 /// A lock-free rate-limiting engine: benchmarks, reports and tools.
 #[derive(Parser)]
 #[command(name = "turnstile", version, propagate_version = true)]

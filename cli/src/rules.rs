@@ -35,7 +35,7 @@ pub fn run(cmd: RulesCommand) -> crate::Result<()> {
         RulesCommand::Check { files } => files,
         RulesCommand::ImportEnvoy { path } => return import_envoy(&path),
     };
-    let mut bad = 0;
+    let mut failures = crate::Failures::default();
     for f in &files {
         // With a Redis backend, also what Redis's scripts can run (Redis is not contacted).
         let checked = Rules::from_file(f).and_then(|r| {
@@ -46,15 +46,10 @@ pub fn run(cmd: RulesCommand) -> crate::Result<()> {
         });
         match checked {
             Ok(r) => println!("{f}: ok: {}", r.summary()),
-            Err(e) => {
-                eprintln!("{e}");
-                bad += 1;
-            }
+            Err(e) => failures.report(e),
         }
     }
-    if bad > 0 {
-        std::process::exit(1);
-    }
+    failures.exit_if_any();
     Ok(())
 }
 

@@ -8,11 +8,8 @@ mod common;
 use common::free_port;
 
 use serde_json::{json, Value};
-use std::io::Read;
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_turnstile");
 
@@ -37,41 +34,23 @@ fn from_env(var: &str, default: &str) -> PathBuf {
 
 /// `turnstile serve`, killed when dropped (also on a failed assertion).
 struct Server {
-    child: Child,
+    _child: common::Running,
     resp: u16,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn start(extra: &[&str]) -> Server {
     let resp = free_port();
-    let child = Command::new(BIN)
-        .args(["serve", "--workers", "1", "--throttle-keys", "1000"])
+    let mut cmd = Command::new(BIN);
+    cmd.args(["serve", "--workers", "1", "--throttle-keys", "1000"])
         .args(["--resp", &format!("127.0.0.1:{resp}")])
         .args(["--http", &format!("127.0.0.1:{}", free_port())])
         .args(extra)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("turnstile serve starts");
-    let mut s = Server { child, resp };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while TcpStream::connect(("127.0.0.1", resp)).is_err() {
-        if let Some(st) = s.child.try_wait().unwrap() {
-            let mut err = String::new();
-            let _ = s.child.stderr.take().unwrap().read_to_string(&mut err);
-            panic!("turnstile serve exited ({st}) before listening: {err}");
-        }
-        assert!(Instant::now() < deadline, "not listening after 30 s");
-        std::thread::sleep(Duration::from_millis(20));
+        .env("RUST_LOG", "warn");
+    let child = common::spawn_listening(&mut cmd, &[resp]);
+    Server {
+        _child: child,
+        resp,
     }
-    s
 }
 
 /// Runs a client script; its one JSON line.

@@ -11,11 +11,10 @@ use serde_json::{json, Value};
 mod common;
 use common::free_port;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::process::{Command, Stdio};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 const BIN: &str = env!("CARGO_BIN_EXE_turnstile");
 
@@ -118,7 +117,7 @@ fn protos() -> PathBuf {
 
 /// `turnstile serve` with the Envoy service; killed when dropped (also on a failed assertion).
 struct Server {
-    child: Child,
+    _child: common::Running,
     grpc: u16,
 }
 
@@ -145,25 +144,14 @@ impl Server {
     /// [`Server::start`] with more flags.
     fn start_with(config: &Path, env: &[(&str, &str)], extra: &[&std::ffi::OsStr]) -> Server {
         let grpc = free_port();
-        let child = serve(config, env)
-            .args(["--grpc", &format!("127.0.0.1:{grpc}")])
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("turnstile serve starts");
-        let mut s = Server { child, grpc };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while TcpStream::connect(("127.0.0.1", grpc)).is_err() {
-            if let Some(st) = s.child.try_wait().unwrap() {
-                let mut err = String::new();
-                let _ = s.child.stderr.take().unwrap().read_to_string(&mut err);
-                panic!("turnstile serve exited ({st}) before listening: {err}");
-            }
-            assert!(Instant::now() < deadline, "gRPC not listening after 30 s");
-            std::thread::sleep(Duration::from_millis(20));
+        let mut cmd = serve(config, env);
+        cmd.args(["--grpc", &format!("127.0.0.1:{grpc}")])
+            .args(extra);
+        let child = common::spawn_listening(&mut cmd, &[grpc]);
+        Server {
+            _child: child,
+            grpc,
         }
-        s
     }
 
     /// Sends `requests` (proto3 JSON) with the Python client; one answer per request.
@@ -183,13 +171,6 @@ impl Server {
             .collect();
         assert_eq!(answers.len(), requests.as_array().unwrap().len());
         answers
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -6,7 +6,7 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 mod common;
@@ -25,7 +25,7 @@ const ONE_CONNECTION_RSS: u64 = 12 << 20;
 
 /// A server for one test, killed when dropped (also when the test fails).
 struct Server {
-    child: Child,
+    child: common::Running,
     resp: u16,
     http: u16,
     admin: Option<u16>,
@@ -57,35 +57,19 @@ impl Server {
                 .arg(&apw)
                 .args(["--admin", &format!("127.0.0.1:{p}")]);
         }
-        let child = cmd
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("turnstile serve starts");
-        let mut s = Server {
+        cmd.env("RUST_LOG", "warn");
+        let ports: Vec<u16> = [Some(resp), Some(http), admin_port]
+            .into_iter()
+            .flatten()
+            .collect();
+        let child = common::spawn_listening(&mut cmd, &ports);
+        Server {
             child,
             resp,
             http,
             admin: admin_port,
             _dir: dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        for port in [Some(resp), Some(http), admin_port].into_iter().flatten() {
-            while TcpStream::connect(("127.0.0.1", port)).is_err() {
-                if let Some(st) = s.child.try_wait().unwrap() {
-                    let mut err = String::new();
-                    let _ = s.child.stderr.take().unwrap().read_to_string(&mut err);
-                    panic!("turnstile serve exited ({st}) before listening: {err}");
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "not listening on {port} after 30 s"
-                );
-                std::thread::sleep(Duration::from_millis(20));
-            }
         }
-        s
     }
 
     /// Resident memory of the server now (bytes).
@@ -163,13 +147,6 @@ impl Server {
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         s.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
         s
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -8,13 +8,13 @@ use common::free_port;
 use std::io::{BufRead, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_turnstile");
 
 struct Server {
-    child: Child,
+    child: common::Running,
     resp: u16,
     http: u16,
 }
@@ -34,39 +34,15 @@ impl Server {
     /// [`Server::start_logging`] with more variables in its environment.
     fn start_env(extra: &[&str], log: &str, env: &[(&str, &str)]) -> Server {
         let (resp, http) = (free_port(), free_port());
-        let child = Command::new(BIN)
-            .envs(env.iter().copied())
+        let mut cmd = Command::new(BIN);
+        cmd.envs(env.iter().copied())
             .args(["serve", "--workers", "2", "--throttle-keys", "10000"])
             .args(["--resp", &format!("127.0.0.1:{resp}")])
             .args(["--http", &format!("127.0.0.1:{http}")])
             .args(extra)
-            .env("RUST_LOG", log)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("turnstile serve starts");
-        let mut s = Server { child, resp, http };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        for port in [resp, http] {
-            while TcpStream::connect(("127.0.0.1", port)).is_err() {
-                if let Some(st) = s.child.try_wait().unwrap() {
-                    let mut err = String::new();
-                    s.child
-                        .stderr
-                        .take()
-                        .unwrap()
-                        .read_to_string(&mut err)
-                        .unwrap();
-                    panic!("turnstile serve exited ({st}) before listening: {err}");
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "not listening on {port} after 30 s"
-                );
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-        s
+            .env("RUST_LOG", log);
+        let child = common::spawn_listening(&mut cmd, &[resp, http]);
+        Server { child, resp, http }
     }
 
     /// CL.THROTTLE through redis-cli: the five integers of the reply.
@@ -185,14 +161,6 @@ impl Resp {
     fn call(&mut self, parts: &[&str]) -> Vec<i64> {
         self.send(parts);
         self.reply()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        // A failed assertion must not leave the server running.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -8,23 +8,16 @@ use common::free_port;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output};
+use std::time::Duration;
 
 const BIN: &str = env!("CARGO_BIN_EXE_turnstile");
 
 /// The server, killed when dropped (also on a failed assertion).
 struct Server {
-    child: Child,
+    _child: common::Running,
     resp: u16,
     http: u16,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn start(dir: &Path, extra: &[&str]) -> Server {
@@ -32,8 +25,8 @@ fn start(dir: &Path, extra: &[&str]) -> Server {
     let pass = dir.join("pass");
     std::fs::write(&pass, "s3cret\n").unwrap();
     let (resp, http) = (free_port(), free_port());
-    let child = Command::new(BIN)
-        .args(["serve", "--workers", "1", "--throttle-keys", "1000"])
+    let mut cmd = Command::new(BIN);
+    cmd.args(["serve", "--workers", "1", "--throttle-keys", "1000"])
         .args(["--resp", &format!("127.0.0.1:{resp}")])
         .args(["--http", &format!("127.0.0.1:{http}")])
         .arg("--tls-cert")
@@ -43,25 +36,13 @@ fn start(dir: &Path, extra: &[&str]) -> Server {
         .arg("--requirepass-file")
         .arg(&pass)
         .args(extra)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("turnstile serve starts");
-    let mut s = Server { child, resp, http };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    for port in [resp, http] {
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if let Some(st) = s.child.try_wait().unwrap() {
-                let mut err = String::new();
-                let _ = s.child.stderr.take().unwrap().read_to_string(&mut err);
-                panic!("turnstile serve exited ({st}) before listening: {err}");
-            }
-            assert!(Instant::now() < deadline, "not listening after 30 s");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        .env("RUST_LOG", "warn");
+    let child = common::spawn_listening(&mut cmd, &[resp, http]);
+    Server {
+        _child: child,
+        resp,
+        http,
     }
-    s
 }
 
 fn run(c: &mut Command) -> Output {

@@ -118,12 +118,7 @@ impl RedisStore {
         key: &str,
         cost: u64,
     ) -> Result<Result<RedisPermit, Decision>, Error> {
-        let (d, stamp) = self.acquire_call(key, cost, None).await?;
-        Ok(if d.allowed() {
-            Ok(self.permit(key, stamp, d))
-        } else {
-            Err(d)
-        })
+        self.permit_call(key, cost, None).await
     }
 
     /// [`RedisStore::try_acquire_owned`] at an explicit `now` (release it with
@@ -134,7 +129,17 @@ impl RedisStore {
         cost: u64,
         now: u64,
     ) -> Result<Result<RedisPermit, Decision>, Error> {
-        let (d, stamp) = self.acquire_call(key, cost, Some(now)).await?;
+        self.permit_call(key, cost, Some(now)).await
+    }
+
+    /// One acquire call, no failure policy: a permit if admitted, else the refusal.
+    async fn permit_call(
+        self: &Arc<Self>,
+        key: &str,
+        cost: u64,
+        now: Option<u64>,
+    ) -> Result<Result<RedisPermit, Decision>, Error> {
+        let (d, stamp) = self.acquire_call(key, cost, now).await?;
         Ok(if d.allowed() {
             Ok(self.permit(key, stamp, d))
         } else {

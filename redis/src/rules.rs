@@ -30,7 +30,6 @@ use crate::policy::{blind, FailureGate, FailurePolicy, FailureStats};
 use crate::reply;
 use crate::script::{self, limit_args, record_layout};
 use crate::store::Error;
-use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::time::Duration;
 use turnstile::keyed::KeyHasher;
@@ -39,6 +38,9 @@ use turnstile::rules::{
     RulesError, StepOutcome, Verdict, UNLIMITED,
 };
 use turnstile::{Clock, ConfigError, Decision, Limit, Limits, Outcome};
+
+mod exec;
+use exec::groups;
 
 /// How long connecting to Redis may take before the rules are refused.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -339,102 +341,6 @@ impl RedisRules {
         }
     }
 
-    /// The outcome of every step: one call on one node (or when every step has the same key
-    /// id); in a cluster, one call per key id, consuming then refunding across them.
-    async fn run<C: Clock>(
-        &self,
-        plan: &Plan<C>,
-        now: Option<u64>,
-    ) -> Result<Vec<Option<StepOutcome>>, Error> {
-        let steps = plan.steps();
-        let mut out = vec![None; steps.len()];
-        if steps.is_empty() {
-            return Ok(out);
-        }
-        let one_slot = steps.iter().all(|s| s.key() == steps[0].key());
-        if !self.caller.conn().is_cluster() || one_slot {
-            let all: Vec<usize> = (0..steps.len()).collect();
-            self.check_call(plan, &all, now, &mut out).await?;
-            return Ok(out);
-        }
-        // Several slots: the enforcing steps of each key id, concurrently.
-        let enforcing: Vec<(usize, char)> = (0..steps.len())
-            .filter(|&i| !steps[i].is_shadow())
-            .map(|i| (i, 'a'))
-            .collect();
-        let slots: Vec<Vec<usize>> = groups(plan, &enforcing)
-            .into_values()
-            .map(|g| g.into_iter().map(|(i, _)| i).collect())
-            .collect();
-        let calls = slots.iter().map(|g| async move {
-            let mut o = vec![None; steps.len()];
-            let denier = self.check_call(plan, g, now, &mut o).await?;
-            Ok::<_, Error>((denier, o))
-        });
-        let results = futures_util::future::join_all(calls).await;
-        let mut denied = false;
-        let mut admitted_groups = Vec::new();
-        let mut first_err = None;
-        for (g, r) in slots.iter().zip(results) {
-            match r {
-                Ok((denier, o)) => {
-                    for &i in g {
-                        out[i] = o[i];
-                    }
-                    if denier {
-                        denied = true;
-                    } else {
-                        admitted_groups.push(g);
-                    }
-                }
-                Err(e) => first_err = first_err.or(Some(e)),
-            }
-        }
-        if first_err.is_some() || denied {
-            // Give back what the admitting slots took: to the pool where the pool admitted.
-            let undo = admitted_groups.iter().map(|g| {
-                let targets = g
-                    .iter()
-                    .map(|&i| {
-                        let by_pool = out[i].is_some_and(|o: StepOutcome| !o.main.allowed());
-                        (i, if by_pool { 'p' } else { 'm' })
-                    })
-                    .collect();
-                self.refund_call(plan, targets, now)
-            });
-            // A refund that fails leaves a charge: never more admitted than the limits allow.
-            let _ = futures_util::future::join_all(undo).await;
-            if let Some(e) = first_err {
-                return Err(e);
-            }
-            return Ok(out);
-        }
-        // Every slot admitted: the shadow steps, per key id.
-        let shadow: Vec<(usize, char)> = (0..steps.len())
-            .filter(|&i| steps[i].is_shadow())
-            .map(|i| (i, 'a'))
-            .collect();
-        let slots: Vec<Vec<usize>> = groups(plan, &shadow)
-            .into_values()
-            .map(|g| g.into_iter().map(|(i, _)| i).collect())
-            .collect();
-        let calls = slots.iter().map(|g| async move {
-            let mut o = vec![None; steps.len()];
-            self.check_call(plan, g, now, &mut o).await?;
-            Ok::<_, Error>(o)
-        });
-        for (g, r) in slots
-            .iter()
-            .zip(futures_util::future::join_all(calls).await)
-        {
-            let o = r?;
-            for &i in g {
-                out[i] = o[i];
-            }
-        }
-        Ok(out)
-    }
-
     /// The names of a step's keys: its limits' or its pool's.
     fn names<C: Clock>(&self, plan: &Plan<C>, s: &PlanStep, pool: bool) -> Vec<String> {
         let limits = if pool {
@@ -544,15 +450,6 @@ impl RedisRules {
             fcall(f, &keys, (op, spec, costs))
         })
     }
-}
-
-/// `steps` grouped by key id (one Cluster slot each), in plan order within a group.
-fn groups<C: Clock>(plan: &Plan<C>, steps: &[(usize, char)]) -> BTreeMap<u64, Vec<(usize, char)>> {
-    let mut m: BTreeMap<u64, Vec<(usize, char)>> = BTreeMap::new();
-    for &(i, t) in steps {
-        m.entry(plan.steps()[i].key()).or_default().push((i, t));
-    }
-    m
 }
 
 /// `name` with `%`, `:`, `{` and `}` percent-encoded, appended to `out`: a rule's name

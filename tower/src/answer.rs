@@ -215,20 +215,18 @@ pub(crate) fn no_key_response() -> Response<Bytes> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::headers::tests::d;
     use crate::limit::retry_after_secs;
 
-    fn d(allowed: bool, limit: u64, remaining: u64, reset: u64, retry: Option<u64>) -> Decision {
-        Decision {
-            outcome: if allowed {
-                Outcome::Allowed
-            } else {
-                Outcome::Limited
-            },
-            limit,
-            remaining,
-            reset_after_ns: reset,
-            retry_after_ns: retry,
-            delay_ns: 0,
+    /// A refusal of `refused` under the default policy, with a 429.
+    fn denial(refused: &Decision) -> Denial<'_> {
+        Denial {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            decision: refused,
+            retry_after: retry_after_secs(refused),
+            shed: false,
+            policy: "default",
+            rule: None,
         }
     }
 
@@ -236,14 +234,7 @@ mod tests {
     fn a_custom_refusal_keeps_its_headers() {
         let p = Policy::default();
         let refused = d(false, 10, 0, 0, Some(2_500_000_000));
-        let denial = Denial {
-            status: StatusCode::TOO_MANY_REQUESTS,
-            decision: &refused,
-            retry_after: retry_after_secs(&refused),
-            shed: false,
-            policy: "default",
-            rule: None,
-        };
+        let denial = denial(&refused);
         let body = BodyStyle::Custom(Arc::new(|_: &Denial<'_>| {
             let mut r = Response::new(Bytes::from_static(b"slow down"));
             r.headers_mut()
@@ -267,14 +258,7 @@ mod tests {
     fn grpc_pushback_is_never_zero() {
         for (ns, ms, s) in [(0, 1, 1), (1, 1, 1), (1_000_000, 1, 1), (1_000_001, 2, 1)] {
             let refused = d(false, 10, 0, 0, Some(ns));
-            let denial = Denial {
-                status: StatusCode::TOO_MANY_REQUESTS,
-                decision: &refused,
-                retry_after: retry_after_secs(&refused),
-                shed: false,
-                policy: "default",
-                rule: None,
-            };
+            let denial = denial(&refused);
             let r = grpc_denial(&denial, &HeaderStyle::None, &Policy::default());
             assert_eq!(
                 r.headers()["grpc-retry-pushback-ms"],

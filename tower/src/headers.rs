@@ -349,10 +349,18 @@ pub fn write_headers(style: &HeaderStyle, policy: &Policy, d: &Decision, h: &mut
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn d(allowed: bool, limit: u64, remaining: u64, reset: u64, retry: Option<u64>) -> Decision {
+    /// A decision of `limit` with `remaining` left, reset and retry after so many ns (the
+    /// answer module's tests use it too).
+    pub(crate) fn d(
+        allowed: bool,
+        limit: u64,
+        remaining: u64,
+        reset: u64,
+        retry: Option<u64>,
+    ) -> Decision {
         Decision {
             outcome: if allowed {
                 Outcome::Allowed

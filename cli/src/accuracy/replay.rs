@@ -11,6 +11,16 @@ use std::time::Instant;
 use turnstile::keyed::Store;
 use turnstile::{Algorithm, Limit, Limits, ManualClock};
 
+/// Cloudflare's published figures of 2017 (400 M requests from 270 k sources), beside ours.
+const CLOUDFLARE_2017: Cloudflare = Cloudflare {
+    requests: 400_000_000,
+    sources: 270_000,
+    wrong_decisions_pct: 0.003,
+    mean_rate_error_pct: 6.0,
+    false_negative_sources: 3,
+    false_positive_sources: 0,
+};
+
 /// One replay of the traffic through every algorithm at once, the exact count beside them.
 pub(super) struct Replay<'c> {
     c: &'c Config,
@@ -150,10 +160,39 @@ impl<'c> Replay<'c> {
             )
             .into());
         }
-        let at_limit_n = self.at_limit_n;
-        let ref_limited = &self.ref_limited;
         let total: u64 = self.per_kind.iter().map(|k| k.1).sum();
         let pct = |x: u64| round6(100.0 * x as f64 / total.max(1) as f64);
+        let (results, ratios) = self.results(pct);
+        let traffic_rows = self.traffic_rows();
+        let (at_limit_n, ref_limited) = (self.at_limit_n, &self.ref_limited);
+
+        Ok(Report {
+            requests: total,
+            sources: c.sources as u64,
+            seed: c.seed,
+            mix: c.mix.name,
+            limit: c.limit,
+            window_seconds: c.window as f64 / 1e9,
+            window_ring_buckets: c.buckets,
+            cloudflare_2017: CLOUDFLARE_2017,
+            count_denied: c.count_denied,
+            min_count: c.min_count,
+            simulated_seconds: round3((last - start) as f64 / 1e9),
+            elapsed_seconds: round3(t0.elapsed().as_secs_f64()),
+            sources_over_limit: ref_limited.iter().filter(|&&l| l).count() as u64,
+            reference_denied_pct: pct(self.ref_denied),
+            at_limit_pct: pct(at_limit_n),
+            at_limit_requests: at_limit_n,
+            traffic: traffic_rows,
+            results,
+            window_ring_over_sliding_window: ratios,
+        })
+    }
+
+    /// One row per algorithm run as a transition, then the keyed store's; and the
+    /// window_ring / sliding_window ratios. `pct`: a count as a percentage of all requests.
+    fn results(&self, pct: impl Fn(u64) -> f64 + Copy) -> (Vec<Row>, Ratios) {
+        let (at_limit_n, ref_limited) = (self.at_limit_n, &self.ref_limited);
         let mut results: Vec<Row> = self
             .algos
             .iter()
@@ -182,11 +221,15 @@ impl<'c> Replay<'c> {
         own.mean_rate_error_pct = None;
         own.mean_rate_error_near_limit_pct = None;
         results.push(own);
+        (results, ratios)
+    }
 
+    /// Sources, requests and sources over the limit, by kind of source.
+    fn traffic_rows(&mut self) -> Vec<KindRow> {
         for k in &self.kinds {
             self.per_kind[*k as usize].0 += 1;
         }
-        let traffic_rows = Kind::ALL
+        Kind::ALL
             .iter()
             .map(|&k| KindRow {
                 kind: k.name(),
@@ -195,39 +238,10 @@ impl<'c> Replay<'c> {
                 over_limit_sources: self
                     .kinds
                     .iter()
-                    .zip(ref_limited)
+                    .zip(&self.ref_limited)
                     .filter(|(kk, l)| **kk == k && **l)
                     .count() as u64,
             })
-            .collect();
-
-        Ok(Report {
-            requests: total,
-            sources: c.sources as u64,
-            seed: c.seed,
-            mix: c.mix.name,
-            limit: c.limit,
-            window_seconds: c.window as f64 / 1e9,
-            window_ring_buckets: c.buckets,
-            cloudflare_2017: Cloudflare {
-                requests: 400_000_000,
-                sources: 270_000,
-                wrong_decisions_pct: 0.003,
-                mean_rate_error_pct: 6.0,
-                false_negative_sources: 3,
-                false_positive_sources: 0,
-            },
-            count_denied: c.count_denied,
-            min_count: c.min_count,
-            simulated_seconds: round3((last - start) as f64 / 1e9),
-            elapsed_seconds: round3(t0.elapsed().as_secs_f64()),
-            sources_over_limit: ref_limited.iter().filter(|&&l| l).count() as u64,
-            reference_denied_pct: pct(self.ref_denied),
-            at_limit_pct: pct(at_limit_n),
-            at_limit_requests: at_limit_n,
-            traffic: traffic_rows,
-            results,
-            window_ring_over_sliding_window: ratios,
-        })
+            .collect()
     }
 }

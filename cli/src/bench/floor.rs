@@ -18,11 +18,10 @@
 //! scan in the loops; the CPU time of each thread is read around the window, as for the rows.
 
 use super::keys::SplitMix64;
-use super::run::{preemptions, thread_cpu_ns, CHUNK};
+use super::run::{phased, Phase, Step, Window, CHUNK};
 use portable_atomic::{AtomicU128, Ordering};
 use serde::Serialize;
-use std::sync::atomic::AtomicU8;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// One floor measurement (one JSON object of `floors`).
 #[derive(Serialize, Clone, Debug)]
@@ -196,9 +195,6 @@ fn prefetch(s: &AtomicU128) {
 /// Runs floor `kind` on `seqs.len()` pinned threads (thread i walks `seqs[i]` round and
 /// round) for `warmup`, then a measured `window`. `uniform`: the dependent floor chases the
 /// cycle (else it chains the pre-drawn indices).
-///
-/// Over 80 lines on purpose, as `run::measure` it mirrors: the phase flag, the timed loops
-/// and the fold of their figures are read together.
 pub(crate) fn measure(
     table: &Table,
     kind: Kind,
@@ -207,69 +203,9 @@ pub(crate) fn measure(
     warmup: Duration,
     window: Duration,
 ) -> (f64, u64, f64, u64) {
-    let cores = core_affinity::get_core_ids().unwrap_or_default();
     let t = &table.slots[..];
-    // 0 warm-up, 1 measure, 2 stop. Relaxed: the flag carries no data.
-    let phase = AtomicU8::new(0);
-    let per_thread: Vec<(u64, u64, u64, u64)> = std::thread::scope(|s| {
-        let handles: Vec<_> = seqs
-            .iter()
-            .enumerate()
-            .map(|(i, seq)| {
-                let core = (!cores.is_empty()).then(|| cores[i % cores.len()]);
-                let phase = &phase;
-                s.spawn(move || {
-                    if let Some(core) = core {
-                        core_affinity::set_for_current(core);
-                    }
-                    // A chunk a whole number of batches long.
-                    let chunk = match kind {
-                        Kind::Batch(b) => CHUNK / b * b,
-                        _ => CHUNK,
-                    };
-                    assert!(
-                        chunk > 0 && seq.len() >= chunk,
-                        "a floor sequence shorter than a chunk"
-                    );
-                    let (mut n, mut pos, mut j) = (0u64, 0usize, seq[0] as usize);
-                    let mut start = None;
-                    let (mut cpu0, mut pre0) = (0, 0);
-                    loop {
-                        match phase.load(Ordering::Relaxed) {
-                            2 => break,
-                            1 if start.is_none() => {
-                                n = 0;
-                                (cpu0, pre0) = (thread_cpu_ns(), preemptions());
-                                start = Some(Instant::now());
-                            }
-                            _ => {}
-                        }
-                        let end = pos + chunk;
-                        let g = &seq[pos..end];
-                        match kind {
-                            Kind::Dependent if uniform => j = chase(t, j, g.len()),
-                            Kind::Dependent => j = chained(t, g),
-                            Kind::LoadCas => independent(t, g),
-                            Kind::Batch(b) => batched(t, g, b),
-                        }
-                        n += g.len() as u64;
-                        pos = if end + chunk > seq.len() { 0 } else { end };
-                    }
-                    std::hint::black_box(j);
-                    let wall = start.map_or(0, |s| s.elapsed().as_nanos() as u64);
-                    let cpu = thread_cpu_ns().saturating_sub(cpu0);
-                    (n, cpu, wall, preemptions().saturating_sub(pre0))
-                })
-            })
-            .collect();
-        std::thread::sleep(warmup);
-        phase.store(1, Ordering::Relaxed);
-        std::thread::sleep(window);
-        phase.store(2, Ordering::Relaxed);
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("floor worker panicked"))
-            .collect()
+    let per_thread = phased(seqs.len(), warmup, window, "floor", |i, phase| {
+        worker(t, kind, uniform, seqs[i], phase)
     });
     let n: u64 = per_thread.iter().map(|x| x.0).sum();
     let cpu: u64 = per_thread.iter().map(|x| x.1).sum();
@@ -281,6 +217,49 @@ pub(crate) fn measure(
         cpu as f64 / wall.max(1) as f64,
         pre,
     )
+}
+
+/// One worker of [`measure`]: walks `seq` chunk by chunk until the phase says stop, and
+/// gives its accesses, CPU ns, wall ns and preemptions over the measured window.
+fn worker(
+    t: &[AtomicU128],
+    kind: Kind,
+    uniform: bool,
+    seq: &[u32],
+    phase: &Phase,
+) -> (u64, u64, u64, u64) {
+    // A chunk a whole number of batches long.
+    let chunk = match kind {
+        Kind::Batch(b) => CHUNK / b * b,
+        _ => CHUNK,
+    };
+    assert!(
+        chunk > 0 && seq.len() >= chunk,
+        "a floor sequence shorter than a chunk"
+    );
+    let (mut n, mut pos, mut j) = (0u64, 0usize, seq[0] as usize);
+    let mut w = Window::default();
+    loop {
+        match w.step(phase) {
+            Step::Stop => break,
+            Step::Opened => n = 0,
+            Step::Go => {}
+        }
+        let end = pos + chunk;
+        let g = &seq[pos..end];
+        match kind {
+            Kind::Dependent if uniform => j = chase(t, j, g.len()),
+            Kind::Dependent => j = chained(t, g),
+            Kind::LoadCas => independent(t, g),
+            Kind::Batch(b) => batched(t, g, b),
+        }
+        n += g.len() as u64;
+        pos = if end + chunk > seq.len() { 0 } else { end };
+    }
+    std::hint::black_box(j);
+    let spent = w.spent();
+    let wall = spent.wall.as_nanos() as u64;
+    (n, spent.cpu_ns, wall, spent.preemptions)
 }
 
 #[cfg(test)]

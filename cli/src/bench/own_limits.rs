@@ -107,6 +107,14 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
+/// What loading the limits file gave.
+struct Loaded {
+    file_bytes: u64,
+    load_s: f64,
+    entries: u64,
+    bytes: usize,
+}
+
 /// Runs the mode (see the module docs).
 pub fn run(n: u64, seconds: f64, repeat: usize, json: bool) -> Result<(), String> {
     let dir = std::env::temp_dir().join(format!("turnstile-own-limits-{}", std::process::id()));
@@ -115,7 +123,20 @@ pub fn run(n: u64, seconds: f64, repeat: usize, json: bool) -> Result<(), String
     let path = scratch.0.join("limits.csv");
     progress(format!("own limits: writing {n} entries"));
     let file_bytes = write_entries(&path, n)?;
-    let text = rules(&path, n);
+    let (engine, loaded) = load(&path, n, file_bytes)?;
+    let (a, b) = timed_runs(&engine, n, seconds, repeat);
+    super::progress_done();
+    if json {
+        print_json(n, &loaded, &a, &b);
+    } else {
+        print_table(n, seconds, &loaded, &a, &b);
+    }
+    Ok(())
+}
+
+/// Builds the engine of both rules from the file at `path` (of `file_bytes`), timing the build.
+fn load(path: &std::path::Path, n: u64, file_bytes: u64) -> Result<(Engine, Loaded), String> {
+    let text = rules(path, n);
     let rules = Rules::parse(&text, "bench").map_err(|e| e.to_string())?;
     progress("own limits: building the engine (reads the file)");
     let t0 = Instant::now();
@@ -126,13 +147,25 @@ pub fn run(n: u64, seconds: f64, repeat: usize, json: bool) -> Result<(), String
     let load_s = t0.elapsed().as_secs_f64();
     let src = engine.limits("customers").ok_or("no class `customers`")?;
     let (entries, bytes) = (src.len(), src.bytes());
+    let loaded = Loaded {
+        file_bytes,
+        load_s,
+        entries,
+        bytes,
+    };
+    Ok((engine, loaded))
+}
+
+/// Inserts every key in both rules, then times them interleaved `repeat` times: CPU-ns per
+/// check of each run, `own` then `plain`.
+fn timed_runs(engine: &Engine, n: u64, seconds: f64, repeat: usize) -> (Vec<f64>, Vec<f64>) {
     progress("own limits: inserting every key in both rules");
     let own = Routed {
-        engine: &engine,
+        engine,
         route: "/own",
     };
     let plain = Routed {
-        engine: &engine,
+        engine,
         route: "/plain",
     };
     for rank in 0..n {
@@ -151,32 +184,37 @@ pub fn run(n: u64, seconds: f64, repeat: usize, json: bool) -> Result<(), String
             out.push(m.cpu_ns as f64 / m.checks.max(1) as f64);
         }
     }
-    let (ma, mb) = (median(&mut a.clone()), median(&mut b.clone()));
+    (a, b)
+}
+
+fn print_json(n: u64, l: &Loaded, a: &[f64], b: &[f64]) {
+    let (ma, mb) = (median(&mut a.to_vec()), median(&mut b.to_vec()));
+    println!(
+        "{}",
+        serde_json::json!({
+            "keys": n, "entries": l.entries, "file_bytes": l.file_bytes,
+            "load_seconds": l.load_s, "bytes": l.bytes,
+            "bytes_per_entry": l.bytes as f64 / l.entries.max(1) as f64,
+            "own_cpu_ns": a, "plain_cpu_ns": b,
+            "own_median": ma, "plain_median": mb, "ratio": ma / mb,
+        })
+    );
+}
+
+fn print_table(n: u64, seconds: f64, l: &Loaded, a: &[f64], b: &[f64]) {
+    let (ma, mb) = (median(&mut a.to_vec()), median(&mut b.to_vec()));
     let mib = |b: f64| b / (1024.0 * 1024.0);
-    super::progress_done();
-    if json {
-        println!(
-            "{}",
-            serde_json::json!({
-                "keys": n, "entries": entries, "file_bytes": file_bytes,
-                "load_seconds": load_s, "bytes": bytes,
-                "bytes_per_entry": bytes as f64 / entries.max(1) as f64,
-                "own_cpu_ns": a, "plain_cpu_ns": b,
-                "own_median": ma, "plain_median": mb, "ratio": ma / mb,
-            })
-        );
-        return Ok(());
-    }
+    let (load_s, entries) = (l.load_s, l.entries);
     println!(
         "own limits: {n} keys with an entry (90 % on 5 plans, 10 % their own limit, 1000 \
          distinct), CSV file of {:.1} MiB",
-        mib(file_bytes as f64)
+        mib(l.file_bytes as f64)
     );
     println!(
         "load: {load_s:.2} s (the engine's build, which reads the file); {entries} entries, \
          {:.1} MiB, {:.1} bytes per entry",
-        mib(bytes as f64),
-        bytes as f64 / entries.max(1) as f64
+        mib(l.bytes as f64),
+        l.bytes as f64 / entries.max(1) as f64
     );
     println!();
     let runs = |v: &[f64]| {
@@ -194,16 +232,15 @@ pub fn run(n: u64, seconds: f64, repeat: usize, json: bool) -> Result<(), String
         "own: the key's own limit",
         ma,
         ma / mb,
-        runs(&a)
+        runs(a)
     );
     println!(
         "{:<34} {:>14.1} {:>9.2}×   {}",
         "plain: the rule's own limit",
         mb,
         1.0,
-        runs(&b)
+        runs(b)
     );
     println!();
     println!("medians of {} interleaved runs of {seconds} s", a.len());
-    Ok(())
 }

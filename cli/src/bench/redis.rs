@@ -123,11 +123,10 @@ fn limits() -> Vec<Limit> {
     ]
 }
 
-/// Rules files of the rules rows (`URL` replaced by the server's): one rule (token_bucket, as
-/// its row above), and two enforcing rules and a shadow rule on one key.
-const RULES: [(&str, &str); 2] = [
-    (
-        "rules: 1 rule (token_bucket)",
+/// The rules file of the first rules row (`URL` replaced by the server's): one rule
+/// (token_bucket, as its row above). A macro, so that the second row's file can extend it.
+macro_rules! one_rule {
+    () => {
         r#"[backend]
 redis = "URL"
 timeout = "2s"
@@ -135,18 +134,19 @@ timeout = "2s"
 name = "a"
 key = "customer"
 limits = [{ algorithm = "token_bucket", limit = 1000000, window = "1s" }]
-"#,
-    ),
+"#
+    };
+}
+
+/// Rules files of the rules rows (`URL` replaced by the server's): one rule (token_bucket, as
+/// its row above), and that rule with another enforcing rule and a shadow rule on one key.
+const RULES: [(&str, &str); 2] = [
+    ("rules: 1 rule (token_bucket)", one_rule!()),
     (
         "rules: 2 rules + 1 shadow",
-        r#"[backend]
-redis = "URL"
-timeout = "2s"
-[[rule]]
-name = "a"
-key = "customer"
-limits = [{ algorithm = "token_bucket", limit = 1000000, window = "1s" }]
-[[rule]]
+        concat!(
+            one_rule!(),
+            r#"[[rule]]
 name = "b"
 key = "customer"
 limits = [{ algorithm = "fixed_window", limit = 1000000, window = "1s" }]
@@ -155,7 +155,8 @@ name = "c"
 key = "customer"
 mode = "shadow"
 limits = [{ algorithm = "sliding_window", limit = 1000000, window = "1s" }]
-"#,
+"#
+        ),
     ),
 ];
 
@@ -317,11 +318,7 @@ pub fn run(url: &str, requests: u64, json: bool) -> crate::Result<()> {
             "redis at {url}: {requests} calls per row, concurrency 1 and 64"
         ));
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    let rt = super::redis_runtime()?;
     let rows = rt
         .block_on(measure(url, requests, &[1, 64]))
         .map_err(|e| super::redis_error(url, e))?;

@@ -284,11 +284,114 @@ fn chunk<C: Checker>(
     }
 }
 
+/// Where a timed run stands, shared by its workers: warm-up, then the measured window, then
+/// stop. Relaxed: the flag carries no data; each thread's results come back through `join`.
+pub(crate) struct Phase(AtomicU8);
+
+/// What a worker does next, as [`Window::step`] tells it.
+pub(crate) enum Step {
+    /// Run the next chunk.
+    Go,
+    /// The measured window opened just now: reset the counters, then run the next chunk.
+    Opened,
+    /// The run is over.
+    Stop,
+}
+
+/// One worker's view of the measured window: when it opened, and the thread's CPU time and
+/// preemptions then.
+#[derive(Default)]
+pub(crate) struct Window {
+    start: Option<Instant>,
+    cpu0: u64,
+    pre0: u64,
+}
+
+/// What one worker spent over the measured window.
+pub(crate) struct Spent {
+    /// Wall time since the window opened (zero if it never did).
+    pub wall: Duration,
+    /// The thread's CPU time over the window, ns.
+    pub cpu_ns: u64,
+    /// The thread's involuntary context switches over the window.
+    pub preemptions: u64,
+}
+
+impl Window {
+    /// Looks at the phase once per chunk; on the first look inside the measured window,
+    /// reads the thread's clocks.
+    #[inline(always)]
+    pub(crate) fn step(&mut self, phase: &Phase) -> Step {
+        match phase.0.load(Ordering::Relaxed) {
+            2 => Step::Stop,
+            1 if self.start.is_none() => {
+                (self.cpu0, self.pre0) = (thread_cpu_ns(), preemptions());
+                self.start = Some(Instant::now());
+                Step::Opened
+            }
+            _ => Step::Go,
+        }
+    }
+
+    /// Reads the thread's clocks at the end of the run: wall, then CPU, then preemptions.
+    pub(crate) fn spent(&self) -> Spent {
+        let wall = self.start.map_or(Duration::ZERO, |s| s.elapsed());
+        let cpu_ns = thread_cpu_ns().saturating_sub(self.cpu0);
+        let preemptions = preemptions().saturating_sub(self.pre0);
+        Spent {
+            wall,
+            cpu_ns,
+            preemptions,
+        }
+    }
+}
+
+/// Runs `work(i, phase)` on `threads` threads pinned round-robin to the cores, for `warmup`
+/// and then a measured `window`, and returns what each thread gave, in thread order. Each
+/// worker loops on [`Window::step`] until it says stop. `what` names the workers in the
+/// message of a worker's panic.
+pub(crate) fn phased<T: Send>(
+    threads: usize,
+    warmup: Duration,
+    window: Duration,
+    what: &str,
+    work: impl Fn(usize, &Phase) -> T + Sync,
+) -> Vec<T> {
+    let cores = core_affinity::get_core_ids().unwrap_or_default();
+    // 0 warm-up, 1 measure, 2 stop.
+    let phase = Phase(AtomicU8::new(0));
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|i| {
+                let core = (!cores.is_empty()).then(|| cores[i % cores.len()]);
+                let (phase, work) = (&phase, &work);
+                s.spawn(move || {
+                    if let Some(core) = core {
+                        core_affinity::set_for_current(core);
+                    }
+                    work(i, phase)
+                })
+            })
+            .collect();
+        std::thread::sleep(warmup);
+        phase.0.store(1, Ordering::Relaxed);
+        std::thread::sleep(window);
+        phase.0.store(2, Ordering::Relaxed);
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| panic!("{what} worker panicked"))
+            })
+            .collect()
+    })
+}
+
+/// One thread's figures: checks, allowed, measured seconds, CPU ns, preemptions, latencies.
+type PerThread = (u64, u64, f64, u64, u64, Histogram<u64>);
+
 /// Runs `c` on `seqs.len()` threads (thread i walks `seqs[i]` round and round), pinned
 /// round-robin to the cores, for `warmup` and then a measured `window`.
-///
-/// Over 80 lines on purpose: the phase flag, the per-thread timed loops and the fold of their
-/// figures are read together to see what the window times and what it does not.
 pub fn measure<C: Checker>(
     c: &C,
     mode: Mode,
@@ -297,66 +400,47 @@ pub fn measure<C: Checker>(
     window: Duration,
     timer: &Timer,
 ) -> Measured {
-    let cores = core_affinity::get_core_ids().unwrap_or_default();
-    // 0 warm-up, 1 measure, 2 stop. Relaxed: the flag carries no data; each thread's results
-    // come back through `join`.
-    let phase = AtomicU8::new(0);
-    let per_thread: Vec<(u64, u64, f64, u64, u64, Histogram<u64>)> = std::thread::scope(|s| {
-        let handles: Vec<_> = seqs
-            .iter()
-            .enumerate()
-            .map(|(i, seq)| {
-                let core = (!cores.is_empty()).then(|| cores[i % cores.len()]);
-                let phase = &phase;
-                s.spawn(move || {
-                    if let Some(core) = core {
-                        core_affinity::set_for_current(core);
-                    }
-                    let b = match mode {
-                        Mode::Single => 1,
-                        Mode::Batch(b) | Mode::BatchDecisions(b) => b,
-                    };
-                    let mut out = Outs {
-                        decisions: vec![blank(); b],
-                        verdicts: vec![Verdict::default(); b],
-                    };
-                    let mut hist = histogram();
-                    let (mut checks, mut allowed, mut pos) = (0u64, 0u64, 0usize);
-                    let mut start = None;
-                    let (mut cpu0, mut pre0) = (0, 0);
-                    loop {
-                        match phase.load(Ordering::Relaxed) {
-                            2 => break,
-                            1 if start.is_none() => {
-                                hist.reset();
-                                (checks, allowed) = (0, 0);
-                                (cpu0, pre0) = (thread_cpu_ns(), preemptions());
-                                start = Some(Instant::now());
-                            }
-                            _ => {}
-                        }
-                        let end = (pos + CHUNK).min(seq.len());
-                        let (n, a) = chunk(c, mode, &seq[pos..end], &mut hist, &mut out, timer);
-                        checks += n;
-                        allowed += a;
-                        pos = if end == seq.len() { 0 } else { end };
-                    }
-                    let secs = start.map_or(0.0, |s| s.elapsed().as_secs_f64());
-                    let cpu = thread_cpu_ns().saturating_sub(cpu0);
-                    let pre = preemptions().saturating_sub(pre0);
-                    (checks, allowed, secs, cpu, pre, hist)
-                })
-            })
-            .collect();
-        std::thread::sleep(warmup);
-        phase.store(1, Ordering::Relaxed);
-        std::thread::sleep(window);
-        phase.store(2, Ordering::Relaxed);
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("bench worker panicked"))
-            .collect()
+    let per_thread = phased(seqs.len(), warmup, window, "bench", |i, phase| {
+        worker(c, mode, seqs[i], phase, timer)
     });
+    fold(per_thread)
+}
+
+/// One worker of [`measure`]: walks `seq` chunk by chunk until the phase says stop.
+fn worker<C: Checker>(c: &C, mode: Mode, seq: &[u64], phase: &Phase, timer: &Timer) -> PerThread {
+    let b = match mode {
+        Mode::Single => 1,
+        Mode::Batch(b) | Mode::BatchDecisions(b) => b,
+    };
+    let mut out = Outs {
+        decisions: vec![blank(); b],
+        verdicts: vec![Verdict::default(); b],
+    };
+    let mut hist = histogram();
+    let (mut checks, mut allowed, mut pos) = (0u64, 0u64, 0usize);
+    let mut w = Window::default();
+    loop {
+        match w.step(phase) {
+            Step::Stop => break,
+            Step::Opened => {
+                hist.reset();
+                (checks, allowed) = (0, 0);
+            }
+            Step::Go => {}
+        }
+        let end = (pos + CHUNK).min(seq.len());
+        let (n, a) = chunk(c, mode, &seq[pos..end], &mut hist, &mut out, timer);
+        checks += n;
+        allowed += a;
+        pos = if end == seq.len() { 0 } else { end };
+    }
+    let spent = w.spent();
+    let secs = spent.wall.as_secs_f64();
+    (checks, allowed, secs, spent.cpu_ns, spent.preemptions, hist)
+}
+
+/// Sums the threads' figures into one [`Measured`].
+fn fold(per_thread: Vec<PerThread>) -> Measured {
     let mut m = Measured {
         checks: 0,
         cpu_ns: 0,

@@ -277,11 +277,7 @@ async fn measure(url: &str, users: u64) -> Result<Vec<Row>, Error> {
 /// Measures and prints the Redis rows.
 pub fn run(url: &str, users: u64, json: bool) -> crate::Result<()> {
     let bar = crate::progress::bar(1, json, "memory: filling redis");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    let rt = crate::bench::redis_runtime()?;
     let rows = rt
         .block_on(measure(url, users))
         .map_err(|e| crate::bench::redis_error(url, e))?;

@@ -45,3 +45,57 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// A server process, killed when dropped (also on a failed assertion). Derefs to its
+/// [`std::process::Child`].
+pub struct Running(pub std::process::Child);
+
+impl std::ops::Deref for Running {
+    type Target = std::process::Child;
+    fn deref(&self) -> &std::process::Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Running {
+    fn deref_mut(&mut self) -> &mut std::process::Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Spawns `cmd` (standard output discarded, standard error kept for the message of a failed
+/// start) and waits, at most 30 s in all, until each of `ports` accepts on 127.0.0.1. Panics
+/// with what the server wrote if it exits first.
+pub fn spawn_listening(cmd: &mut std::process::Command, ports: &[u16]) -> Running {
+    use std::io::Read;
+    use std::time::{Duration, Instant};
+    let child = cmd
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("turnstile serve starts");
+    let mut s = Running(child);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for &port in ports {
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Some(st) = s.try_wait().unwrap() {
+                let mut err = String::new();
+                let _ = s.stderr.take().unwrap().read_to_string(&mut err);
+                panic!("turnstile serve exited ({st}) before listening: {err}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "not listening on {port} after 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    s
+}
