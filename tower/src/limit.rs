@@ -1,6 +1,6 @@
 //! What the layer checks a request against: one keyed [`Store`] and a key extractor
 //! ([`StoreLimit`]), a rules [`Engine`] and a description of the request ([`EngineLimit`]),
-//! or, with the `redis` feature, a Redis store ([`RedisLimit`](crate::redis::RedisLimit)).
+//! or, with the `redis` feature, a Redis store (`redis::RedisLimit`).
 //!
 //! A check answers at once ([`Checking::Ready`]: the in-memory limits, in nanoseconds) or
 //! with a future ([`Checking::Pending`]: a network round trip); the layer waits for the
@@ -90,7 +90,7 @@ impl<P> Future for Never<P> {
 }
 
 /// What the layer checks requests against. Implemented for [`StoreLimit`], [`EngineLimit`]
-/// and (feature `redis`) [`RedisLimit`](crate::redis::RedisLimit); implement it to put any
+/// and (feature `redis`) `redis::RedisLimit`; implement it to put any
 /// other decision behind the layer, at once or asynchronously.
 pub trait Limit: Send + Sync + 'static {
     /// What an admitted request holds until its response body ends or is dropped: the
