@@ -127,15 +127,39 @@ impl LimitSpec {
     }
 }
 
-/// The error for a `limit` outside `1..=max`: `holds` says what the algorithm can keep
-/// (e.g. "fixed_window holds 1..=N requests per window"), `larger` where to go above its maximum.
-pub(crate) fn limit_out_of_range(holds: String, limit: u64, larger: &str) -> ConfigError {
+/// `Ok` if `limit` is in `1..=max`; else the error with the fix that applies: `holds` says
+/// what the algorithm can keep (e.g. "fixed_window holds 1..=N requests per window"), `larger`
+/// where to go above its maximum.
+pub(crate) fn limit_in(
+    limit: u64,
+    max: u64,
+    holds: impl FnOnce() -> String,
+    larger: &str,
+) -> Result<(), ConfigError> {
+    if limit != 0 && limit <= max {
+        return Ok(());
+    }
     let fix = if limit == 0 {
         "a limit admits at least 1 request"
     } else {
         larger
     };
-    ConfigError::new("limit", format!("{holds}, got {limit}; {fix}"))
+    let holds = holds();
+    Err(ConfigError::new(
+        "limit",
+        format!("{holds}, got {limit}; {fix}"),
+    ))
+}
+
+/// `Ok` if a window of `window` ns is at least 1 ns.
+pub(crate) fn window_at_least_1ns(window: u64) -> Result<(), ConfigError> {
+    if window == 0 {
+        return Err(ConfigError::new(
+            "window",
+            "the window must be at least 1 ns",
+        ));
+    }
+    Ok(())
 }
 
 /// A validated limit: an algorithm with its compiled parameters.

@@ -28,7 +28,7 @@ pub mod window_ring;
 mod limit;
 mod limits;
 
-pub(crate) use limit::limit_out_of_range;
+pub(crate) use limit::{limit_in, window_at_least_1ns};
 pub use limit::{Limit, LimitSpec};
 pub use limits::Limits;
 
