@@ -44,7 +44,7 @@ impl<C: Clock> Engine<C> {
     /// pool's) with a description of what its records mean: the rule's name, the override's
     /// key id, whether it is a pool, the key class, the compiled limits and the capacity. Two
     /// stores described alike hold records that read alike, in this process or another one
-    /// built with the same [`EngineBuilder::seed`] (key ids are hashes under it) — snapshot
+    /// built with the same [`EngineBuilder::seed`](super::EngineBuilder::seed) (key ids are hashes under it) — snapshot
     /// support, with [`Store::export_records`](crate::keyed::Store::export_records) and
     /// [`Store::import_record`](crate::keyed::Store::import_record). A rule changed in any of
     /// these is described differently: its old records are not its new store's.
