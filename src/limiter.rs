@@ -193,33 +193,15 @@ impl<C: Clock> Limiter<C> {
     /// releases nothing.
     pub fn acquire(&self, cost: u64) -> Result<Permit<'_, C>, Decision> {
         let now = self.clock.now();
-        let (limit, State::Words { seq, words }) = (&self.limits.limits()[0], &self.state) else {
-            let d = self.check_at(cost, now);
-            return if d.allowed() {
-                Ok(Permit {
-                    limiter: self,
-                    stamp: None,
-                    decision: d,
+        // A concurrency limit takes a lease in its record; any other limit is a plain check.
+        let (d, stamp) = match (&self.limits.limits()[0], &self.state) {
+            (Limit::Concurrency(p), State::Words { seq, words }) => {
+                record::write(seq, words, |c| {
+                    crate::algo::concurrency::acquire(c, now, p, cost, true)
                 })
-            } else {
-                Err(d)
-            };
+            }
+            _ => (self.check_at(cost, now), None),
         };
-        let Limit::Concurrency(p) = limit else {
-            let d = self.check_at(cost, now);
-            return if d.allowed() {
-                Ok(Permit {
-                    limiter: self,
-                    stamp: None,
-                    decision: d,
-                })
-            } else {
-                Err(d)
-            };
-        };
-        let (d, stamp) = record::write(seq, words, |c| {
-            crate::algo::concurrency::acquire(c, now, p, cost, true)
-        });
         if d.allowed() {
             Ok(Permit {
                 limiter: self,

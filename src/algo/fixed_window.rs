@@ -57,19 +57,15 @@ pub struct Params {
 impl Params {
     /// Validates `limit` per `window` ns.
     pub fn new(limit: u64, window: u64, count_denied: bool) -> Result<Self, ConfigError> {
-        if limit == 0 || limit > MAX_LIMIT {
-            return Err(super::limit_out_of_range(
-                format!("fixed_window holds 1..={MAX_LIMIT} requests per window (a {COUNT_BITS}-bit counter)"),
-                limit,
-                "use token_bucket for larger rates",
-            ));
-        }
-        if window == 0 {
-            return Err(ConfigError::new(
-                "window",
-                "the window must be at least 1 ns",
-            ));
-        }
+        super::limit_in(
+            limit,
+            MAX_LIMIT,
+            || {
+                format!("fixed_window holds 1..={MAX_LIMIT} requests per window (a {COUNT_BITS}-bit counter)")
+            },
+            "use token_bucket for larger rates",
+        )?;
+        super::window_at_least_1ns(window)?;
         Ok(Self {
             limit,
             window,

@@ -128,10 +128,7 @@ pub fn decide(tat: u64, now: u64, p: &Params, cost: u64) -> (u64, Decision) {
 /// Gives `n` back.
 #[inline]
 pub fn refund(tat: u64, now: u64, p: &Params, n: u64) -> u64 {
-    if tat <= now {
-        return tat;
-    }
-    tat.saturating_sub(n.saturating_mul(p.interval)).max(now)
+    Gcra::refund(tat, now, p.interval, n)
 }
 
 /// Nanoseconds until empty.

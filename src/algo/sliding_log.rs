@@ -48,19 +48,13 @@ pub struct Params {
 impl Params {
     /// `limit` per `window` ns.
     pub fn new(limit: u64, window: u64, count_denied: bool) -> Result<Self, ConfigError> {
-        if limit == 0 || limit > MAX_LIMIT {
-            return Err(super::limit_out_of_range(
-                format!("sliding_log keeps 1..={MAX_LIMIT} timestamps (4 bytes each)"),
-                limit,
-                "use window_ring or sliding_window for large limits",
-            ));
-        }
-        if window == 0 {
-            return Err(ConfigError::new(
-                "window",
-                "the window must be at least 1 ns",
-            ));
-        }
+        super::limit_in(
+            limit,
+            MAX_LIMIT,
+            || format!("sliding_log keeps 1..={MAX_LIMIT} timestamps (4 bytes each)"),
+            "use window_ring or sliding_window for large limits",
+        )?;
+        super::window_at_least_1ns(window)?;
         Ok(Self {
             limit,
             window,

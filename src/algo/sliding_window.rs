@@ -60,13 +60,14 @@ pub struct Params {
 impl Params {
     /// Validates `limit` per `window` ns.
     pub fn new(limit: u64, window: u64, count_denied: bool) -> Result<Self, ConfigError> {
-        if limit == 0 || limit > MAX_LIMIT {
-            return Err(super::limit_out_of_range(
-                format!("sliding_window holds 1..={MAX_LIMIT} requests per window (two {COUNT_BITS}-bit counters)"),
-                limit,
-                "use token_bucket for larger rates",
-            ));
-        }
+        super::limit_in(
+            limit,
+            MAX_LIMIT,
+            || {
+                format!("sliding_window holds 1..={MAX_LIMIT} requests per window (two {COUNT_BITS}-bit counters)")
+            },
+            "use token_bucket for larger rates",
+        )?;
         if window == 0 || window > MAX_WINDOW {
             return Err(ConfigError::new(
                 "window",

@@ -145,6 +145,15 @@ impl Gcra {
         }
         Err(Some((need - self.tau as u128 - now as u128) as u64))
     }
+    /// The TAT `tat` with `n` requests of `interval` ns given back at `now`: never before `now`
+    /// (a bucket holds no more than full), unchanged if already there.
+    #[inline]
+    pub(crate) fn refund(tat: u64, now: u64, interval: u64, n: u64) -> u64 {
+        if tat <= now {
+            return tat;
+        }
+        tat.saturating_sub(n.saturating_mul(interval)).max(now)
+    }
 }
 
 /// The transition. Cost 0 peeks.
@@ -173,10 +182,7 @@ pub fn decide(tat: u64, now: u64, p: &Params, cost: u64) -> (u64, Decision) {
 /// Gives `n` tokens back (never above capacity).
 #[inline]
 pub fn refund(tat: u64, now: u64, p: &Params, n: u64) -> u64 {
-    if tat <= now {
-        return tat;
-    }
-    tat.saturating_sub(n.saturating_mul(p.interval)).max(now)
+    Gcra::refund(tat, now, p.interval, n)
 }
 
 /// Nanoseconds until the bucket is full (equivalent to a fresh record).

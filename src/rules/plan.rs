@@ -19,8 +19,8 @@
 //! Plans are built outside the engine's in-memory check path: a plan allocates its list of
 //! steps and holds the loaded rules (an `Arc`) until dropped.
 
-use super::compile::{CRule, Compiled, Kind, Slot, DENIED, ELASTIC, OVER, WOULD};
-use super::engine::{merge, pooled, soft_view, Engine, Verdict, UNLIMITED};
+use super::compile::{CRule, Compiled, Kind, Slot, DENIED, ELASTIC, WOULD};
+use super::engine::{by_mode, merge, pooled, Engine, Verdict, UNLIMITED};
 use super::matcher::sel;
 use super::request::{method_slot, Priority, Request};
 use crate::algo::Limits;
@@ -245,38 +245,19 @@ impl<C: Clock> Plan<C> {
         o: &StepOutcome,
         may_pool: bool,
     ) -> Result<Decision, Decision> {
-        let d = o.main;
-        match r.kind {
-            Kind::Hard | Kind::Shadow => {
-                if d.allowed() {
-                    Ok(d)
-                } else {
-                    Err(d)
-                }
-            }
-            Kind::Soft => {
-                let (d, over) = soft_view(&slot.nominal, d);
-                if !d.allowed() {
-                    return Err(d);
-                }
-                if over {
-                    r.counters.add(self.shard, OVER);
-                }
-                Ok(d)
-            }
-            Kind::Elastic { .. } => {
-                if d.allowed() {
-                    return Ok(d);
-                }
-                if let (true, Outcome::Limited, Some(e)) = (may_pool, d.outcome, o.pool) {
-                    if e.allowed() {
-                        r.counters.add(self.shard, ELASTIC);
-                        return Ok(pooled(&d, &e));
-                    }
-                }
-                Err(d)
+        let d = match by_mode(r, slot, o.main, || self.shard) {
+            Ok(d) => return Ok(d),
+            Err(d) => d,
+        };
+        if let (Kind::Elastic { .. }, true, Outcome::Limited, Some(e)) =
+            (r.kind, may_pool, d.outcome, o.pool)
+        {
+            if e.allowed() {
+                r.counters.add(self.shard, ELASTIC);
+                return Ok(pooled(&d, &e));
             }
         }
+        Err(d)
     }
 }
 

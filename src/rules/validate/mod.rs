@@ -6,16 +6,21 @@
 //! ([`compile_limits`]: soft scaling, the elastic pool) and override key resolution
 //! ([`resolve`]) are used by the engine, so what validates is what runs.
 
+mod keys;
+mod modes;
+
+pub use keys::parse_customer;
+pub(crate) use keys::{resolve, KeyValues};
+pub(crate) use modes::{compile_limits, effective};
+
 use super::limits::LimitsClass;
 use super::model::{
-    Backend, BackendPolicy, KeyClass, KeyPart, Mode, OverrideKey, RedisBackend, RedisNodes, Rule,
-    Shedding, MAX_CAPACITY, MAX_LIMITS, MAX_OVERRIDES, MAX_RULES,
+    Backend, BackendPolicy, Mode, RedisBackend, RedisNodes, Rule, Shedding, MAX_CAPACITY,
+    MAX_OVERRIDES, MAX_RULES,
 };
-use super::request::{method_code, Priority, Request, METHODS};
-use crate::algo::{Algorithm, LimitSpec, Limits};
+use super::request::{method_code, Priority, METHODS};
 use crate::keyed::key::MAX_KEY_LEN;
 use std::collections::HashMap;
-use std::net::IpAddr;
 use std::time::Duration;
 
 /// Where in the rules a problem is: a file front end maps it to a line, the builder to a path.
@@ -171,262 +176,6 @@ impl Loc {
             }
         }
     }
-}
-
-/// `percent` % of `n`, rounded down (saturating).
-pub(crate) fn percent_of(n: u64, percent: u32) -> u64 {
-    u64::try_from(n as u128 * percent as u128 / 100).unwrap_or(u64::MAX)
-}
-
-/// A soft limit: `n` plus `percent` % of it, rounded down (500 + 10 % = 550; 5 + 10 % = 5).
-pub(crate) fn scaled(n: u64, percent: u32) -> u64 {
-    n.saturating_add(percent_of(n, percent))
-}
-
-/// An elastic pool: `percent` % of `n`, rounded down but at least 1 when `n > 0`.
-pub(crate) fn extra(n: u64, percent: u32) -> u64 {
-    if n == 0 {
-        0
-    } else {
-        percent_of(n, percent).max(1)
-    }
-}
-
-/// The limits a store is built with for `spec` under `mode`: the enforced ones (scaled for
-/// soft), and for elastic the extra pool.
-pub(crate) fn effective(spec: &LimitSpec, mode: Mode) -> (LimitSpec, Option<LimitSpec>) {
-    let scale = |p: u32| LimitSpec {
-        limit: scaled(spec.limit, p),
-        burst: spec.burst.map(|b| scaled(b, p)),
-        ..spec.clone()
-    };
-    match mode {
-        Mode::Soft { percent } => (scale(percent), None),
-        Mode::Elastic { percent, .. } => {
-            let pool = LimitSpec {
-                limit: extra(spec.limit, percent),
-                burst: spec.burst.map(|b| extra(b, percent)),
-                ..spec.clone()
-            };
-            (spec.clone(), Some(pool))
-        }
-        Mode::Hard | Mode::Shadow => (spec.clone(), None),
-    }
-}
-
-/// Compiled limits of a list of specs under a mode: (enforced, elastic pool).
-pub(crate) fn compile_limits(
-    specs: &[LimitSpec],
-    mode: Mode,
-    at: impl Fn(usize, &'static str) -> Loc,
-    whole: Loc,
-) -> Result<(Limits, Option<Limits>), (Loc, String)> {
-    if specs.is_empty() {
-        return Err((whole, "no limits: add at least one, e.g. limits = [{ algorithm = \"sliding_window\", limit = 100, window = \"1m\" }]".into()));
-    }
-    if specs.len() > MAX_LIMITS {
-        return Err((
-            whole,
-            format!(
-                "{} limits; at most {MAX_LIMITS} per rule: split the rule",
-                specs.len()
-            ),
-        ));
-    }
-    let mut main = Vec::with_capacity(specs.len());
-    let mut pool = Vec::new();
-    for (j, s) in specs.iter().enumerate() {
-        if s.algorithm == Algorithm::Concurrency {
-            return Err((at(j, "algorithm"), "`concurrency` holds permits that must be released, which a rule check cannot do; use Limiter::acquire for it, or [load] max_in_flight with Engine::admit to bound requests in flight".into()));
-        }
-        let (m, p) = effective(s, mode);
-        let scaled_note = |e: crate::ConfigError, what: &str| {
-            let mut msg = e.message;
-            if !what.is_empty() {
-                msg.push_str(what);
-            }
-            (at(j, e.field), msg)
-        };
-        let note = match mode {
-            Mode::Soft { percent } => {
-                format!(" (soft_percent = {percent} scales it to {})", m.limit)
-            }
-            _ => String::new(),
-        };
-        main.push(m.build().map_err(|e| scaled_note(e, &note))?);
-        if let Some(p) = p {
-            let note = format!(" (the elastic pool is {} of it)", p.limit);
-            pool.push(p.build().map_err(|e| scaled_note(e, &note))?);
-        }
-    }
-    let main = Limits::new(main).map_err(|e| (whole, e.message))?;
-    let pool = if pool.is_empty() {
-        None
-    } else {
-        Some(Limits::new(pool).map_err(|e| (whole, e.message))?)
-    };
-    Ok((main, pool))
-}
-
-/// An override key resolved to typed values (IP addresses already grouped).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
-pub(crate) struct KeyValues {
-    customer: Option<u64>,
-    ip: Option<IpAddr>,
-    api_key: Option<String>,
-    route: Option<String>,
-    method: Option<String>,
-}
-
-impl KeyValues {
-    /// A request carrying exactly these values (its key id is the override's).
-    pub(crate) fn request(&self) -> Request<'_> {
-        Request {
-            customer: self.customer,
-            ip: self.ip,
-            api_key: self.api_key.as_deref(),
-            route: self.route.as_deref(),
-            method: self.method.as_deref(),
-            ..Request::new()
-        }
-    }
-}
-
-/// A customer id as rules files, `turnstile serve` and its clients write it: a decimal number
-/// from 0 to 2^64 − 1, without sign, leading zeros or tag. Anything else is refused rather than
-/// read as some number: `user:1` and `org:1` would otherwise share customer 1's counter, and
-/// `01` would be customer 1. (String ids are the `api_key` class.)
-pub fn parse_customer(s: &str) -> Result<u64, String> {
-    let canonical =
-        !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && (s == "0" || !s.starts_with('0'));
-    canonical.then(|| s.parse::<u64>().ok()).flatten().ok_or_else(|| {
-        format!(
-            "`{s}` is not a customer id: a customer id is a decimal number from 0 to 18446744073709551615 written without sign, leading zeros or tag (e.g. 241531); give string ids (user:241531, org:7) to a rule keyed by api_key"
-        )
-    })
-}
-
-fn mask_ip(a: IpAddr, v4: u8, v6: u8) -> IpAddr {
-    match a {
-        IpAddr::V4(x) => {
-            let m = if v4 == 0 {
-                0
-            } else {
-                u32::MAX << (32 - v4 as u32)
-            };
-            IpAddr::V4((u32::from(x) & m).into())
-        }
-        IpAddr::V6(x) => match x.to_ipv4_mapped() {
-            Some(x4) => mask_ip(IpAddr::V4(x4), v4, v6),
-            None => {
-                let m = if v6 == 0 {
-                    0
-                } else {
-                    u128::MAX << (128 - v6 as u32)
-                };
-                IpAddr::V6((u128::from(x) & m).into())
-            }
-        },
-    }
-}
-
-fn parse_ip(s: &str, class: KeyClass) -> Result<IpAddr, String> {
-    let (addr, len) = match s.split_once('/') {
-        Some((a, l)) => (a, Some(l)),
-        None => (s, None),
-    };
-    let a: IpAddr = addr.parse().map_err(|_| {
-        format!(
-            "`{s}` is not an IP address: write e.g. 203.0.113.9, 203.0.113.0/24 or 2001:db8::/64"
-        )
-    })?;
-    let (max, group) = match a {
-        IpAddr::V4(_) => (32u8, class.ipv4_prefix()),
-        IpAddr::V6(_) => (128u8, class.ipv6_prefix()),
-    };
-    if let Some(l) = len {
-        let l: u8 = l
-            .parse()
-            .ok()
-            .filter(|l| *l <= max)
-            .ok_or_else(|| format!("`{s}`: the prefix length must be 0..={max}"))?;
-        if l < group {
-            return Err(format!("`{s}` is wider than the rule's /{group} grouping: an override names one key; write one /{group} network (or narrower) per override"));
-        }
-    }
-    Ok(mask_ip(a, class.ipv4_prefix(), class.ipv6_prefix()))
-}
-
-fn resolve_part(v: &mut KeyValues, part: KeyPart, s: &str, class: KeyClass) -> Result<(), String> {
-    if s.is_empty() || s.len() > MAX_KEY_LEN || s.chars().any(char::is_control) {
-        return Err(format!(
-            "the {} key must be 1..={MAX_KEY_LEN} bytes of printable text",
-            part.name()
-        ));
-    }
-    match part {
-        KeyPart::Customer => v.customer = Some(parse_customer(s)?),
-        KeyPart::Ip => v.ip = Some(parse_ip(s, class)?),
-        KeyPart::ApiKey => v.api_key = Some(s.to_string()),
-        KeyPart::Route => v.route = Some(s.to_string()),
-        KeyPart::Method => {
-            if method_code(s) == 0 {
-                return Err(format!(
-                    "unknown method `{s}`; expected one of {}",
-                    METHODS.join(", ")
-                ));
-            }
-            v.method = Some(s.to_ascii_uppercase());
-        }
-    }
-    Ok(())
-}
-
-/// Resolves an override key under `class`.
-pub(crate) fn resolve(class: KeyClass, key: &OverrideKey) -> Result<KeyValues, String> {
-    let mut v = KeyValues::default();
-    if class.is_global() {
-        return Err(
-            "a global rule has a single key: change the rule's limits instead of overriding".into(),
-        );
-    }
-    match key {
-        OverrideKey::Text(s) => {
-            let mut parts = class.parts();
-            match (parts.next(), parts.next()) {
-                (Some(p), None) => resolve_part(&mut v, p, s, class)?,
-                _ => return Err(format!("the rule is keyed by {class}: give the override key as a table with one value per part, e.g. key = {{ {} }}", class.parts().map(|p| format!("{} = \"…\"", p.name())).collect::<Vec<_>>().join(", "))),
-            }
-        }
-        OverrideKey::Parts(ps) => {
-            let mut seen = 0u8;
-            for (p, s) in ps {
-                if !class.has(*p) {
-                    return Err(format!(
-                        "the rule is keyed by {class}, which has no `{}` part",
-                        p.name()
-                    ));
-                }
-                if seen & p.bit() != 0 {
-                    return Err(format!("`{}` is given twice", p.name()));
-                }
-                seen |= p.bit();
-                resolve_part(&mut v, *p, s, class)?;
-            }
-            if seen != class.bits() {
-                let missing: Vec<_> = class
-                    .parts()
-                    .filter(|p| seen & p.bit() == 0)
-                    .map(|p| p.name())
-                    .collect();
-                return Err(format!(
-                    "the rule is keyed by {class}: add {}",
-                    missing.join(", ")
-                ));
-            }
-        }
-    }
-    Ok(v)
 }
 
 fn unit(x: f64) -> bool {
