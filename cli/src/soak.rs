@@ -16,7 +16,7 @@
 mod attack;
 mod honest;
 mod plot;
-mod probe;
+pub(crate) mod probe;
 
 use attack::Kind;
 use hdrhistogram::Histogram;
