@@ -15,7 +15,7 @@
 
 mod attack;
 mod honest;
-mod plot;
+pub(crate) mod plot;
 pub(crate) mod probe;
 
 use attack::Kind;
