@@ -108,8 +108,13 @@ impl Seen {
     }
 
     fn error(&mut self, key: usize, e: String) {
-        self.errors += 1;
         self.unknown[key] += 1;
+        self.failed(e);
+    }
+
+    /// An error before any request was sent (no connection): nothing the server counted.
+    fn failed(&mut self, e: String) {
+        self.errors += 1;
         if self.samples.len() < 3 {
             self.samples.push(e);
         }
@@ -192,10 +197,7 @@ pub async fn resp_client(
             match redis_connection(&client).await {
                 Ok(c) => con = Some(c),
                 Err(e) => {
-                    seen.errors += 1;
-                    if seen.samples.len() < 3 {
-                        seen.samples.push(format!("connect: {e}"));
-                    }
+                    seen.failed(format!("connect: {e}"));
                     continue;
                 }
             }
@@ -302,10 +304,7 @@ pub async fn http_client(
             match connected {
                 Ok(s) => send = Some(s),
                 Err(e) => {
-                    seen.errors += 1;
-                    if seen.samples.len() < 3 {
-                        seen.samples.push(format!("connect: {e}"));
-                    }
+                    seen.failed(format!("connect: {e}"));
                     continue;
                 }
             }
