@@ -19,6 +19,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::{say, Shared, SoakArgs};
+
 /// Keys per RESP client.
 pub const KEYS: usize = 16;
 /// The honest keys' `max_burst`: each admits `BURST + 1` requests.
@@ -334,6 +336,107 @@ pub async fn http_client(
         }
     }
     seen
+}
+
+/// What the honest clients saw, per kind.
+pub struct HonestRun {
+    pub resp: Vec<Seen>,
+    pub http: Vec<Seen>,
+}
+
+/// The honest clients, on a thread of their own, until stopped.
+pub(super) struct Honest {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<HonestRun>,
+    resp_keys: Vec<Vec<String>>,
+}
+
+impl Honest {
+    pub(super) fn start(
+        a: &SoakArgs,
+        sh: &Arc<Shared>,
+        client: redis::Client,
+        run_id: u64,
+        password: Option<Vec<u8>>,
+    ) -> Result<Self, String> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let resp_keys: Vec<Vec<String>> = (0..a.honest_resp as usize)
+            .map(|c| resp_keys(run_id, c))
+            .collect();
+        let customers: Vec<Vec<u64>> = (0..a.honest_http as usize)
+            .map(|c| customers(run_id, c))
+            .collect();
+        let (st, sh, keys) = (stop.clone(), sh.clone(), resp_keys.clone());
+        let (http, every) = (a.http, a.every);
+        let thread = std::thread::Builder::new()
+            .name("soak-honest".into())
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("a tokio runtime");
+                rt.block_on(async move {
+                    let resp: Vec<_> = keys
+                        .into_iter()
+                        .map(|k| {
+                            let (c, rec) = (client.clone(), sh.resp_rec.clone());
+                            tokio::spawn(resp_client(c, k, every, st.clone(), rec))
+                        })
+                        .collect();
+                    let mut https = Vec::new();
+                    if let Some(h) = http {
+                        https = customers
+                            .into_iter()
+                            .map(|c| {
+                                let (pw, rec) = (password.clone(), sh.http_rec.clone());
+                                tokio::spawn(http_client(h, pw, c, every, st.clone(), rec))
+                            })
+                            .collect();
+                    }
+                    HonestRun {
+                        resp: joined(resp).await,
+                        http: joined(https).await,
+                    }
+                })
+            })
+            .map_err(|e| e.to_string())?;
+        say(
+            a.json,
+            format!(
+                "quiet run: {} RESP and {} HTTP honest clients, one request each every {:?}",
+                a.honest_resp,
+                if a.http.is_some() { a.honest_http } else { 0 },
+                a.every
+            ),
+        );
+        Ok(Self {
+            stop,
+            thread,
+            resp_keys,
+        })
+    }
+
+    /// Stops the clients: what they saw, and the RESP clients' keys.
+    pub(super) async fn stop(self) -> Result<(HonestRun, Vec<Vec<String>>), String> {
+        self.stop.store(true, Ordering::Relaxed);
+        while !self.thread.is_finished() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let seen = self
+            .thread
+            .join()
+            .map_err(|_| "an honest client panicked".to_string())?;
+        Ok((seen, self.resp_keys))
+    }
+}
+
+/// What each client saw, in order (a client that panicked saw nothing).
+async fn joined(clients: Vec<tokio::task::JoinHandle<Seen>>) -> Vec<Seen> {
+    let mut out = Vec::with_capacity(clients.len());
+    for j in clients {
+        out.push(j.await.unwrap_or_default());
+    }
+    out
 }
 
 #[cfg(test)]
