@@ -3,7 +3,7 @@
 
 use super::conn::Conn;
 use super::{Outcome, Target, WAIT};
-use crate::soak::probe::read_response;
+use crate::soak::probe::{read_response, HttpResponse};
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
 use tokio::time::{sleep, timeout, timeout_at, Instant};
@@ -13,6 +13,20 @@ const PADDED: &[u8] = b"{\"key_class\":\"customer\",\"key\":\"1\",\"pad\":\"";
 
 /// How the server's JSON error bodies start.
 const JSON_ERROR: &str = "{\"error\":";
+
+/// The server's answer on `c` within [`WAIT`]; none is unexpected.
+async fn answer(c: &mut Conn<'_>) -> Result<HttpResponse, Outcome> {
+    match timeout(WAIT, read_response(&mut c.s, &mut c.buf)).await {
+        Ok(Ok(r)) => Ok(r),
+        Ok(Err(e)) => Err(Outcome::Unexpected(e)),
+        Err(_) => Err(Outcome::Unexpected("no answer within 5 s".into())),
+    }
+}
+
+/// An answer's body as text.
+fn text(r: &HttpResponse) -> std::borrow::Cow<'_, str> {
+    String::from_utf8_lossy(&r.body)
+}
 
 /// An HTTP/1.1 request head.
 fn request(method: &str, path: &str, password: Option<&[u8]>, extra: &str) -> Vec<u8> {
@@ -49,19 +63,13 @@ pub(super) async fn tagged_http(
         if c.send(&req).await.is_err() {
             return Ok(Outcome::Unexpected("closed while sending".into()));
         }
-        match timeout(WAIT, read_response(&mut c.s, &mut c.buf)).await {
-            Ok(Ok(r))
-                if (400..500).contains(&r.status)
-                    && String::from_utf8_lossy(&r.body).contains("is not a customer id") => {}
-            Ok(Ok(r)) => {
-                return Ok(Outcome::Unexpected(format!(
-                    "{} {:.120}",
-                    r.status,
-                    String::from_utf8_lossy(&r.body)
-                )))
-            }
-            Ok(Err(e)) => return Ok(Outcome::Unexpected(e)),
-            Err(_) => return Ok(Outcome::Unexpected("no answer within 5 s".into())),
+        let r = answer(c).await?;
+        if !((400..500).contains(&r.status) && text(&r).contains("is not a customer id")) {
+            return Ok(Outcome::Unexpected(format!(
+                "{} {:.120}",
+                r.status,
+                text(&r)
+            )));
         }
     }
     Ok(Outcome::Expected("every tagged id refused"))
@@ -162,11 +170,9 @@ pub(super) async fn big_body(
             } else {
                 "413 past --max-body"
             }),
-            Ok(Ok(r)) => Outcome::Unexpected(format!(
-                "{} {:.120} to a 16 MiB body",
-                r.status,
-                String::from_utf8_lossy(&r.body)
-            )),
+            Ok(Ok(r)) => {
+                Outcome::Unexpected(format!("{} {:.120} to a 16 MiB body", r.status, text(&r)))
+            }
             // Refused and closed with the body unread: a reset can take the answer with it.
             Ok(Err(_)) => Outcome::Expected("closed (reset; the answer not seen)"),
             Err(_) => Outcome::Unexpected("no answer within 5 s after a 16 MiB body".into()),
@@ -213,24 +219,19 @@ pub(super) async fn no_creds(
         if c.send(&req).await.is_err() {
             return Ok(Outcome::Unexpected("closed while sending".into()));
         }
-        match timeout(WAIT, read_response(&mut c.s, &mut c.buf)).await {
-            Ok(Ok(r)) if r.status == want => {
-                if want == 401 && !String::from_utf8_lossy(&r.body).starts_with(JSON_ERROR) {
-                    return Ok(Outcome::Unexpected(format!(
-                        "401 without the JSON error body: {:.120}",
-                        String::from_utf8_lossy(&r.body)
-                    )));
-                }
-            }
-            Ok(Ok(r)) => {
-                return Ok(Outcome::Unexpected(format!(
-                    "{} (wanted {want}) {:.120}",
-                    r.status,
-                    String::from_utf8_lossy(&r.body)
-                )))
-            }
-            Ok(Err(e)) => return Ok(Outcome::Unexpected(e)),
-            Err(_) => return Ok(Outcome::Unexpected("no answer within 5 s".into())),
+        let r = answer(c).await?;
+        if r.status != want {
+            return Ok(Outcome::Unexpected(format!(
+                "{} (wanted {want}) {:.120}",
+                r.status,
+                text(&r)
+            )));
+        }
+        if want == 401 && !text(&r).starts_with(JSON_ERROR) {
+            return Ok(Outcome::Unexpected(format!(
+                "401 without the JSON error body: {:.120}",
+                text(&r)
+            )));
         }
     }
     Ok(Outcome::Expected(if protected {
