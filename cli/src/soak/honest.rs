@@ -114,6 +114,16 @@ impl Seen {
         self.failed(e);
     }
 
+    /// A request of `key` answered: admitted or not.
+    fn answered(&mut self, key: usize, allowed: bool) {
+        if allowed {
+            self.allowed += 1;
+            self.admitted[key] += 1;
+        } else {
+            self.denied += 1;
+        }
+    }
+
     /// An error before any request was sent (no connection): nothing the server counted.
     fn failed(&mut self, e: String) {
         self.errors += 1;
@@ -180,6 +190,30 @@ pub fn throttle(key: &str, quantity: i64) -> redis::Cmd {
     c
 }
 
+/// A client's pace: one request every `every` (late ticks delay the next ones, never
+/// bunch them) until `stop`.
+struct Pace {
+    tick: tokio::time::Interval,
+    stop: Arc<AtomicBool>,
+}
+
+impl Pace {
+    fn new(every: Duration, stop: Arc<AtomicBool>) -> Self {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Self { tick, stop }
+    }
+
+    /// Waits for the next request's turn: false once stopped.
+    async fn next(&mut self) -> bool {
+        if self.stop.load(Ordering::Relaxed) {
+            return false;
+        }
+        self.tick.tick().await;
+        true
+    }
+}
+
 /// One RESP client: a `CL.THROTTLE` every `every` until `stop`.
 pub async fn resp_client(
     client: redis::Client,
@@ -190,11 +224,9 @@ pub async fn resp_client(
 ) -> Seen {
     let mut seen = Seen::new(keys.len());
     let mut con = None;
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut pace = Pace::new(every, stop);
     let mut i = 0u64;
-    while !stop.load(Ordering::Relaxed) {
-        tick.tick().await;
+    while pace.next().await {
         if con.is_none() {
             match redis_connection(&client).await {
                 Ok(c) => con = Some(c),
@@ -213,12 +245,7 @@ pub async fn resp_client(
         match r {
             Ok(v) if v.len() == 5 => {
                 rec.record(took);
-                if v[0] == 0 {
-                    seen.allowed += 1;
-                    seen.admitted[k] += 1;
-                } else {
-                    seen.denied += 1;
-                }
+                seen.answered(k, v[0] == 0);
             }
             Ok(v) => seen.error(k, format!("CL.THROTTLE answered {v:?}")),
             Err(e) => {
@@ -294,11 +321,9 @@ pub async fn http_client(
 ) -> Seen {
     let mut seen = Seen::new(customers.len());
     let mut send = None;
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut pace = Pace::new(every, stop);
     let mut i = 0u64;
-    while !stop.load(Ordering::Relaxed) {
-        tick.tick().await;
+    while pace.next().await {
         if send.is_none() {
             let connected = tokio::time::timeout(TIMEOUT, http_connect(addr))
                 .await
@@ -322,12 +347,7 @@ pub async fn http_client(
         match r {
             Ok(allowed) => {
                 rec.record(took);
-                if allowed {
-                    seen.allowed += 1;
-                    seen.admitted[k] += 1;
-                } else {
-                    seen.denied += 1;
-                }
+                seen.answered(k, allowed);
             }
             Err(e) => {
                 seen.error(k, format!("POST /v1/check: {e}"));
