@@ -9,9 +9,9 @@
 //!
 //! It reports the server's resident memory (from `/proc/PID/status`) at idle, at its peak
 //! under attack and after the settle, against the bound computed from the server's own flags
-//! ([`Bound`]); the honest latencies under attack against the quiet run's; what the server did
-//! to each kind of attacker; and whether every admission the honest clients saw is in the
-//! server's counts afterwards (each honest key looked at once more, and `/metrics`).
+//! ([`bound::Bound`]); the honest latencies under attack against the quiet run's; what the
+//! server did to each kind of attacker; and whether every admission the honest clients saw is
+//! in the server's counts afterwards (each honest key looked at once more, and `/metrics`).
 
 mod attack;
 mod bound;
