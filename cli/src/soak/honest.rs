@@ -214,6 +214,28 @@ impl Pace {
     }
 }
 
+/// The client's connection in `slot`, made by `connect` if there is none; a failure is
+/// counted in `seen` (and the client tries again at its next turn).
+async fn connected<'a, C, F>(
+    slot: &'a mut Option<C>,
+    seen: &mut Seen,
+    connect: impl FnOnce() -> F,
+) -> Option<&'a mut C>
+where
+    F: std::future::Future<Output = Result<C, String>>,
+{
+    if slot.is_none() {
+        match connect().await {
+            Ok(c) => *slot = Some(c),
+            Err(e) => {
+                seen.failed(format!("connect: {e}"));
+                return None;
+            }
+        }
+    }
+    slot.as_mut()
+}
+
 /// One RESP client: a `CL.THROTTLE` every `every` until `stop`.
 pub async fn resp_client(
     client: redis::Client,
@@ -227,16 +249,9 @@ pub async fn resp_client(
     let mut pace = Pace::new(every, stop);
     let mut i = 0u64;
     while pace.next().await {
-        if con.is_none() {
-            match redis_connection(&client).await {
-                Ok(c) => con = Some(c),
-                Err(e) => {
-                    seen.failed(format!("connect: {e}"));
-                    continue;
-                }
-            }
-        }
-        let c = con.as_mut().expect("connected above");
+        let Some(c) = connected(&mut con, &mut seen, || redis_connection(&client)).await else {
+            continue;
+        };
         i += 1;
         let k = key_of(i, keys.len());
         let t = Instant::now();
@@ -324,19 +339,14 @@ pub async fn http_client(
     let mut pace = Pace::new(every, stop);
     let mut i = 0u64;
     while pace.next().await {
-        if send.is_none() {
-            let connected = tokio::time::timeout(TIMEOUT, http_connect(addr))
+        let connect = || async {
+            tokio::time::timeout(TIMEOUT, http_connect(addr))
                 .await
-                .unwrap_or_else(|_| Err("no connection within 10 s".into()));
-            match connected {
-                Ok(s) => send = Some(s),
-                Err(e) => {
-                    seen.failed(format!("connect: {e}"));
-                    continue;
-                }
-            }
-        }
-        let s = send.as_mut().expect("connected above");
+                .unwrap_or_else(|_| Err("no connection within 10 s".into()))
+        };
+        let Some(s) = connected(&mut send, &mut seen, connect).await else {
+            continue;
+        };
         i += 1;
         let k = key_of(i, customers.len());
         let t = Instant::now();
