@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::soak::probe::{clock_ticks, stat_cpu_ticks};
+
 /// How to install what the benchmarks drive, for the error that says it is missing.
 const INSTALL: &str = "apt-get install -y redis-server redis-tools wrk valgrind util-linux";
 
@@ -126,27 +128,6 @@ fn schedstat_ns(pid: u32) -> Option<u64> {
     Some(total)
 }
 
-/// utime + stime (fields 14 and 15) of a `/proc/PID/stat` line, in clock ticks. The command
-/// name (field 2) is in parentheses and may hold spaces: fields are counted after its `)`.
-pub(crate) fn stat_cpu_ticks(stat: &str) -> Option<u64> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let mut f = rest.split_whitespace().skip(11);
-    let utime: u64 = f.next()?.parse().ok()?;
-    let stime: u64 = f.next()?.parse().ok()?;
-    Some(utime + stime)
-}
-
-/// Clock ticks per second (`sysconf(_SC_CLK_TCK)`, 100 on Linux).
-fn clock_ticks() -> f64 {
-    // SAFETY: sysconf reads a constant of the system; no memory is passed.
-    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if t > 0 {
-        t as f64
-    } else {
-        100.0
-    }
-}
-
 /// User + system CPU seconds of the children this process has waited for.
 fn children_cpu_secs() -> f64 {
     // SAFETY: `getrusage` writes one `rusage`, which `u` is; all-zero is a valid rusage.
@@ -216,14 +197,6 @@ impl Drop for Scratch {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn cpu_ticks_are_read_after_the_command_name() {
-        let line = "4242 (tokio (rt) 1) S 1 4242 4242 0 -1 4194560 1234 0 0 0 250 37 0 0 20 0 9 0";
-        assert_eq!(stat_cpu_ticks(line), Some(287));
-        assert_eq!(stat_cpu_ticks("4242 (x) S 1"), None);
-        assert_eq!(stat_cpu_ticks("garbage"), None);
-    }
 
     #[test]
     fn a_missing_program_is_named_with_how_to_install_it() {

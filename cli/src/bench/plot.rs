@@ -169,12 +169,7 @@ fn draw(file: &str, a: Algorithm, rows: &[Row]) -> Result<(), Box<dyn std::error
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], style));
         chart.draw_series(pts.iter().map(|p| Circle::new(*p, 3, style)))?;
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()?;
+    crate::soak::plot::legend(&mut chart)?;
     root.present()?;
     Ok(())
 }

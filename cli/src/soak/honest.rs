@@ -19,6 +19,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::{say, Shared, SoakArgs};
+
 /// Keys per RESP client.
 pub const KEYS: usize = 16;
 /// The honest keys' `max_burst`: each admits `BURST + 1` requests.
@@ -108,8 +110,23 @@ impl Seen {
     }
 
     fn error(&mut self, key: usize, e: String) {
-        self.errors += 1;
         self.unknown[key] += 1;
+        self.failed(e);
+    }
+
+    /// A request of `key` answered: admitted or not.
+    fn answered(&mut self, key: usize, allowed: bool) {
+        if allowed {
+            self.allowed += 1;
+            self.admitted[key] += 1;
+        } else {
+            self.denied += 1;
+        }
+    }
+
+    /// An error before any request was sent (no connection): nothing the server counted.
+    fn failed(&mut self, e: String) {
+        self.errors += 1;
         if self.samples.len() < 3 {
             self.samples.push(e);
         }
@@ -173,6 +190,52 @@ pub fn throttle(key: &str, quantity: i64) -> redis::Cmd {
     c
 }
 
+/// A client's pace: one request every `every` (late ticks delay the next ones, never
+/// bunch them) until `stop`.
+struct Pace {
+    tick: tokio::time::Interval,
+    stop: Arc<AtomicBool>,
+}
+
+impl Pace {
+    fn new(every: Duration, stop: Arc<AtomicBool>) -> Self {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Self { tick, stop }
+    }
+
+    /// Waits for the next request's turn: false once stopped.
+    async fn next(&mut self) -> bool {
+        if self.stop.load(Ordering::Relaxed) {
+            return false;
+        }
+        self.tick.tick().await;
+        true
+    }
+}
+
+/// The client's connection in `slot`, made by `connect` if there is none; a failure is
+/// counted in `seen` (and the client tries again at its next turn).
+async fn connected<'a, C, F>(
+    slot: &'a mut Option<C>,
+    seen: &mut Seen,
+    connect: impl FnOnce() -> F,
+) -> Option<&'a mut C>
+where
+    F: std::future::Future<Output = Result<C, String>>,
+{
+    if slot.is_none() {
+        match connect().await {
+            Ok(c) => *slot = Some(c),
+            Err(e) => {
+                seen.failed(format!("connect: {e}"));
+                return None;
+            }
+        }
+    }
+    slot.as_mut()
+}
+
 /// One RESP client: a `CL.THROTTLE` every `every` until `stop`.
 pub async fn resp_client(
     client: redis::Client,
@@ -183,24 +246,12 @@ pub async fn resp_client(
 ) -> Seen {
     let mut seen = Seen::new(keys.len());
     let mut con = None;
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut pace = Pace::new(every, stop);
     let mut i = 0u64;
-    while !stop.load(Ordering::Relaxed) {
-        tick.tick().await;
-        if con.is_none() {
-            match redis_connection(&client).await {
-                Ok(c) => con = Some(c),
-                Err(e) => {
-                    seen.errors += 1;
-                    if seen.samples.len() < 3 {
-                        seen.samples.push(format!("connect: {e}"));
-                    }
-                    continue;
-                }
-            }
-        }
-        let c = con.as_mut().expect("connected above");
+    while pace.next().await {
+        let Some(c) = connected(&mut con, &mut seen, || redis_connection(&client)).await else {
+            continue;
+        };
         i += 1;
         let k = key_of(i, keys.len());
         let t = Instant::now();
@@ -209,12 +260,7 @@ pub async fn resp_client(
         match r {
             Ok(v) if v.len() == 5 => {
                 rec.record(took);
-                if v[0] == 0 {
-                    seen.allowed += 1;
-                    seen.admitted[k] += 1;
-                } else {
-                    seen.denied += 1;
-                }
+                seen.answered(k, v[0] == 0);
             }
             Ok(v) => seen.error(k, format!("CL.THROTTLE answered {v:?}")),
             Err(e) => {
@@ -290,27 +336,17 @@ pub async fn http_client(
 ) -> Seen {
     let mut seen = Seen::new(customers.len());
     let mut send = None;
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut pace = Pace::new(every, stop);
     let mut i = 0u64;
-    while !stop.load(Ordering::Relaxed) {
-        tick.tick().await;
-        if send.is_none() {
-            let connected = tokio::time::timeout(TIMEOUT, http_connect(addr))
+    while pace.next().await {
+        let connect = || async {
+            tokio::time::timeout(TIMEOUT, http_connect(addr))
                 .await
-                .unwrap_or_else(|_| Err("no connection within 10 s".into()));
-            match connected {
-                Ok(s) => send = Some(s),
-                Err(e) => {
-                    seen.errors += 1;
-                    if seen.samples.len() < 3 {
-                        seen.samples.push(format!("connect: {e}"));
-                    }
-                    continue;
-                }
-            }
-        }
-        let s = send.as_mut().expect("connected above");
+                .unwrap_or_else(|_| Err("no connection within 10 s".into()))
+        };
+        let Some(s) = connected(&mut send, &mut seen, connect).await else {
+            continue;
+        };
         i += 1;
         let k = key_of(i, customers.len());
         let t = Instant::now();
@@ -321,12 +357,7 @@ pub async fn http_client(
         match r {
             Ok(allowed) => {
                 rec.record(took);
-                if allowed {
-                    seen.allowed += 1;
-                    seen.admitted[k] += 1;
-                } else {
-                    seen.denied += 1;
-                }
+                seen.answered(k, allowed);
             }
             Err(e) => {
                 seen.error(k, format!("POST /v1/check: {e}"));
@@ -335,6 +366,107 @@ pub async fn http_client(
         }
     }
     seen
+}
+
+/// What the honest clients saw, per kind.
+pub struct HonestRun {
+    pub resp: Vec<Seen>,
+    pub http: Vec<Seen>,
+}
+
+/// The honest clients, on a thread of their own, until stopped.
+pub(super) struct Honest {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<HonestRun>,
+    resp_keys: Vec<Vec<String>>,
+}
+
+impl Honest {
+    pub(super) fn start(
+        a: &SoakArgs,
+        sh: &Arc<Shared>,
+        client: redis::Client,
+        run_id: u64,
+        password: Option<Vec<u8>>,
+    ) -> Result<Self, String> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let resp_keys: Vec<Vec<String>> = (0..a.honest_resp as usize)
+            .map(|c| resp_keys(run_id, c))
+            .collect();
+        let customers: Vec<Vec<u64>> = (0..a.honest_http as usize)
+            .map(|c| customers(run_id, c))
+            .collect();
+        let (st, sh, keys) = (stop.clone(), sh.clone(), resp_keys.clone());
+        let (http, every) = (a.http, a.every);
+        let thread = std::thread::Builder::new()
+            .name("soak-honest".into())
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("a tokio runtime");
+                rt.block_on(async move {
+                    let resp: Vec<_> = keys
+                        .into_iter()
+                        .map(|k| {
+                            let (c, rec) = (client.clone(), sh.resp_rec.clone());
+                            tokio::spawn(resp_client(c, k, every, st.clone(), rec))
+                        })
+                        .collect();
+                    let mut https = Vec::new();
+                    if let Some(h) = http {
+                        https = customers
+                            .into_iter()
+                            .map(|c| {
+                                let (pw, rec) = (password.clone(), sh.http_rec.clone());
+                                tokio::spawn(http_client(h, pw, c, every, st.clone(), rec))
+                            })
+                            .collect();
+                    }
+                    HonestRun {
+                        resp: joined(resp).await,
+                        http: joined(https).await,
+                    }
+                })
+            })
+            .map_err(|e| e.to_string())?;
+        say(
+            a.json,
+            format!(
+                "quiet run: {} RESP and {} HTTP honest clients, one request each every {:?}",
+                a.honest_resp,
+                if a.http.is_some() { a.honest_http } else { 0 },
+                a.every
+            ),
+        );
+        Ok(Self {
+            stop,
+            thread,
+            resp_keys,
+        })
+    }
+
+    /// Stops the clients: what they saw, and the RESP clients' keys.
+    pub(super) async fn stop(self) -> Result<(HonestRun, Vec<Vec<String>>), String> {
+        self.stop.store(true, Ordering::Relaxed);
+        while !self.thread.is_finished() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let seen = self
+            .thread
+            .join()
+            .map_err(|_| "an honest client panicked".to_string())?;
+        Ok((seen, self.resp_keys))
+    }
+}
+
+/// What each client saw, in order (a client that panicked saw nothing).
+async fn joined(clients: Vec<tokio::task::JoinHandle<Seen>>) -> Vec<Seen> {
+    let mut out = Vec::with_capacity(clients.len());
+    for j in clients {
+        out.push(j.await.unwrap_or_default());
+    }
+    out
 }
 
 #[cfg(test)]

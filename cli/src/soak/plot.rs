@@ -2,8 +2,16 @@
 //! clients' p99 over time, the attack's start and end marked, drawn as an SVG with plotters.
 
 use super::{mib, Sample};
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
+use std::error::Error;
 use std::path::Path;
+
+/// A chart of seconds against a linear figure.
+type Chart<'a, 'b> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+const BLUE: RGBColor = RGBColor(30, 80, 200);
+const GREY: RGBColor = RGBColor(120, 120, 120);
 
 /// Draws `samples` into `file`; `marks` are the attack's start and end (s), `idle` the idle
 /// RSS.
@@ -12,11 +20,25 @@ pub fn draw(
     samples: &[Sample],
     marks: [f64; 2],
     idle: Option<u64>,
-) -> Result<(), Box<dyn std::error::Error>> {
+) -> Result<(), Box<dyn Error>> {
     let root = SVGBackend::new(file, (960, 720)).into_drawing_area();
     root.fill(&WHITE)?;
     let (top, bottom) = root.split_vertically(400);
     let t_max = samples.iter().map(|s| s.t).fold(1.0, f64::max);
+    memory(&top, samples, marks, idle, t_max)?;
+    latency(&bottom, samples, marks, t_max)?;
+    root.present()?;
+    Ok(())
+}
+
+/// The server's RSS and its RESP buffers over time, the idle RSS + 10 % as a line.
+fn memory(
+    area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    samples: &[Sample],
+    marks: [f64; 2],
+    idle: Option<u64>,
+    t_max: f64,
+) -> Result<(), Box<dyn Error>> {
     let rss: Vec<(f64, f64)> = samples
         .iter()
         .filter_map(|s| Some((s.t, mib(s.rss?))))
@@ -31,57 +53,29 @@ pub fn draw(
         })
         .collect();
     let y_max = rss.iter().chain(&buffers).map(|p| p.1).fold(16.0, f64::max) * 1.15;
-    let mut chart = ChartBuilder::on(&top)
-        .caption(
-            "turnstile soak: server memory (attack between the dashed lines)",
-            ("sans-serif", 20),
-        )
-        .margin(12)
-        .x_label_area_size(36)
-        .y_label_area_size(64)
-        .build_cartesian_2d(0f64..t_max, 0f64..y_max)?;
-    chart
-        .configure_mesh()
-        .x_desc("seconds")
-        .y_desc("MiB")
-        .draw()?;
-    for x in marks {
-        chart.draw_series(DashedLineSeries::new(
-            [(x, 0.0), (x, y_max)],
-            6,
-            4,
-            BLACK.stroke_width(1),
-        ))?;
-    }
+    let caption = "turnstile soak: server memory (attack between the dashed lines)";
+    let mut chart = chart(area, caption, "MiB", t_max, y_max, marks)?;
     if let Some(i) = idle {
-        let band = mib(i) * 1.1;
-        chart
-            .draw_series(DashedLineSeries::new(
-                [(0.0, band), (t_max, band)],
-                3,
-                3,
-                RGBColor(120, 120, 120).stroke_width(1),
-            ))?
-            .label("idle + 10 %")
-            .legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], RGBColor(120, 120, 120)));
+        threshold(&mut chart, mib(i) * 1.1, t_max, GREY, "idle + 10 %")?;
     }
-    let blue = RGBColor(30, 80, 200);
-    chart
-        .draw_series(LineSeries::new(rss, blue.stroke_width(2)))?
-        .label("server RSS (VmRSS)")
-        .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], blue.stroke_width(2)));
+    line(&mut chart, rss, BLUE, "server RSS (VmRSS)")?;
     let green = RGBColor(30, 140, 60);
-    chart
-        .draw_series(LineSeries::new(buffers, green.stroke_width(2)))?
-        .label("RESP buffers + deferred (metrics)")
-        .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], green.stroke_width(2)));
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()?;
+    line(
+        &mut chart,
+        buffers,
+        green,
+        "RESP buffers + deferred (metrics)",
+    )?;
+    legend(&mut chart)
+}
 
+/// The honest clients' p99 per sample, the target as a line.
+fn latency(
+    area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    samples: &[Sample],
+    marks: [f64; 2],
+    t_max: f64,
+) -> Result<(), Box<dyn Error>> {
     let resp: Vec<(f64, f64)> = samples
         .iter()
         .filter_map(|s| Some((s.t, s.p99_resp_ms?)))
@@ -96,50 +90,94 @@ pub fn draw(
         .map(|p| p.1)
         .fold(super::MAX_P99_MS, f64::max)
         * 1.15;
-    let mut chart = ChartBuilder::on(&bottom)
-        .caption("honest clients: p99 per half second", ("sans-serif", 20))
+    let caption = "honest clients: p99 per half second";
+    let mut chart = chart(area, caption, "ms", t_max, l_max, marks)?;
+    let red = RGBColor(200, 40, 40);
+    threshold(&mut chart, super::MAX_P99_MS, t_max, red, "target 10 ms")?;
+    line(&mut chart, resp, BLUE, "CL.THROTTLE p99")?;
+    let orange = RGBColor(230, 130, 20);
+    line(&mut chart, http, orange, "POST /v1/check p99")?;
+    legend(&mut chart)
+}
+
+/// A chart of 0..`t_max` seconds against 0..`y_max` in `unit`, its mesh drawn and `marks`
+/// (seconds) as dashed vertical lines.
+fn chart<'a, 'b>(
+    area: &'a DrawingArea<SVGBackend<'b>, plotters::coord::Shift>,
+    caption: &str,
+    unit: &str,
+    t_max: f64,
+    y_max: f64,
+    marks: [f64; 2],
+) -> Result<Chart<'a, 'b>, Box<dyn Error>> {
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 20))
         .margin(12)
         .x_label_area_size(36)
         .y_label_area_size(64)
-        .build_cartesian_2d(0f64..t_max, 0f64..l_max)?;
+        .build_cartesian_2d(0f64..t_max, 0f64..y_max)?;
     chart
         .configure_mesh()
         .x_desc("seconds")
-        .y_desc("ms")
+        .y_desc(unit)
         .draw()?;
     for x in marks {
         chart.draw_series(DashedLineSeries::new(
-            [(x, 0.0), (x, l_max)],
+            [(x, 0.0), (x, y_max)],
             6,
             4,
             BLACK.stroke_width(1),
         ))?;
     }
-    let red = RGBColor(200, 40, 40);
+    Ok(chart)
+}
+
+/// A labelled dashed horizontal line at `y`.
+fn threshold(
+    chart: &mut Chart<'_, '_>,
+    y: f64,
+    t_max: f64,
+    color: RGBColor,
+    label: &str,
+) -> Result<(), Box<dyn Error>> {
     chart
         .draw_series(DashedLineSeries::new(
-            [(0.0, super::MAX_P99_MS), (t_max, super::MAX_P99_MS)],
+            [(0.0, y), (t_max, y)],
             3,
             3,
-            red.stroke_width(1),
+            color.stroke_width(1),
         ))?
-        .label("target 10 ms")
-        .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], red));
+        .label(label)
+        .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], color));
+    Ok(())
+}
+
+/// A labelled line of `points`.
+fn line(
+    chart: &mut Chart<'_, '_>,
+    points: Vec<(f64, f64)>,
+    color: RGBColor,
+    label: &str,
+) -> Result<(), Box<dyn Error>> {
     chart
-        .draw_series(LineSeries::new(resp, blue.stroke_width(2)))?
-        .label("CL.THROTTLE p99")
-        .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], blue.stroke_width(2)));
-    let orange = RGBColor(230, 130, 20);
-    chart
-        .draw_series(LineSeries::new(http, orange.stroke_width(2)))?
-        .label("POST /v1/check p99")
-        .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], orange.stroke_width(2)));
+        .draw_series(LineSeries::new(points, color.stroke_width(2)))?
+        .label(label)
+        .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], color.stroke_width(2)));
+    Ok(())
+}
+
+/// The chart's legend, upper right on a light box (the soak's and the benchmarks' plots).
+pub(crate) fn legend<'a, DB, CT>(chart: &mut ChartContext<'a, DB, CT>) -> Result<(), Box<dyn Error>>
+where
+    DB: DrawingBackend + 'a,
+    DB::ErrorType: 'static,
+    CT: CoordTranslate,
+{
     chart
         .configure_series_labels()
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .position(SeriesLabelPosition::UpperRight)
         .draw()?;
-    root.present()?;
     Ok(())
 }

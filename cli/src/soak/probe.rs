@@ -37,12 +37,28 @@ pub fn reset_peak(pid: u32) -> bool {
 /// The process's CPU time so far (user and system), in seconds.
 pub fn cpu_seconds(pid: u32) -> Option<f64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // After the command name's closing parenthesis: state is field 3, utime 14, stime 15.
-    let f: Vec<&str> = s.rsplit_once(')')?.1.split_whitespace().collect();
-    let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
-    // SAFETY: sysconf reads a constant of the system.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    (hz > 0).then(|| ticks as f64 / hz as f64)
+    Some(stat_cpu_ticks(&s)? as f64 / clock_ticks())
+}
+
+/// utime + stime (fields 14 and 15) of a `/proc/PID/stat` line, in clock ticks. The command
+/// name (field 2) is in parentheses and may hold spaces: fields are counted after its `)`.
+pub(crate) fn stat_cpu_ticks(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut f = rest.split_whitespace().skip(11);
+    let utime: u64 = f.next()?.parse().ok()?;
+    let stime: u64 = f.next()?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// Clock ticks per second (`sysconf(_SC_CLK_TCK)`, 100 on Linux).
+pub(crate) fn clock_ticks() -> f64 {
+    // SAFETY: sysconf reads a constant of the system; no memory is passed.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 {
+        t as f64
+    } else {
+        100.0
+    }
 }
 
 /// Whether the process is still there (not exited, not a zombie).
@@ -278,6 +294,14 @@ mod tests {
         assert!(cpu_seconds(me).is_some());
         assert_eq!(server_queues(&[1]), Some((0, 0)));
         assert!(load_average().is_some());
+    }
+
+    #[test]
+    fn cpu_ticks_are_read_after_the_command_name() {
+        let line = "4242 (tokio (rt) 1) S 1 4242 4242 0 -1 4194560 1234 0 0 0 250 37 0 0 20 0 9 0";
+        assert_eq!(stat_cpu_ticks(line), Some(287));
+        assert_eq!(stat_cpu_ticks("4242 (x) S 1"), None);
+        assert_eq!(stat_cpu_ticks("garbage"), None);
     }
 
     #[test]

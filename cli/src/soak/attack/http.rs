@@ -1,0 +1,242 @@
+//! The HTTP attackers: tagged customer ids, slow headers, oversized bodies and requests
+//! without credentials.
+
+use super::conn::Conn;
+use super::{Outcome, Target, WAIT};
+use crate::soak::probe::{read_response, HttpResponse};
+use std::time::Duration;
+use tokio::io::AsyncReadExt;
+use tokio::time::{sleep, timeout, timeout_at, Instant};
+
+/// The start of a check request's body, padded to any length by the bytes that follow.
+const PADDED: &[u8] = b"{\"key_class\":\"customer\",\"key\":\"1\",\"pad\":\"";
+
+/// How the server's JSON error bodies start.
+const JSON_ERROR: &str = "{\"error\":";
+
+/// The server's answer on `c` within [`WAIT`]; none is unexpected.
+async fn answer(c: &mut Conn<'_>) -> Result<HttpResponse, Outcome> {
+    match timeout(WAIT, read_response(&mut c.s, &mut c.buf)).await {
+        Ok(Ok(r)) => Ok(r),
+        Ok(Err(e)) => Err(Outcome::Unexpected(e)),
+        Err(_) => Err(Outcome::Unexpected("no answer within 5 s".into())),
+    }
+}
+
+/// An answer's body as text.
+fn text(r: &HttpResponse) -> std::borrow::Cow<'_, str> {
+    String::from_utf8_lossy(&r.body)
+}
+
+/// An HTTP/1.1 request head.
+fn request(method: &str, path: &str, password: Option<&[u8]>, extra: &str) -> Vec<u8> {
+    let mut v = format!("{method} {path} HTTP/1.1\r\nHost: soak\r\n{extra}").into_bytes();
+    if let Some(p) = password {
+        v.extend_from_slice(b"Authorization: Bearer ");
+        v.extend_from_slice(p);
+        v.extend_from_slice(b"\r\n");
+    }
+    v.extend_from_slice(b"\r\n");
+    v
+}
+
+/// `POST /v1/check` of tagged ids with the password: each refused with the key's rule.
+pub(super) async fn tagged_http(
+    c: &mut Conn<'_>,
+    t: &Target,
+    until: Instant,
+) -> Result<Outcome, Outcome> {
+    let mut n = 0u64;
+    while Instant::now() < until {
+        n += 1;
+        let body = format!("{{\"key_class\":\"customer\",\"key\":\"org:{n}\"}}");
+        let mut req = request(
+            "POST",
+            "/v1/check",
+            t.password.as_deref(),
+            &format!(
+                "Content-Type: application/json\r\nContent-Length: {}\r\n",
+                body.len()
+            ),
+        );
+        req.extend_from_slice(body.as_bytes());
+        if c.send(&req).await.is_err() {
+            return Ok(Outcome::Unexpected("closed while sending".into()));
+        }
+        let r = answer(c).await?;
+        if !((400..500).contains(&r.status) && text(&r).contains("is not a customer id")) {
+            return Ok(Outcome::Unexpected(format!(
+                "{} {:.120}",
+                r.status,
+                text(&r)
+            )));
+        }
+    }
+    Ok(Outcome::Expected("every tagged id refused"))
+}
+
+/// A request head a byte a second, never finished.
+pub(super) async fn slowloris(c: &mut Conn<'_>, until: Instant) -> Result<Outcome, Outcome> {
+    if c.send(b"POST /v1/check HTTP/1.1\r\nHost: soak\r\nX-Slow: ")
+        .await
+        .is_err()
+    {
+        return Ok(Outcome::Unexpected("closed at once".into()));
+    }
+    let mut chunk = [0u8; 1024];
+    loop {
+        let tick = timeout_at(until, async {
+            tokio::select! {
+                r = c.s.read(&mut chunk) => Some(r),
+                () = sleep(Duration::from_secs(1)) => None,
+            }
+        })
+        .await;
+        match tick {
+            Err(_) => {
+                return Ok(Outcome::Expected(
+                    "held to the end (within --header-timeout)",
+                ))
+            }
+            Ok(Some(Ok(0))) | Ok(Some(Err(_))) => {
+                return Ok(Outcome::Expected("closed by the server (--header-timeout)"))
+            }
+            Ok(Some(Ok(_))) => {
+                // An answer (408, 431): the server refused the head; it closes next.
+                return Ok(Outcome::Expected("answered an error, closed"));
+            }
+            Ok(None) => {
+                if c.send(b"x").await.is_err() {
+                    return Ok(Outcome::Expected("closed by the server (--header-timeout)"));
+                }
+            }
+        }
+    }
+}
+
+/// A body of 16 MiB: with its length, chunked, or without the password.
+pub(super) async fn big_body(
+    c: &mut Conn<'_>,
+    t: &Target,
+    attempt: u64,
+) -> Result<Outcome, Outcome> {
+    const BODY: usize = 16 << 20;
+    let variant = attempt % 3;
+    let (password, extra) = match variant {
+        0 => (
+            t.password.as_deref(),
+            format!("Content-Type: application/json\r\nContent-Length: {BODY}\r\n"),
+        ),
+        1 => (
+            t.password.as_deref(),
+            "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n".to_string(),
+        ),
+        _ => (
+            None,
+            format!("Content-Type: application/json\r\nContent-Length: {BODY}\r\n"),
+        ),
+    };
+    let head = request("POST", "/v1/check", password, &extra);
+    if c.send(&head).await.is_err() {
+        return Ok(Outcome::Unexpected("closed at once".into()));
+    }
+    let mut piece = PADDED.to_vec();
+    piece.resize(64 << 10, b'x');
+    let piece = if variant == 1 {
+        let mut v = format!("{:x}\r\n", piece.len()).into_bytes();
+        v.extend_from_slice(&piece);
+        v.extend_from_slice(b"\r\n");
+        v
+    } else {
+        piece
+    };
+    for _ in 0..BODY / (64 << 10) {
+        match c.push(&piece, Duration::from_secs(2)).await {
+            Ok(n) if n == piece.len() => {}
+            Ok(n) if n > 0 => c.spray(&piece[n..], Duration::from_secs(2)).await,
+            _ => break,
+        }
+    }
+    let want = if password.is_none() && t.password.is_some() {
+        401
+    } else {
+        413
+    };
+    let mut extra = std::mem::take(&mut c.buf);
+    Ok(
+        match timeout(WAIT, read_response(&mut c.s, &mut extra)).await {
+            Ok(Ok(r)) if r.status == want => Outcome::Expected(if want == 401 {
+                "401 without the password"
+            } else {
+                "413 past --max-body"
+            }),
+            Ok(Ok(r)) => {
+                Outcome::Unexpected(format!("{} {:.120} to a 16 MiB body", r.status, text(&r)))
+            }
+            // Refused and closed with the body unread: a reset can take the answer with it.
+            Ok(Err(_)) => Outcome::Expected("closed (reset; the answer not seen)"),
+            Err(_) => Outcome::Unexpected("no answer within 5 s after a 16 MiB body".into()),
+        },
+    )
+}
+
+/// Requests without credentials on one keep-alive connection until the end.
+pub(super) async fn no_creds(
+    c: &mut Conn<'_>,
+    t: &Target,
+    until: Instant,
+) -> Result<Outcome, Outcome> {
+    let protected = t.password.is_some();
+    let body = b"{\"key_class\":\"customer\",\"key\":\"1\"}";
+    let mut i = 0u64;
+    while Instant::now() < until {
+        i += 1;
+        let (req, want) = match (i % 4, protected) {
+            (0, true) => {
+                let mut r = request(
+                    "POST",
+                    "/v1/check",
+                    None,
+                    &format!(
+                        "Content-Type: application/json\r\nContent-Length: {}\r\n",
+                        body.len()
+                    ),
+                );
+                r.extend_from_slice(body);
+                (r, 401)
+            }
+            (1, true) => (
+                request("GET", "/metrics", None, ""),
+                if t.metrics_open { 200 } else { 401 },
+            ),
+            (2, true) => (
+                request("POST", "/v1/reload", None, "Content-Length: 0\r\n"),
+                401,
+            ),
+            (1, false) => (request("GET", "/metrics", None, ""), 200),
+            _ => (request("GET", "/healthz", None, ""), 200),
+        };
+        if c.send(&req).await.is_err() {
+            return Ok(Outcome::Unexpected("closed while sending".into()));
+        }
+        let r = answer(c).await?;
+        if r.status != want {
+            return Ok(Outcome::Unexpected(format!(
+                "{} (wanted {want}) {:.120}",
+                r.status,
+                text(&r)
+            )));
+        }
+        if want == 401 && !text(&r).starts_with(JSON_ERROR) {
+            return Ok(Outcome::Unexpected(format!(
+                "401 without the JSON error body: {:.120}",
+                text(&r)
+            )));
+        }
+    }
+    Ok(Outcome::Expected(if protected {
+        "every request refused (401), /healthz open"
+    } else {
+        "answered (no password set)"
+    }))
+}

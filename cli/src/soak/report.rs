@@ -1,0 +1,357 @@
+//! The soak's report: what a run measured, summed up against the targets, as JSON (printed
+//! as is with `--json`, or as text by `text::print`).
+
+use super::bound::Bound;
+use super::check::{metric_checks, KeyCheck};
+use super::honest::{HonestRun, Recorder, Seen};
+use super::{attack, mib, p, Sample, Shared, SoakArgs, PHASES};
+use super::{MAX_GROWTH, MAX_P99_MS, SETTLE_WITHIN};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use turnstile_server::ServeArgs;
+
+/// What one soak measured.
+pub(super) struct Run {
+    pub pid: Option<u32>,
+    pub flags: ServeArgs,
+    pub flags_read: bool,
+    /// The load average at the start and at the end.
+    pub load: [Option<f64>; 2],
+    /// RSS: idle (the quiet run's median), VmHWM after the attack (valid if `peak_reset`),
+    /// after the settle.
+    pub idle: Option<u64>,
+    pub hwm: Option<u64>,
+    pub peak_reset: bool,
+    pub after: Option<u64>,
+    /// `/metrics` before the quiet run and after the settle.
+    pub before: Option<HashMap<String, f64>>,
+    pub metrics_after: Option<HashMap<String, f64>>,
+    pub seen: HonestRun,
+    pub keys: KeyCheck,
+    pub alive: bool,
+    /// The `panicked` lines of the server's log (`None`: not read).
+    pub panicked: Option<Vec<String>>,
+    pub samples: Vec<Sample>,
+}
+
+/// The server's memory, from the samples.
+struct Memory {
+    idle: Option<u64>,
+    peak: Option<u64>,
+    after: Option<u64>,
+    growth: Option<u64>,
+    settle_ratio: Option<f64>,
+    peak_buffers: Option<f64>,
+    peak_deferred: Option<f64>,
+    peak_conns: Option<f64>,
+    kernel_idle: Option<u64>,
+    kernel_peak: Option<u64>,
+    queues_peak: Option<(u64, u64)>,
+}
+
+impl Memory {
+    fn of(r: &Run) -> Self {
+        let samples = &r.samples;
+        let in_attack = |s: &&Sample| s.phase == 1;
+        let sampled_peak = samples.iter().filter(in_attack).filter_map(|s| s.rss).max();
+        let peak = match (sampled_peak, r.hwm.filter(|_| r.peak_reset)) {
+            (Some(x), Some(y)) => Some(x.max(y)),
+            (x, y) => x.or(y),
+        };
+        let max_of = |f: fn(&Sample) -> Option<f64>| {
+            samples
+                .iter()
+                .filter(in_attack)
+                .filter_map(f)
+                .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))))
+        };
+        Self {
+            idle: r.idle,
+            peak,
+            after: r.after,
+            growth: match (r.idle, peak) {
+                (Some(i), Some(p)) => Some(p.saturating_sub(i)),
+                _ => None,
+            },
+            settle_ratio: match (r.idle, r.after) {
+                (Some(i), Some(x)) if i > 0 => Some((x as f64 - i as f64) / i as f64),
+                _ => None,
+            },
+            peak_buffers: max_of(|s| s.buffers),
+            peak_deferred: max_of(|s| s.deferred),
+            peak_conns: max_of(|s| s.resp_connections),
+            kernel_idle: samples
+                .iter()
+                .filter(|s| s.phase == 0)
+                .filter_map(|s| s.kernel_tcp)
+                .min(),
+            kernel_peak: samples
+                .iter()
+                .filter(in_attack)
+                .filter_map(|s| s.kernel_tcp)
+                .max(),
+            queues_peak: samples
+                .iter()
+                .filter(in_attack)
+                .filter_map(|s| s.server_queues)
+                .fold(None, |m: Option<(u64, u64)>, (t, r)| {
+                    Some(m.map_or((t, r), |(a, b)| (a.max(t), b.max(r))))
+                }),
+        }
+    }
+
+    fn json(&self, bound: &Bound, peak_from_vmhwm: bool, server_bound: Option<Value>) -> Value {
+        json!({
+            "idle_rss_mib": self.idle.map(mib),
+            "peak_rss_mib": self.peak.map(mib),
+            "peak_from_vmhwm": peak_from_vmhwm,
+            "after_settle_rss_mib": self.after.map(mib),
+            "growth_mib": self.growth.map(mib),
+            "after_settle_vs_idle": self.settle_ratio,
+            "peak_resp_buffer_mib": self.peak_buffers.map(|b| b / (1 << 20) as f64),
+            "peak_resp_deferred_mib": self.peak_deferred.map(|b| b / (1 << 20) as f64),
+            "peak_resp_connections": self.peak_conns,
+            "kernel_tcp_idle_mib": self.kernel_idle.map(mib),
+            "kernel_tcp_peak_mib": self.kernel_peak.map(mib),
+            "server_send_queues_peak_mib": self.queues_peak.map(|q| mib(q.0)),
+            "server_receive_queues_peak_mib": self.queues_peak.map(|q| mib(q.1)),
+            "bound": {
+                "per_resp_connection_kib": bound.per_resp as f64 / 1024.0,
+                "per_http_connection_kib": bound.per_http as f64 / 1024.0,
+                "deferred_mib": mib(bound.deferred),
+                "resp_connections": bound.resp_connections,
+                "http_connections": bound.http_connections,
+                "connections_mib": mib(bound.connections()),
+                "stores_mib": mib(bound.stores),
+                "total_mib": mib(bound.total()),
+            },
+            "server_stated_bound_mib": server_bound,
+        })
+    }
+}
+
+/// The report of run `r` of `a`, the honest latencies and the attackers' counts in `sh`.
+pub(super) fn build(a: &SoakArgs, r: &Run, sh: &Shared) -> Value {
+    let m = Memory::of(r);
+    let st = &sh.attack;
+    let resp_conns = m.peak_conns.map_or(
+        u64::from(a.connections) + u64::from(a.honest_resp) + 2,
+        |c| c as u64,
+    );
+    let bound = Bound::of(
+        &r.flags,
+        resp_conns,
+        plan_http(st) + u64::from(a.honest_http) + 2,
+    );
+    let metric_checks = metric_checks(r.before.as_ref(), r.metrics_after.as_ref(), &r.seen, st);
+    let targets = targets(a, r, sh, &m, &bound, &metric_checks);
+    let peak_from_vmhwm = r.peak_reset;
+    let lat = |rec: &Recorder| json!({ "quiet": latency(rec, 0), "attack": latency(rec, 1), "settle": latency(rec, 2) });
+    let keys = &r.keys;
+    json!({
+        "target": a.target.to_string(),
+        "http": a.http.map(|h| h.to_string()),
+        "pid": r.pid,
+        "flags_read": r.flags_read,
+        "connections": a.connections,
+        "seconds": a.seconds.as_secs_f64(),
+        "quiet_seconds": a.quiet.as_secs_f64(),
+        "settle_seconds": a.settle.as_secs_f64(),
+        "honest": { "resp": a.honest_resp, "http": if a.http.is_some() { a.honest_http } else { 0 }, "every_ms": a.every.as_secs_f64() * 1e3 },
+        "load_average": { "start": r.load[0], "end": r.load[1] },
+        "server": per_phase(&r.samples),
+        "memory": m.json(&bound, peak_from_vmhwm, server_bound(r.before.as_ref())),
+        "latency": { "resp": lat(&sh.resp_rec), "http": lat(&sh.http_rec) },
+        "honest": { "resp": seen(&r.seen.resp), "http": seen(&r.seen.http) },
+        "keys": { "checked": keys.keys, "admissions_seen": keys.seen, "consumed": keys.consumed, "mismatches": keys.mismatches },
+        "metrics": metric_checks,
+        "attacks": attacks(st),
+        "targets": targets,
+        "samples": r.samples,
+    })
+}
+
+/// HTTP attackers of the plan.
+fn plan_http(st: &attack::Stats) -> u64 {
+    st.kinds
+        .iter()
+        .filter(|(k, _)| {
+            matches!(
+                k,
+                attack::Kind::Slowloris
+                    | attack::Kind::BigBody
+                    | attack::Kind::NoCreds
+                    | attack::Kind::TaggedIds
+            )
+        })
+        .map(|(_, s)| s.tasks.load(Ordering::Relaxed))
+        .sum()
+}
+
+/// Per phase: the server's CPU share (of one core) and RESP commands per second.
+fn per_phase(samples: &[Sample]) -> Vec<Value> {
+    (0..PHASES.len())
+        .map(|ph| {
+            let v: Vec<&Sample> = samples.iter().filter(|s| s.phase == ph).collect();
+            let rate = |f: fn(&Sample) -> Option<f64>| {
+                let (a, b) = (v.first()?, v.last()?);
+                let dt = b.t - a.t;
+                let d = f(b)? - f(a)?;
+                (dt > 0.0).then(|| d / dt)
+            };
+            json!({ "phase": PHASES[ph], "server_cpu": rate(|s| s.cpu), "resp_commands_per_s": rate(|s| s.commands) })
+        })
+        .collect()
+}
+
+/// What the server states itself (turnstile_memory_bound_bytes, by part).
+fn server_bound(before: Option<&HashMap<String, f64>>) -> Option<Value> {
+    before.map(|m| {
+        let part = |p: &str| {
+            m.get(&format!("turnstile_memory_bound_bytes{{part=\"{p}\"}}"))
+                .map(|v| v / (1 << 20) as f64)
+        };
+        json!({
+            "resp_connections": part("resp_connections"),
+            "deferred": part("deferred"),
+            "throttle_store": part("throttle_store"),
+        })
+    })
+}
+
+fn latency(r: &Recorder, ph: usize) -> Value {
+    let h = r.phase(ph);
+    json!({ "requests": h.len(), "p50_ms": p(&h, 0.5), "p99_ms": p(&h, 0.99), "max_ms": p(&h, 1.0) })
+}
+
+fn sum(v: &[Seen], f: fn(&Seen) -> u64) -> u64 {
+    v.iter().map(f).sum::<u64>()
+}
+
+/// What the honest clients of one kind saw.
+fn seen(v: &[Seen]) -> Value {
+    let samples: Vec<String> = v.iter().flat_map(|s| s.samples.clone()).take(5).collect();
+    json!({ "allowed": sum(v, |s| s.allowed), "denied": sum(v, |s| s.denied), "errors": sum(v, |s| s.errors), "samples": samples })
+}
+
+/// What the server did to each kind of attacker.
+fn attacks(st: &attack::Stats) -> Vec<Value> {
+    st.kinds
+        .iter()
+        .filter(|(_, k)| k.tasks.load(Ordering::Relaxed) > 0)
+        .map(|(kind, k)| {
+            json!({
+                "kind": kind.name(),
+                "tasks": k.tasks.load(Ordering::Relaxed),
+                "connections": k.connections.load(Ordering::Relaxed),
+                "sent_mib": mib(k.bytes_sent.load(Ordering::Relaxed)),
+                "outcomes": *k.outcomes.lock().expect("not poisoned"),
+                "unexpected": k.unexpected.load(Ordering::Relaxed),
+                "connect_errors": k.connect_errors.load(Ordering::Relaxed),
+                "samples": *k.samples.lock().expect("not poisoned"),
+            })
+        })
+        .collect()
+}
+
+/// One target: met, missed or not measured (`None`), with its figure.
+fn target(name: &str, met: Option<bool>, figure: String) -> Value {
+    json!({ "target": name, "met": met, "figure": figure })
+}
+
+/// The soak's targets, each met, missed or not measured, with its figure.
+fn targets(
+    a: &SoakArgs,
+    r: &Run,
+    sh: &Shared,
+    m: &Memory,
+    bound: &Bound,
+    metric_checks: &[Value],
+) -> Vec<Value> {
+    let mut targets = memory_targets(a, m, bound);
+    let p99_attack = [
+        ("honest CL.THROTTLE p99 under attack <= 10 ms", &sh.resp_rec),
+        (
+            "honest POST /v1/check p99 under attack <= 10 ms",
+            &sh.http_rec,
+        ),
+    ];
+    for (name, rec) in p99_attack {
+        if name.contains("/v1/check") && a.http.is_none() {
+            continue;
+        }
+        let v = p(&rec.phase(1), 0.99);
+        targets.push(target(
+            name,
+            v.map(|x| x <= MAX_P99_MS),
+            v.map_or("?".into(), |x| format!("{x:.2} ms")),
+        ));
+    }
+    let (keys, alive, panicked) = (&r.keys, r.alive, &r.panicked);
+    targets.push(target(
+        "no panic",
+        Some(alive && panicked.as_ref().is_none_or(Vec::is_empty)),
+        format!(
+            "server {}{}",
+            if alive { "alive" } else { "gone" },
+            match panicked {
+                None => ", log not read".to_string(),
+                Some(v) if v.is_empty() => ", no panic in its log".to_string(),
+                Some(v) => format!(": {}", v.join(" | ")),
+            }
+        ),
+    ));
+    targets.push(target(
+        "nothing admitted lost",
+        Some(keys.mismatches.is_empty() && metric_checks.iter().all(|c| c["ok"] != json!(false))),
+        format!(
+            "{} keys: {} admissions seen, {} consumed; {} mismatches",
+            keys.keys,
+            keys.seen,
+            keys.consumed,
+            keys.mismatches.len()
+        ),
+    ));
+    let honest_errors = sum(&r.seen.resp, |s| s.errors) + sum(&r.seen.http, |s| s.errors);
+    targets.push(target(
+        "no honest errors",
+        Some(honest_errors == 0),
+        format!("{honest_errors} errors"),
+    ));
+    targets
+}
+
+/// The memory targets: the peak within the bound and 256 MiB, back near idle after the
+/// settle.
+fn memory_targets(a: &SoakArgs, m: &Memory, bound: &Bound) -> Vec<Value> {
+    let growth = m.growth;
+    let growth_mib = growth.map_or("?".into(), |g| format!("{:.1}", mib(g)));
+    vec![
+        target(
+            "peak RSS <= idle + the documented bound",
+            growth.map(|g| g <= bound.total()),
+            format!(
+                "+{growth_mib} MiB against +{:.1} MiB (connections {:.1} MiB + CL.THROTTLE store {:.1} MiB)",
+                mib(bound.total()),
+                mib(bound.connections()),
+                mib(bound.stores)
+            ),
+        ),
+        target(
+            "peak RSS <= idle + 256 MiB",
+            growth.map(|g| g <= MAX_GROWTH),
+            format!("+{growth_mib} MiB"),
+        ),
+        target(
+            "RSS within 10 % of idle after the settle",
+            m.settle_ratio.map(|r| r.abs() <= SETTLE_WITHIN),
+            format!(
+                "{} after {:?}",
+                m.settle_ratio
+                    .map_or("?".into(), |r| format!("{:+.1} %", r * 100.0)),
+                a.settle
+            ),
+        ),
+    ]
+}
