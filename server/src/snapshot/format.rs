@@ -214,6 +214,16 @@ mod tests {
         }
     }
 
+    /// A file of `version` around payload `p`: its header, its checksum right.
+    fn seal(version: u32, p: &[u8]) -> Vec<u8> {
+        let mut out = Vec::from(&MAGIC[..]);
+        out.extend_from_slice(&version.to_le_bytes());
+        out.extend_from_slice(&(p.len() as u64).to_le_bytes());
+        out.extend_from_slice(&crc32fast::hash(p).to_le_bytes());
+        out.extend_from_slice(p);
+        out
+    }
+
     #[test]
     fn roundtrip_and_refusals() {
         let b = encode(&sample());
@@ -232,14 +242,6 @@ mod tests {
         assert!(decode(&c).unwrap_err().contains("version 9"));
         // Versions 1 and 2: a list of CL.THROTTLE records per parameter set (version 1
         // without the rules part), read into the one list.
-        let seal = |version: u32, p: &[u8]| {
-            let mut out = Vec::from(&MAGIC[..]);
-            out.extend_from_slice(&version.to_le_bytes());
-            out.extend_from_slice(&(p.len() as u64).to_le_bytes());
-            out.extend_from_slice(&crc32fast::hash(p).to_le_bytes());
-            out.extend_from_slice(p);
-            out
-        };
         let mut old = Vec::new();
         for w in [7u64, 123] {
             old.extend_from_slice(&w.to_le_bytes());
@@ -273,14 +275,6 @@ mod tests {
     /// corruption) is refused too, whole.
     #[test]
     fn lying_counts_are_refused() {
-        let seal = |p: Vec<u8>| {
-            let mut out = Vec::from(&MAGIC[..]);
-            out.extend_from_slice(&VERSION.to_le_bytes());
-            out.extend_from_slice(&(p.len() as u64).to_le_bytes());
-            out.extend_from_slice(&crc32fast::hash(&p).to_le_bytes());
-            out.extend_from_slice(&p);
-            out
-        };
         let good = encode(&sample());
         let p = good[HEADER..].to_vec();
         // The first rule store's record count (after seed, time, 2 CL.THROTTLE records, the
@@ -290,13 +284,15 @@ mod tests {
         for n in [u64::MAX, 3, 1, 0] {
             let mut q = p.clone();
             q[at..at + 8].copy_from_slice(&n.to_le_bytes());
-            let e = decode(&seal(q)).unwrap_err();
+            let e = decode(&seal(VERSION, &q)).unwrap_err();
             if n > 2 {
                 assert!(e.contains("more than the file holds"), "{n}: {e}");
             }
         }
         let mut q = p.clone();
         q[at - 4..at].copy_from_slice(&0u32.to_le_bytes());
-        assert!(decode(&seal(q)).unwrap_err().contains("words per record"));
+        assert!(decode(&seal(VERSION, &q))
+            .unwrap_err()
+            .contains("words per record"));
     }
 }

@@ -74,21 +74,19 @@ fn pipelines_answer_in_order_whatever_the_reads() {
 
 #[test]
 fn nothing_but_a_small_frame_before_auth() {
-    // 128 arguments of 512 KiB: refused at the array's header, before any of it is held.
-    let mut c = conn(|a| a.requirepass = Some("pw".into()));
-    let (out, closed) = talk(&mut c, b"*128\r\n$524288\r\n", usize::MAX);
-    assert_eq!(
-        text(&out),
-        "-ERR Protocol error: unauthenticated multibulk length\r\n"
-    );
-    assert!(closed);
-    let mut c = conn(|a| a.requirepass = Some("pw".into()));
-    let (out, closed) = talk(&mut c, b"*2\r\n$4\r\nAUTH\r\n$524288\r\n", usize::MAX);
-    assert_eq!(
-        text(&out),
-        "-ERR Protocol error: unauthenticated bulk length\r\n"
-    );
-    assert!(closed);
+    // 128 arguments of 512 KiB, or one: refused at the header, before any of it is held.
+    for (input, what) in [
+        (&b"*128\r\n$524288\r\n"[..], "multibulk length"),
+        (b"*2\r\n$4\r\nAUTH\r\n$524288\r\n", "bulk length"),
+    ] {
+        let mut c = conn(|a| a.requirepass = Some("pw".into()));
+        let (out, closed) = talk(&mut c, input, usize::MAX);
+        assert_eq!(
+            text(&out),
+            format!("-ERR Protocol error: unauthenticated {what}\r\n")
+        );
+        assert!(closed);
+    }
     // Every other command is answered NOAUTH; the buffer stays small.
     let mut c = conn(|a| a.requirepass = Some("pw".into()));
     let flood = cmd(&[b"CL.THROTTLE", b"k", b"1", b"1", b"1"]).repeat(10_000);
