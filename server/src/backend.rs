@@ -133,14 +133,8 @@ impl Backends {
         self.active
             .store(self.current.load().is_some(), Ordering::Relaxed);
         if let Some(old) = old {
-            let s = old.stats();
             let mut t = self.retired.lock().unwrap_or_else(|e| e.into_inner());
-            t.redis += s.redis;
-            t.timeouts += s.timeouts;
-            t.errors += s.errors;
-            t.short_circuited += s.short_circuited;
-            t.fallbacks += s.fallbacks;
-            t.opened += s.opened;
+            add(&mut t, old.stats());
         }
         tracing::info!(backend = self.name(), "rules backend in use");
     }
@@ -156,13 +150,7 @@ impl Backends {
         let mut s = t;
         let mut open = false;
         if let Some(c) = &*cur {
-            let x = c.stats();
-            s.redis += x.redis;
-            s.timeouts += x.timeouts;
-            s.errors += x.errors;
-            s.short_circuited += x.short_circuited;
-            s.fallbacks += x.fallbacks;
-            s.opened += x.opened;
+            add(&mut s, c.stats());
             open = c.circuit_open();
         }
         Some((s, open))
@@ -217,4 +205,14 @@ impl Drop for Backends {
         // A server that failed to start, or was dropped without `join`, stops the thread too.
         self.shutdown();
     }
+}
+
+/// Adds `x` to `to`: the counts the metrics show (every one but the cached denials).
+fn add(to: &mut FailureStats, x: FailureStats) {
+    to.redis += x.redis;
+    to.timeouts += x.timeouts;
+    to.errors += x.errors;
+    to.short_circuited += x.short_circuited;
+    to.fallbacks += x.fallbacks;
+    to.opened += x.opened;
 }

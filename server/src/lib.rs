@@ -134,9 +134,33 @@ pub fn io_uring_available() -> Result<(), String> {
 
 /// Starts the server (listeners bound when this returns) and answers until stopped.
 pub fn start(args: ServeArgs) -> Result<Running, ServeError> {
+    let loaded = load(&args)?;
+    let workers = args
+        .workers
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1);
+    let srv = server(&args, loaded, workers);
+    listen(srv, &args, workers)
+}
+
+/// What the server starts with, read and checked before anything listens.
+struct Loaded {
+    resp: config::RespConfig,
+    http: config::HttpConfig,
+    checks: check::Checks,
+    envoy: Option<Arc<envoy::Envoy>>,
+    tls: Option<tls::Tls>,
+    throttles: throttle::Throttles,
+    rules_mtime: Option<std::time::SystemTime>,
+    envoy_stamp: control::Stamp,
+}
+
+/// Reads and checks the flags and every file, in the order a mistake is likeliest, and
+/// restores the snapshot into the stores.
+fn load(args: &ServeArgs) -> Result<Loaded, ServeError> {
     // The flags first, then the rules: a refused file is the likelier mistake, and says so
     // before anything else happens.
-    let (resp_config, http_config) = config::from_args(&args)?;
+    let (resp, http) = config::from_args(args)?;
     let rules = match &args.rules {
         None => None,
         Some(p) => Some(Rules::from_file(p).map_err(ServeError::Rules)?),
@@ -157,41 +181,24 @@ pub fn start(args: ServeArgs) -> Result<Running, ServeError> {
         Some(r) => Some(backends.prepare(r).map_err(ServeError::Rules)?),
         None => None,
     };
-    let envoy = extra::envoy(&args)?;
+    let envoy = extra::envoy(args)?;
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(c), Some(k)) => Some(tls::Tls::load(c, k)?),
         _ => None,
     };
     let restored = snapshot::on_start(args.snapshot.as_deref(), args.snapshot_required)?;
-    let seed = match &restored {
-        Some(s) => s.seed,
-        None => {
-            let mut b = [0u8; 8];
-            getrandom::fill(&mut b)
-                .map_err(|e| ServeError::Other(format!("no random seed: {e}")))?;
-            u64::from_le_bytes(b)
-        }
-    };
-    // The engine's key ids are hashes under the snapshot's seed, and its clock continues the
-    // snapshot's timeline, so that restored records mean what they meant (snapshot.rs).
+    let seed = seed(restored.as_ref())?;
     let engine = match rules {
         None => None,
-        Some(rules) => {
-            let e = Engine::builder(rules.clone())
-                .seed(seed)
-                .build_with_clock(snapshot::Timeline::continuing(restored.as_ref()))
-                .map_err(ServeError::Rules)?;
-            if let Some(c) = change {
-                backends.commit(c, &rules);
-            }
-            tracing::info!(rules = %args.rules.as_deref().unwrap_or(Path::new("")).display(), summary = %e.summary(), backend = backends.name(), "rules loaded");
-            Some(e)
-        }
+        Some(rules) => Some(engine(
+            args,
+            rules,
+            change,
+            &backends,
+            seed,
+            restored.as_ref(),
+        )?),
     };
-    let workers = args
-        .workers
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-        .max(1);
     let throttles =
         throttle::Throttles::new(args.throttle_keys, seed).map_err(ServeError::Other)?;
     if let Some(s) = restored {
@@ -204,14 +211,63 @@ pub fn start(args: ServeArgs) -> Result<Running, ServeError> {
             "snapshot restored"
         );
     }
-    let (tx, _) = tokio::sync::watch::channel(false);
-    let srv = Arc::new(Server {
-        resp: resp_config,
-        http: http_config,
+    Ok(Loaded {
+        resp,
+        http,
         checks: check::Checks { engine, backends },
         envoy,
         tls,
         throttles,
+        rules_mtime,
+        envoy_stamp,
+    })
+}
+
+/// The stores' hash seed: the snapshot's, or a random one.
+fn seed(restored: Option<&snapshot::Snapshot>) -> Result<u64, ServeError> {
+    match restored {
+        Some(s) => Ok(s.seed),
+        None => {
+            let mut b = [0u8; 8];
+            getrandom::fill(&mut b)
+                .map_err(|e| ServeError::Other(format!("no random seed: {e}")))?;
+            Ok(u64::from_le_bytes(b))
+        }
+    }
+}
+
+/// The rules engine, its backend (prepared for `rules` as `change`) put in use. Its key ids
+/// are hashes under the snapshot's seed, and its clock continues the snapshot's timeline, so
+/// that restored records mean what they meant (snapshot.rs).
+fn engine(
+    args: &ServeArgs,
+    rules: Rules,
+    change: Option<backend::Change>,
+    backends: &backend::Backends,
+    seed: u64,
+    restored: Option<&snapshot::Snapshot>,
+) -> Result<snapshot::RulesEngine, ServeError> {
+    let e = Engine::builder(rules.clone())
+        .seed(seed)
+        .build_with_clock(snapshot::Timeline::continuing(restored))
+        .map_err(ServeError::Rules)?;
+    if let Some(c) = change {
+        backends.commit(c, &rules);
+    }
+    tracing::info!(rules = %args.rules.as_deref().unwrap_or(Path::new("")).display(), summary = %e.summary(), backend = backends.name(), "rules loaded");
+    Ok(e)
+}
+
+/// The state every listener and worker shares.
+fn server(args: &ServeArgs, l: Loaded, workers: usize) -> Arc<Server> {
+    let (tx, _) = tokio::sync::watch::channel(false);
+    Arc::new(Server {
+        resp: l.resp,
+        http: l.http,
+        checks: l.checks,
+        envoy: l.envoy,
+        tls: l.tls,
+        throttles: l.throttles,
         metrics: metrics::Metrics::new(workers),
         files: state::Files {
             rules: args.rules.clone(),
@@ -228,12 +284,11 @@ pub fn start(args: ServeArgs) -> Result<Running, ServeError> {
             deferred_max: DEFERRED_BUDGET,
         },
         shutdown: tx,
-        rules_mtime: Mutex::new(rules_mtime),
-        envoy_stamp: Mutex::new(envoy_stamp),
+        rules_mtime: Mutex::new(l.rules_mtime),
+        envoy_stamp: Mutex::new(l.envoy_stamp),
         snapshot_lock: Mutex::new(()),
         workers_done: AtomicBool::new(false),
-    });
-    listen(srv, &args, workers)
+    })
 }
 
 /// The server-wide budget of output and queued commands that RESP connections may hold

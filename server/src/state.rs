@@ -112,6 +112,36 @@ pub(crate) async fn stopped(rx: &mut tokio::sync::watch::Receiver<bool>) {
     }
 }
 
+/// The socket of an accept, or `None` after a failed one (out of file descriptors and the
+/// like), logged as `{listener}: accept failed`: the listener stays, and the next accept is
+/// tried shortly rather than at once (no spin).
+pub(crate) async fn accepted_or_wait(
+    r: std::io::Result<(tokio::net::TcpStream, std::net::SocketAddr)>,
+    listener: &str,
+) -> Option<tokio::net::TcpStream> {
+    match r {
+        Ok((sock, _)) => Some(sock),
+        Err(e) => {
+            tracing::warn!(error = %e, "{listener}: accept failed");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            None
+        }
+    }
+}
+
+/// Awaits a served connection and logs how it ended (`{listener} connection ended`, at debug
+/// level), then lets go of `hold` (what counts it for its listener's bound, and the like).
+pub(crate) async fn served<E: std::fmt::Display>(
+    conn: impl std::future::Future<Output = Result<(), E>>,
+    listener: &str,
+    hold: impl Send,
+) {
+    if let Err(e) = conn.await {
+        tracing::debug!(error = %e, "{listener} connection ended");
+    }
+    drop(hold);
+}
+
 impl Server {
     /// A server with no listener, for the connection's tests and the fuzz target: the
     /// defaults of `turnstile serve`, with `edit` applied to its flags first, and small

@@ -9,11 +9,17 @@
 
 use super::engine::Envoy;
 use super::limits::InvalidRequest;
+use crate::state::{accepted_or_wait, served};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use hyper::server::conn::http2::Builder as Http2;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use std::sync::Arc;
+use tonic::service::interceptor::{InterceptedService, Interceptor};
 use tonic::{Request, Response, Status};
 
 /// The largest request message accepted, in bytes (tonic's default is 4 MiB).
@@ -99,12 +105,46 @@ pub async fn serve_with(
     shutdown: impl std::future::Future<Output = ()> + Send,
     guard: Guard,
 ) -> std::io::Result<()> {
-    use hyper_util::rt::{TokioExecutor, TokioIo};
-    use hyper_util::service::TowerToHyperService;
     use std::sync::atomic::{AtomicUsize, Ordering};
-    let authorize = guard.authorize.clone();
-    let check = move |req: Request<()>| -> Result<Request<()>, Status> {
-        let Some(ok) = &authorize else {
+    let svc = InterceptedService::new(service(envoy), Check(guard.authorize.clone()));
+    let mut http2 = Http2::new(TokioExecutor::new());
+    http2
+        .max_header_list_size(16 * 1024)
+        .max_concurrent_streams(100);
+    let graceful = GracefulShutdown::new();
+    let open = Arc::new(AtomicUsize::new(0));
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Some(sock) = accepted_or_wait(accepted, "envoy gRPC").await else {
+                    continue;
+                };
+                // Relaxed: a count; no other memory is published through it.
+                let n = open.fetch_add(1, Ordering::Relaxed) + 1;
+                let slot = Slot(open.clone());
+                if guard.max_connections > 0 && n > guard.max_connections {
+                    continue;
+                }
+                // Small unary calls: each answer goes out at once.
+                let _ = sock.set_nodelay(true);
+                let svc = TowerToHyperService::new(svc.clone());
+                spawn_conn(&http2, &graceful, guard.tls.clone(), sock, svc, slot);
+            }
+            () = &mut shutdown => break,
+        }
+    }
+    graceful.shutdown().await;
+    Ok(())
+}
+
+/// The check of a call's `authorization` metadata ([`Guard::authorize`]).
+#[derive(Clone)]
+struct Check(Option<Authorize>);
+
+impl Interceptor for Check {
+    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
+        let Some(ok) = &self.0 else {
             return Ok(req);
         };
         let token = req
@@ -117,64 +157,35 @@ pub async fn serve_with(
                 "this rate limit service needs the server's password: send `authorization: Bearer PASSWORD` metadata (--requirepass)",
             )),
         }
-    };
-    let svc = tonic::service::interceptor::InterceptedService::new(service(envoy), check);
-    let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-    http2
-        .max_header_list_size(16 * 1024)
-        .max_concurrent_streams(100);
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let open = Arc::new(AtomicUsize::new(0));
-    let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let sock = match accepted {
-                    Ok((sock, _)) => sock,
-                    Err(e) => {
-                        // Out of file descriptors and the like: the listener stays; try again
-                        // shortly rather than spin.
-                        tracing::warn!(error = %e, "envoy gRPC: accept failed");
-                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                // Relaxed: a count; no other memory is published through it.
-                let n = open.fetch_add(1, Ordering::Relaxed) + 1;
-                let slot = Slot(open.clone());
-                if guard.max_connections > 0 && n > guard.max_connections {
-                    continue;
-                }
-                // Small unary calls: each answer goes out at once.
-                let _ = sock.set_nodelay(true);
-                let svc = TowerToHyperService::new(svc.clone());
-                let Some(tls) = guard.tls.clone() else {
-                    let conn = graceful.watch(http2.serve_connection(TokioIo::new(sock), svc));
-                    tokio::spawn(async move {
-                        if let Err(e) = conn.await {
-                            tracing::debug!(error = %e, "envoy gRPC connection ended");
-                        }
-                        drop(slot);
-                    });
-                    continue;
-                };
-                let (http2, watcher) = (http2.clone(), graceful.watcher());
-                tokio::spawn(async move {
-                    let handshake = tokio::time::timeout(std::time::Duration::from_secs(10), tls.accept(sock));
-                    let stream = match handshake.await {
-                        Ok(Ok(s)) => s,
-                        _ => return tracing::debug!("envoy gRPC: TLS handshake failed or timed out"),
-                    };
-                    let conn = watcher.watch(http2.serve_connection(TokioIo::new(stream), svc));
-                    if let Err(e) = conn.await {
-                        tracing::debug!(error = %e, "envoy gRPC connection ended");
-                    }
-                    drop(slot);
-                });
-            }
-            () = &mut shutdown => break,
-        }
     }
-    graceful.shutdown().await;
-    Ok(())
+}
+
+/// One connection's service: [`service`] behind the [`Check`].
+type ConnService = TowerToHyperService<InterceptedService<RateLimitServiceServer<Grpc>, Check>>;
+
+/// Serves one accepted connection in a task of its own, its TLS handshake first (bounded in
+/// time) if the listener speaks TLS; its `slot` is held until it ends.
+fn spawn_conn(
+    http2: &Http2<TokioExecutor>,
+    graceful: &GracefulShutdown,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    sock: tokio::net::TcpStream,
+    svc: ConnService,
+    slot: Slot,
+) {
+    let Some(tls) = tls else {
+        let conn = graceful.watch(http2.serve_connection(TokioIo::new(sock), svc));
+        tokio::spawn(served(conn, "envoy gRPC", slot));
+        return;
+    };
+    let (http2, watcher) = (http2.clone(), graceful.watcher());
+    tokio::spawn(async move {
+        let handshake = tokio::time::timeout(std::time::Duration::from_secs(10), tls.accept(sock));
+        let stream = match handshake.await {
+            Ok(Ok(s)) => s,
+            _ => return tracing::debug!("envoy gRPC: TLS handshake failed or timed out"),
+        };
+        let conn = watcher.watch(http2.serve_connection(TokioIo::new(stream), svc));
+        served(conn, "envoy gRPC", slot).await;
+    });
 }

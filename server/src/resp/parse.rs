@@ -345,7 +345,7 @@ fn parse_inline(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use proptest::prelude::*;
 
@@ -363,7 +363,8 @@ mod tests {
         }
     }
 
-    fn cmd(parts: &[&[u8]]) -> Vec<u8> {
+    /// `parts` as a client sends them: an array of bulk strings.
+    pub(crate) fn cmd(parts: &[&[u8]]) -> Vec<u8> {
         let mut v = format!("*{}\r\n", parts.len()).into_bytes();
         for p in parts {
             v.extend_from_slice(format!("${}\r\n", p.len()).as_bytes());

@@ -107,14 +107,13 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let id = peer.id;
     let idle = if srv.resp.idle_timeout.is_zero() {
         FOREVER
     } else {
         srv.resp.idle_timeout
     };
     let mut shutdown = srv.shutdown.subscribe();
-    let mut conn = Connection::new(srv.clone(), id, peer.addr, peer.local);
+    let mut conn = Connection::new(srv.clone(), peer.id, peer.addr, peer.local);
     if let Some(fd) = peer.fd {
         conn.set_fd(fd);
     }
@@ -128,88 +127,140 @@ where
                 conn.resume(call, answer);
                 continue;
             }
-            Step::Close => {
-                let _ = tokio::time::timeout(LAST_WRITE, write_out(&mut conn, &mut w)).await;
-                return;
-            }
+            Step::Close => return close(&mut conn, &mut w).await,
             Step::Wait => {}
         }
-        // The usual case: the kernel takes the replies at once.
-        if !conn.output().is_empty() {
-            let out = conn.output();
-            match w.write(out).now_or_never() {
-                Some(Ok(n)) if n > 0 => {
-                    conn.wrote(n);
-                    if conn.output().is_empty() && w.flush().await.is_err() {
-                        return gone(&mut conn);
-                    }
-                    continue;
-                }
-                Some(_) => return gone(&mut conn),
-                None => {
-                    if conn.blocked() {
-                        // The connection may borrow room to go on answering now.
-                        continue;
-                    }
-                }
-            }
+        match write_now(&mut conn, &mut w).await {
+            Flow::Run => continue,
+            Flow::End => return,
+            Flow::On => {}
         }
         if eof && conn.output().is_empty() {
             return;
         }
         if !eof && (draining > 0 || *shutdown.borrow()) {
-            // Shutdown: what the client sent before it is answered too — what the socket
-            // already holds is read without waiting (bounded).
             draining += 1;
-            let read = match conn.read_buf() {
-                Some(buf) if draining <= DRAIN_ROUNDS => r.read(buf).now_or_never(),
-                _ => None,
-            };
-            match read {
-                Some(Ok(n)) if n > 0 => {
-                    conn.read(n);
-                    continue;
-                }
-                _ => {
-                    let _ = tokio::time::timeout(LAST_WRITE, write_out(&mut conn, &mut w)).await;
-                    return;
-                }
+            if drain_read(&mut conn, &mut r, draining) {
+                continue;
             }
+            return close(&mut conn, &mut w).await;
         }
-        let (buf, out) = conn.io();
-        let (reading, writing) = (buf.is_some() && !eof, !out.is_empty());
-        let out_len = out.len();
-        tokio::select! {
-            res = async { r.read(buf.expect("checked")).await }, if reading => match res {
-                Ok(0) => eof = true,
-                Err(_) => return gone(&mut conn),
-                Ok(n) => conn.read(n),
-            },
-            res = w.write(out), if writing => match res {
-                Ok(n) if n > 0 => {
-                    let all = n == out_len;
-                    conn.wrote(n);
-                    if !all {
-                        conn.blocked();
-                    }
-                }
-                _ => return gone(&mut conn),
-            },
-            () = tokio::time::sleep(idle) => {
-                tracing::debug!(conn = id, writing, "no progress for the idle timeout; closing");
-                conn.abandon();
-                return;
-            }
-            // Shutdown: stop waiting; what is buffered is answered above.
-            _ = shutdown.changed(), if !eof => {}
+        if !wait(&mut conn, &mut r, &mut w, &mut shutdown, idle, &mut eof).await {
+            return;
         }
     }
+}
+
+/// What the driver does after writing.
+enum Flow {
+    /// Run the connection again.
+    Run,
+    /// Go on: read, or wait.
+    On,
+    /// The connection is done.
+    End,
+}
+
+/// The usual case: the kernel takes the replies at once.
+async fn write_now<W: AsyncWrite + Unpin>(conn: &mut Connection, w: &mut W) -> Flow {
+    if conn.output().is_empty() {
+        return Flow::On;
+    }
+    match w.write(conn.output()).now_or_never() {
+        Some(Ok(n)) if n > 0 => {
+            conn.wrote(n);
+            if conn.output().is_empty() && w.flush().await.is_err() {
+                gone(conn);
+                return Flow::End;
+            }
+            Flow::Run
+        }
+        Some(_) => {
+            gone(conn);
+            Flow::End
+        }
+        // The connection may borrow room to go on answering now.
+        None if conn.blocked() => Flow::Run,
+        None => Flow::On,
+    }
+}
+
+/// Shutdown: what the client sent before it is answered too — what the socket already holds
+/// is read without waiting (the `round`th read, at most [`DRAIN_ROUNDS`]). Whether it read.
+fn drain_read<R: AsyncRead + Unpin>(conn: &mut Connection, r: &mut R, round: u32) -> bool {
+    let read = match conn.read_buf() {
+        Some(buf) if round <= DRAIN_ROUNDS => r.read(buf).now_or_never(),
+        _ => None,
+    };
+    match read {
+        Some(Ok(n)) if n > 0 => {
+            conn.read(n);
+            true
+        }
+        _ => false,
+    }
+}
+
+/// Waits for the client to send (unless it closed its side: `eof`) or to read the output,
+/// for the idle timeout, or for shutdown. Whether the connection goes on.
+async fn wait<R, W>(
+    conn: &mut Connection,
+    r: &mut R,
+    w: &mut W,
+    shutdown: &mut tokio::sync::watch::Receiver<bool>,
+    idle: Duration,
+    eof: &mut bool,
+) -> bool
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let id = conn.id();
+    let (buf, out) = conn.io();
+    let (reading, writing) = (buf.is_some() && !*eof, !out.is_empty());
+    let out_len = out.len();
+    tokio::select! {
+        res = async { r.read(buf.expect("checked")).await }, if reading => match res {
+            Ok(0) => *eof = true,
+            Err(_) => {
+                gone(conn);
+                return false;
+            }
+            Ok(n) => conn.read(n),
+        },
+        res = w.write(out), if writing => match res {
+            Ok(n) if n > 0 => {
+                let all = n == out_len;
+                conn.wrote(n);
+                if !all {
+                    conn.blocked();
+                }
+            }
+            _ => {
+                gone(conn);
+                return false;
+            }
+        },
+        () = tokio::time::sleep(idle) => {
+            tracing::debug!(conn = id, writing, "no progress for the idle timeout; closing");
+            conn.abandon();
+            return false;
+        }
+        // Shutdown: stop waiting; what is buffered is answered above.
+        _ = shutdown.changed(), if !*eof => {}
+    }
+    true
 }
 
 /// The client went away: nothing more is run for it.
 fn gone(conn: &mut Connection) {
     tracing::debug!(conn = conn.id(), "client gone; closing");
     conn.abandon();
+}
+
+/// Writes the output that is left, bounded in time, then closes.
+async fn close<W: AsyncWrite + Unpin>(conn: &mut Connection, w: &mut W) {
+    let _ = tokio::time::timeout(LAST_WRITE, write_out(conn, w)).await;
 }
 
 /// Writes all the pending output, then closes the write side.

@@ -1,0 +1,433 @@
+//! One connection on the ring: its driver state ([`Conn`]) and the worker's handling of its
+//! events: accepted, received, sent, run and re-armed ([`Worker::pump`]), drained at shutdown,
+//! released.
+
+use super::{token, Op, Worker, BUF_SIZE, SEND_KEEP, SEND_MAX};
+use crate::cmd::rules::RemoteCall;
+use crate::resp::connection::{Connection, Step};
+use crate::resp::serve::{Slot, DRAIN_ROUNDS, LAST_WRITE};
+use crate::state::Server;
+use io_uring::{cqueue, opcode, squeue, types};
+use std::io;
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+use std::time::Instant;
+
+/// One connection's driver state.
+pub(super) struct Conn {
+    /// Kept before `sock`: the connection's counts and buffers go before its socket.
+    pub(super) conn: Connection,
+    pub(super) sock: TcpStream,
+    pub(super) gen: u32,
+    pub(super) _slot: Slot,
+    /// A receive is in flight.
+    pub(super) recv: bool,
+    /// A send of `send_buf[..n]` is in flight.
+    pub(super) send: Option<usize>,
+    /// The loop iteration whose submission carried the send.
+    pub(super) send_round: u64,
+    pub(super) send_buf: Vec<u8>,
+    /// Received input the connection could not take yet (at most one buffer).
+    pub(super) stash: Vec<u8>,
+    pub(super) stash_at: usize,
+    /// The client closed its side.
+    pub(super) eof: bool,
+    /// A remote call is out.
+    pub(super) parked: bool,
+    pub(super) state: State,
+    /// The last read or write that moved data.
+    pub(super) progress: Instant,
+    /// Shutdown: receives left before closing (each without waiting).
+    pub(super) drain: u32,
+    /// In the dirty list.
+    pub(super) dirty: bool,
+    /// Buffer capacity reported to the server's gauge.
+    pub(super) accounted: usize,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum State {
+    Open,
+    /// Writing its last output until this deadline, then closed.
+    Closing(Instant),
+    /// Closed as soon as no operation of it is in flight (they are cancelled).
+    Gone {
+        cancelled: bool,
+    },
+}
+
+impl Conn {
+    fn stashed(&self) -> &[u8] {
+        &self.stash[self.stash_at..]
+    }
+
+    /// Moves input into the connection from `data`, then from the stash; what does not fit is
+    /// kept (`data` is then at most one buffer and the stash was empty: a receive is armed only
+    /// with an empty stash).
+    fn feed(&mut self, mut data: &[u8]) {
+        while !self.stashed().is_empty() {
+            let Some(buf) = self.conn.read_buf() else {
+                break;
+            };
+            let from = &self.stash[self.stash_at..];
+            let n = buf.len().min(from.len());
+            buf[..n].copy_from_slice(&from[..n]);
+            self.conn.read(n);
+            self.stash_at += n;
+        }
+        if self.stashed().is_empty() {
+            self.stash.clear();
+            self.stash_at = 0;
+        }
+        while !data.is_empty() {
+            if !self.stashed().is_empty() {
+                self.stash.extend_from_slice(data);
+                return;
+            }
+            let Some(buf) = self.conn.read_buf() else {
+                self.stash.extend_from_slice(data);
+                return;
+            };
+            let n = buf.len().min(data.len());
+            buf[..n].copy_from_slice(&data[..n]);
+            self.conn.read(n);
+            data = &data[n..];
+        }
+    }
+
+    /// The client went away (or must be let go): nothing more is run for it.
+    pub(super) fn gone(&mut self) {
+        if !matches!(self.state, State::Gone { .. }) {
+            tracing::debug!(conn = self.conn.id(), "client gone; closing");
+            self.conn.abandon();
+            self.state = State::Gone { cancelled: false };
+        }
+    }
+
+    fn in_flight(&self) -> bool {
+        self.recv || self.send.is_some()
+    }
+
+    /// Reports the driver's buffers to the server's gauge.
+    fn account(&mut self, srv: &Server) {
+        let now = self.send_buf.capacity() + self.stash.capacity();
+        if now != self.accounted {
+            srv.buffers.resized(self.accounted, now);
+            self.accounted = now;
+        }
+    }
+
+    /// Runs the connection on the input it has, stashed input included (again while that
+    /// moves something and it has room). A call to Redis it asks for is returned, the
+    /// connection parked until its answer.
+    fn run(&mut self, now: Instant) -> Option<RemoteCall> {
+        if self.state != State::Open || self.parked {
+            return None;
+        }
+        loop {
+            let before = (self.stashed().len(), self.conn.output().len());
+            self.feed(&[]);
+            match self.conn.run() {
+                Step::Remote(call) => {
+                    self.parked = true;
+                    return Some(call);
+                }
+                Step::Close => {
+                    self.state = State::Closing(now + LAST_WRITE);
+                    return None;
+                }
+                Step::Wait => {}
+            }
+            // More stashed input, and room for it: run again (while that moves something).
+            if self.stashed().is_empty()
+                || !self.conn.wants_read()
+                || before == (self.stashed().len(), self.conn.output().len())
+            {
+                return None;
+            }
+        }
+    }
+
+    /// The send of the output of the connection in `slot`, if one can go now: a copy of the
+    /// output, counted written when the kernel says so. With nothing to send, a large copy is
+    /// let go.
+    fn send_entry(&mut self, fd: types::Fd, slot: usize, round: u64) -> Option<squeue::Entry> {
+        if self.send.is_some() {
+            return None;
+        }
+        if matches!(self.state, State::Gone { .. }) || self.conn.output().is_empty() {
+            if self.send_buf.capacity() > SEND_KEEP {
+                self.send_buf = Vec::new();
+            }
+            return None;
+        }
+        let out = self.conn.output();
+        let n = out.len().min(SEND_MAX);
+        self.send_buf.clear();
+        self.send_buf.extend_from_slice(&out[..n]);
+        self.send = Some(n);
+        self.send_round = round;
+        let e = opcode::Send::new(fd, self.send_buf.as_ptr(), n as u32)
+            .flags(libc::MSG_NOSIGNAL)
+            .build()
+            .user_data(token(Op::Send, slot, self.gen));
+        Some(e)
+    }
+
+    /// Starts closing a connection that is done, and shuts the write side of one that has
+    /// written its last output.
+    fn settle(&mut self, now: Instant, stopping: bool) {
+        let idle_out = self.send.is_none() && self.conn.output().is_empty() && !self.parked;
+        let drained = stopping && self.drain == 0 && !self.recv;
+        if self.state == State::Open
+            && (self.eof || drained)
+            && self.stashed().is_empty()
+            && idle_out
+        {
+            // The client closed its side and has every reply, or the shutdown drain is over
+            // and every command it read is answered.
+            self.state = State::Closing(now + LAST_WRITE);
+        }
+        if let State::Closing(_) = self.state {
+            if idle_out {
+                // SAFETY: shutdown(2) of the connection's own open socket.
+                unsafe { libc::shutdown(self.sock.as_raw_fd(), libc::SHUT_WR) };
+                self.state = State::Gone { cancelled: false };
+            }
+        }
+    }
+
+    /// The next receive of the connection in `slot` (into a buffer of `group`): only with an
+    /// empty stash, while the connection reads; in the shutdown drain, without waiting.
+    fn recv_entry(
+        &mut self,
+        fd: types::Fd,
+        slot: usize,
+        stopping: bool,
+        group: u16,
+    ) -> Option<squeue::Entry> {
+        if self.state != State::Open
+            || self.recv
+            || self.eof
+            || !self.stashed().is_empty()
+            || !self.conn.wants_read()
+            || (stopping && self.drain == 0)
+        {
+            return None;
+        }
+        let mut flags = 0;
+        if stopping {
+            // The shutdown drain reads what the socket holds, without waiting.
+            flags = libc::MSG_DONTWAIT;
+            self.drain -= 1;
+        }
+        let e = opcode::Recv::new(fd, std::ptr::null_mut(), BUF_SIZE as u32)
+            .buf_group(group)
+            .flags(flags)
+            .build()
+            .flags(squeue::Flags::BUFFER_SELECT)
+            .user_data(token(Op::Recv, slot, self.gen));
+        self.recv = true;
+        Some(e)
+    }
+}
+
+impl Worker {
+    pub(super) fn accepted(&mut self, sock: TcpStream) {
+        let Some(slot) = Slot::take(&self.srv) else {
+            // One short write to a new socket: its send buffer is empty.
+            let _ = io::Write::write(&mut &sock, b"-ERR max number of clients reached\r\n");
+            return;
+        };
+        let _ = sock.set_nodelay(true);
+        // The kernel's queue of unread replies bounded as on tokio (resp::serve).
+        let _ = socket2::SockRef::from(&sock).set_send_buffer_size(crate::resp::serve::SEND_BUFFER);
+        let id = crate::workers::next_conn_id();
+        let mut conn = Connection::new(
+            self.srv.clone(),
+            id,
+            sock.peer_addr().ok(),
+            sock.local_addr().ok(),
+        );
+        conn.set_fd(sock.as_raw_fd());
+        self.gens = self.gens.wrapping_add(1);
+        let c = Conn {
+            conn,
+            sock,
+            gen: self.gens & 0xff_ffff,
+            _slot: slot,
+            recv: false,
+            send: None,
+            send_round: 0,
+            send_buf: Vec::new(),
+            stash: Vec::new(),
+            stash_at: 0,
+            eof: false,
+            parked: false,
+            state: State::Open,
+            progress: self.now,
+            drain: 0,
+            dirty: false,
+            accounted: 0,
+        };
+        let i = match self.free.pop() {
+            Some(i) => {
+                self.conns[i] = Some(c);
+                i
+            }
+            None => {
+                self.conns.push(Some(c));
+                self.conns.len() - 1
+            }
+        };
+        if self.stopping.is_some() {
+            self.start_drain(i);
+        }
+        self.mark(i);
+    }
+
+    pub(super) fn received(&mut self, i: usize, gen: u32, res: i32, flags: u32) {
+        let bid = cqueue::buffer_select(flags);
+        let now = self.now;
+        let Some(c) = self.conns.get_mut(i).and_then(|c| c.as_mut()) else {
+            if let Some(b) = bid {
+                self.bufs.recycle(b);
+            }
+            return;
+        };
+        debug_assert_eq!(c.gen, gen);
+        c.recv = false;
+        if res > 0 {
+            let n = res as usize;
+            if let Some(b) = bid {
+                if c.state == State::Open {
+                    c.feed(self.bufs.data(b, n));
+                }
+                self.bufs.recycle(b);
+            }
+            c.progress = now;
+        } else if res == 0 {
+            c.eof = true;
+        } else if res == -libc::EAGAIN || res == -libc::EWOULDBLOCK {
+            // A receive of the shutdown drain found nothing: done reading.
+            c.drain = 0;
+        } else if res == -libc::ENOBUFS || res == -libc::ECANCELED || res == -libc::EINTR {
+            // Re-armed below, if it still reads.
+        } else {
+            c.gone();
+        }
+        self.mark(i);
+    }
+
+    pub(super) fn sent_done(&mut self, i: usize, gen: u32, res: i32) {
+        let now = self.now;
+        let Some(c) = self.conns.get_mut(i).and_then(|c| c.as_mut()) else {
+            return;
+        };
+        debug_assert_eq!(c.gen, gen);
+        let len = c.send.take().unwrap_or(0);
+        if res > 0 && matches!(c.state, State::Open | State::Closing(_)) {
+            let n = res as usize;
+            c.conn.wrote(n);
+            c.progress = now;
+            if n < len {
+                c.conn.blocked();
+            }
+        } else if res < 0 && res != -libc::ECANCELED && res != -libc::EINTR {
+            c.gone();
+        }
+        // The usual case, one reply per round trip: all written, a receive armed, nothing more
+        // to run until it completes. Otherwise the connection may have more to send, room to
+        // read or run again, or an end to reach.
+        let settled = c.state == State::Open && c.recv && !c.eof && c.conn.output().is_empty();
+        if !settled {
+            self.mark(i);
+        }
+    }
+
+    /// Runs the connection on what it has, then queues its send and its next receive, or
+    /// closes it.
+    pub(super) fn pump(&mut self, i: usize) {
+        let Some(c) = self.conns[i].as_mut() else {
+            return;
+        };
+        if let Some(call) = c.run(self.now) {
+            let gen = c.gen;
+            self.call_remote(i, gen, call);
+        }
+        let c = self.conns[i].as_mut().expect("checked");
+        let fd = types::Fd(c.sock.as_raw_fd());
+        if let Some(e) = c.send_entry(fd, i, self.round) {
+            self.sqes.push(e);
+            self.in_flight += 1;
+            self.sent.push((i, c.gen));
+        }
+        let stopping = self.stopping.is_some();
+        c.settle(self.now, stopping);
+        if let Some(e) = c.recv_entry(fd, i, stopping, self.bufs.group()) {
+            self.sqes.push(e);
+            self.in_flight += 1;
+        }
+        c.account(&self.srv);
+        if let State::Gone { cancelled } = c.state {
+            if !c.in_flight() {
+                self.release(i);
+            } else if !cancelled {
+                c.state = State::Gone { cancelled: true };
+                let e = opcode::AsyncCancel2::new(types::CancelBuilder::fd(fd).all())
+                    .build()
+                    .user_data(token(Op::Cancel, i, c.gen));
+                self.sqes.push(e);
+            }
+        }
+    }
+
+    /// Runs `call` to Redis on the remote runtime; its answer comes back on `replies`, and the
+    /// eventfd wakes the ring.
+    fn call_remote(&self, i: usize, gen: u32, call: RemoteCall) {
+        let (tx, srv, wake) = (self.replies_tx.clone(), self.srv.clone(), self.wake.clone());
+        self.remote.spawn(async move {
+            let answer = call.run(&srv).await;
+            let _ = tx.send((i, gen, call, answer));
+            let one = 1u64.to_ne_bytes();
+            // SAFETY: an 8-byte write from a live buffer to the eventfd, which the Arc keeps
+            // open.
+            unsafe { libc::write(wake.as_raw_fd(), one.as_ptr().cast(), 8) };
+        });
+    }
+
+    /// Frees the slot of a connection with nothing in flight: closes its socket.
+    pub(super) fn release(&mut self, i: usize) {
+        if let Some(mut c) = self.conns[i].take() {
+            debug_assert!(!c.in_flight());
+            c.send_buf = Vec::new();
+            c.stash = Vec::new();
+            c.account(&self.srv);
+            self.free.push(i);
+            self.trim = true;
+        }
+    }
+
+    /// Shutdown: what the client sent before it is answered too — what the socket already
+    /// holds is read without waiting (at most [`DRAIN_ROUNDS`] receives), then it closes.
+    pub(super) fn start_drain(&mut self, i: usize) {
+        let Some(c) = self.conns[i].as_mut() else {
+            return;
+        };
+        if c.state != State::Open || c.eof {
+            return;
+        }
+        c.drain = DRAIN_ROUNDS;
+        if c.recv {
+            // The receive out waits for data: cancelled, then re-armed without waiting.
+            let e = opcode::AsyncCancel2::new(types::CancelBuilder::user_data(token(
+                Op::Recv,
+                i,
+                c.gen,
+            )))
+            .build()
+            .user_data(token(Op::Cancel, i, c.gen));
+            self.push(e);
+        }
+    }
+}
