@@ -39,18 +39,22 @@ pub fn fuzz_connection(data: &[u8]) {
         if !reads {
             c.blocked();
         }
-        match c.run() {
+        let yielded = match c.run() {
             Step::Close => {
                 assert!(c.output().len() <= limit);
                 return;
             }
             Step::Remote(_) => unreachable!("no Redis backend"),
-            Step::Wait => {}
-        }
+            Step::Wait => false,
+            Step::Yield => true,
+        };
         assert!(c.output().len() <= limit, "{} waiting", c.output().len());
         if reads {
             let n = c.output().len();
             c.wrote(n);
+        }
+        if yielded {
+            continue;
         }
         if at >= data.len() {
             return;

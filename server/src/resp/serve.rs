@@ -129,6 +129,14 @@ where
             }
             Step::Close => return close(&mut conn, &mut w).await,
             Step::Wait => {}
+            Step::Yield => {
+                // Others' turn (on a per-core worker, the other connections of its thread).
+                if let Flow::End = write_now(&mut conn, &mut w).await {
+                    return;
+                }
+                tokio::task::yield_now().await;
+                continue;
+            }
         }
         match write_now(&mut conn, &mut w).await {
             Flow::Run => continue,

@@ -14,7 +14,7 @@ fn talk(c: &mut Connection, input: &[u8], chunk: usize) -> (Vec<u8>, bool) {
         match step {
             Step::Close => return (out, true),
             Step::Remote(_) => panic!("no Redis here"),
-            Step::Wait => {}
+            Step::Wait | Step::Yield => {}
         }
         if n > 0 {
             continue;
@@ -146,7 +146,7 @@ fn a_client_that_never_reads_holds_a_bounded_output() {
                 break;
             }
             Step::Remote(_) => unreachable!(),
-            Step::Wait => {}
+            Step::Wait | Step::Yield => {}
         }
         assert!(c.pending() <= (64 << 10) + 8192, "{}", c.pending());
         // The memory it holds past its own allowance is what it borrowed, no more.
@@ -167,6 +167,23 @@ fn a_client_that_never_reads_holds_a_bounded_output() {
     assert_eq!(c.pending(), 0, "its output is dropped");
     assert_eq!(c.out.capacity(), 0, "and freed");
     assert_eq!(lent(&c), 0, "the budget is given back");
+}
+
+#[test]
+fn a_long_pipeline_gives_others_a_turn() {
+    let mut c = conn(|_| {});
+    let input = b"PING\r\n".repeat(1000);
+    let buf = c.read_buf().unwrap();
+    let n = buf.len().min(input.len());
+    buf[..n].copy_from_slice(&input[..n]);
+    c.read(n);
+    assert!(matches!(c.run(), Step::Yield));
+    assert_eq!(c.output(), b"+PONG\r\n".repeat(RUN_MAX).as_slice());
+    // Run again: the next turn, without new input.
+    let p = c.pending();
+    c.wrote(p);
+    assert!(matches!(c.run(), Step::Yield));
+    assert_eq!(c.pending(), 7 * RUN_MAX);
 }
 
 #[test]

@@ -41,6 +41,9 @@ pub(super) struct Conn {
     pub(super) drain: u32,
     /// In the dirty list.
     pub(super) dirty: bool,
+    /// Its last run stopped at [`RUN_MAX`](super::super::connection::RUN_MAX) commands with more
+    /// to run: it runs again next round, after the others.
+    pub(super) more: bool,
     /// Buffer capacity reported to the server's gauge.
     pub(super) accounted: usize,
 }
@@ -137,6 +140,10 @@ impl Conn {
                     return None;
                 }
                 Step::Wait => {}
+                Step::Yield => {
+                    self.more = true;
+                    return None;
+                }
             }
             // More stashed input, and room for it: run again (while that moves something).
             if self.stashed().is_empty()
@@ -268,6 +275,7 @@ impl Worker {
             progress: self.now,
             drain: 0,
             dirty: false,
+            more: false,
             accounted: 0,
         };
         let i = match self.free.pop() {
@@ -356,6 +364,9 @@ impl Worker {
             self.call_remote(i, gen, call);
         }
         let c = self.conns[i].as_mut().expect("checked");
+        if std::mem::take(&mut c.more) {
+            self.later.push(i);
+        }
         let fd = types::Fd(c.sock.as_raw_fd());
         if let Some(e) = c.send_entry(fd, i, self.round) {
             self.sqes.push(e);

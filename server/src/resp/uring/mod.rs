@@ -165,6 +165,9 @@ struct Worker {
     gens: u32,
     /// Connections to run and flush at the end of this iteration.
     dirty: Vec<usize>,
+    /// Connections that yielded this round with commands left: run again next round, which
+    /// then does not wait for a completion.
+    later: Vec<usize>,
     /// Entries to submit.
     sqes: Vec<squeue::Entry>,
     /// Operations in flight (a multishot one counts once, until its last completion).
@@ -230,6 +233,7 @@ pub(crate) fn serve(
         free: Vec::new(),
         gens: 0,
         dirty: Vec::new(),
+        later: Vec::new(),
         sqes: Vec::new(),
         in_flight: 0,
         round: 0,
@@ -257,7 +261,7 @@ impl Worker {
         self.arm_wake();
         let mut cqes: Vec<(u64, i32, u32)> = Vec::with_capacity(256);
         loop {
-            self.submit(true)?;
+            self.submit(self.dirty.is_empty())?;
             self.round += 1;
             self.now = Instant::now();
             cqes.clear();
@@ -292,6 +296,12 @@ impl Worker {
             }
             self.dirty = dirty;
             self.dirty.clear();
+            let later = std::mem::take(&mut self.later);
+            for &i in &later {
+                self.mark(i);
+            }
+            self.later = later;
+            self.later.clear();
             if let Some(since) = self.stopping {
                 let live = self.conns.iter().flatten().count();
                 if (live == 0 && !self.accepting) || self.now >= since + GRACE {
