@@ -13,16 +13,17 @@ N_A=${N_A:-20000}
 N_B=${N_B:-100000}
 PORT=${PORT:-16395}
 TURNSTILE=${TURNSTILE:-target/release/turnstile}
-# valgrind runs one thread at a time and does not know that io_uring_enter waits: under it
-# the io_uring runtime crawls. The connection code (parse, run, encode) is the same on both.
-RUNTIME=${RUNTIME:-per-core}
+# The default runtime (io_uring); RUNTIME=per-core for tokio's. valgrind runs one thread at a
+# time and does not know that io_uring_enter waits: --fair-sched=yes lets the other threads
+# (the signal that stops the server among them) have their turn.
+RUNTIME=${RUNTIME:-uring}
 cargo build --release -q -p turnstile-cli
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
 worker_ir() {
     local n=$1
-    valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$TMP/cg.$n" \
+    valgrind --tool=callgrind --fair-sched=yes --separate-threads=yes --callgrind-out-file="$TMP/cg.$n" \
         "$TURNSTILE" serve --runtime "$RUNTIME" --workers 1 --resp 127.0.0.1:$PORT --http 127.0.0.1:$((PORT + 1)) \
         --throttle-keys 100000 --snapshot-every 0 --watch-every 0 2>"$TMP/log.$n" &
     local vp=$!

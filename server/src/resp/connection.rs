@@ -78,8 +78,6 @@ pub(crate) const RUN_MAX: usize = 64;
 const INPUT_START: usize = 4096;
 /// The input buffer's size for a busy pipeline; beyond it only for a longer frame.
 const INPUT_BUSY: usize = 16 * 1024;
-/// Output capacity kept after a burst.
-const OUTPUT_KEEP: usize = 16 * 1024;
 /// The deferred budget is borrowed in steps of this.
 const BUDGET_STEP: usize = 64 * 1024;
 /// The longest reply of one command but `ECHO`/`PING` (which echo an argument): `COMMAND`
@@ -142,6 +140,8 @@ pub(crate) struct Connection {
     closing: bool,
     /// Buffer capacity reported to the server's gauge.
     accounted: usize,
+    /// The longest reply of one command here ([`Connection::reply_max`]).
+    reply: usize,
 }
 
 impl Connection {
@@ -184,6 +184,7 @@ impl Connection {
             parked: false,
             closing: false,
             accounted: 0,
+            reply: Self::reply_for(srv.resp.bounds.max_bulk),
             srv,
         };
         c.account();

@@ -2,12 +2,18 @@
 //! the connection's own allowance borrowed from the server-wide deferred budget (module docs
 //! of [`super`], "Output").
 
-use super::{Connection, BUDGET_STEP, MAX_REPLY, OUTPUT_KEEP, OUTPUT_PAUSE};
+use super::{Connection, BUDGET_STEP, MAX_REPLY, OUTPUT_PAUSE};
 
 impl Connection {
     /// The longest reply one command writes (`ECHO` and `PING` echo an argument).
     pub(super) fn reply_max(&self) -> usize {
-        MAX_REPLY.max(self.srv.resp.bounds.max_bulk + 32)
+        self.reply
+    }
+
+    /// [`Connection::reply_max`] for a listener with `max_bulk` (kept in the connection: it
+    /// is read before every command).
+    pub(super) fn reply_for(max_bulk: usize) -> usize {
+        MAX_REPLY.max(max_bulk + 32)
     }
 
     /// Output capacity a connection holds of its own: [`OUTPUT_PAUSE`] and one reply. Beyond
@@ -28,11 +34,13 @@ impl Connection {
     /// `n` bytes of [`Connection::output`] were written.
     pub(crate) fn wrote(&mut self, n: usize) {
         self.written = (self.written + n).min(self.out.len());
+        let cap = self.out.capacity();
         if self.written == self.out.len() {
             self.out.clear();
             self.written = 0;
-            if self.out.capacity() > OUTPUT_KEEP {
-                self.out.shrink_to(OUTPUT_KEEP);
+            // Its own allowance is kept: a pipeline's next batch grows nothing.
+            if cap > self.out_base() {
+                self.out.shrink_to(self.out_base());
             }
         } else if self.written >= self.pending() || self.pending() <= self.out_base() {
             // Part of it written while more was produced (the io_uring driver answers while
@@ -52,8 +60,10 @@ impl Connection {
         } else if self.out.capacity() > 4 * self.out.len().max(self.out_base()) {
             self.out.shrink_to(2 * self.out.len().max(self.out_base()));
         }
-        self.settle_reserved();
-        self.account();
+        if self.out.capacity() != cap || self.out_reserved > 0 {
+            self.settle_reserved();
+            self.account();
+        }
     }
 
     /// Drops the unsent output (the client is gone or past its output limit): nothing more is
