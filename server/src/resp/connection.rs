@@ -493,11 +493,16 @@ impl Connection {
         }
     }
 
-    /// Moves what is not yet answered to the front of the input buffer.
+    /// Moves what is not yet answered to the front of the input buffer, and the commands
+    /// parsed ahead that wait (the output paused them, or the turn ended) with it.
     fn compact(&mut self) {
-        debug_assert!(self.ahead.next >= self.ahead.items.len());
-        self.input.copy_within(self.start..self.filled, 0);
-        self.filled -= self.start;
+        let shift = self.start;
+        for item in &mut self.ahead.items[self.ahead.next..] {
+            item.start -= shift;
+            item.end -= shift;
+        }
+        self.input.copy_within(shift..self.filled, 0);
+        self.filled -= shift;
         self.start = 0;
     }
 

@@ -383,3 +383,40 @@ fn session_commands_answer_as_redis() {
         text(&out)
     );
 }
+
+/// The commands parsed ahead point into the input buffer: a read while some of them wait (the
+/// connection waits for its client to read, or yielded its turn) moves nothing under them.
+#[test]
+fn reads_while_parsed_commands_wait_move_nothing() {
+    // Short commands with long replies: the output pauses the connection in the middle of a
+    // batch parsed ahead, with its input buffer full.
+    let input: Vec<u8> = (0..300)
+        .flat_map(|i| {
+            let mut v = cmd(&[b"ECHO", format!("{i:05}").as_bytes()]);
+            v.extend(cmd(&[b"COMMAND"]));
+            v
+        })
+        .collect();
+    let (want, _) = talk(&mut conn(|_| {}), &input, usize::MAX);
+    let mut c = conn(|_| {});
+    let (mut at, mut out) = (0, Vec::new());
+    // A client that reads its replies a little at a time and sends whenever the connection
+    // reads.
+    for _ in 0..1_000_000 {
+        if let Some(buf) = c.read_buf() {
+            let n = buf.len().min(input.len() - at);
+            buf[..n].copy_from_slice(&input[at..at + n]);
+            c.read(n);
+            at += n;
+        }
+        let step = c.run();
+        let n = c.output().len().min(5000);
+        out.extend_from_slice(&c.output()[..n]);
+        c.wrote(n);
+        if at == input.len() && c.output().is_empty() && matches!(step, Step::Wait) {
+            break;
+        }
+    }
+    assert_eq!(out.len(), want.len());
+    assert!(out == want, "replies out of order or corrupt");
+}
