@@ -15,7 +15,8 @@ pub use parse::{parse_command, Bounds, Parsed, ProtocolError};
 
 /// The body of the connection fuzz target (`fuzz/fuzz_targets/resp_connection.rs`): one
 /// connection of a server without listeners is fed `data` (its first byte picks a password or
-/// none, the read size, and a client that stops reading), and its bounds are checked after
+/// none, the read size, and a client that reads everything, a little at a time — so that
+/// commands parsed ahead wait while the input moves — or nothing), and its bounds are checked after
 /// every step: the input buffer within the largest frame, the waiting output within the output
 /// limit and one reply, nothing run once it closed. Not an API.
 #[doc(hidden)]
@@ -30,8 +31,10 @@ pub fn fuzz_connection(data: &[u8]) {
             a.requirepass = Some("pw".into());
         }
     });
-    let chunk = 1 + usize::from(mode >> 2) * 37;
-    let reads = mode & 2 == 0;
+    let chunk = 1 + usize::from(mode >> 3) * 73;
+    let reads = mode & 6 != 2;
+    // How much of its output the client reads at a time.
+    let take = if mode & 4 == 4 { 1000 } else { usize::MAX };
     let mut c = Connection::new(srv.clone(), 1, None, None);
     let mut at = 0;
     let limit = srv.resp.output_limit + 16 * 1024;
@@ -50,7 +53,7 @@ pub fn fuzz_connection(data: &[u8]) {
         };
         assert!(c.output().len() <= limit, "{} waiting", c.output().len());
         if reads {
-            let n = c.output().len();
+            let n = c.output().len().min(take);
             c.wrote(n);
         }
         if yielded {
@@ -60,7 +63,11 @@ pub fn fuzz_connection(data: &[u8]) {
             return;
         }
         let Some(buf) = c.read_buf() else {
-            // Paused: a client that does not read makes no more progress.
+            // Paused: a client that does not read makes no more progress; one that reads
+            // a little at a time reads on.
+            if reads && !c.output().is_empty() {
+                continue;
+            }
             assert!(!reads || c.output().is_empty());
             return;
         };
