@@ -1,5 +1,6 @@
 //! The test harness's real Redis: a `redis-server` child process on a free loopback port
-//! (`--save "" --appendonly no`), or a 3-master Redis Cluster; stopped when dropped.
+//! (`--save "" --appendonly no`), or a Redis Cluster (3 masters, optionally a replica each);
+//! stopped when dropped.
 #![allow(dead_code)]
 
 use std::net::TcpListener;
@@ -9,10 +10,17 @@ use std::time::{Duration, Instant};
 
 /// A free loopback port (bound, then released for the server to take).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind a loopback port")
-        .port()
+    free_ports(1)[0]
+}
+
+/// `n` distinct free loopback ports (all bound at once, then released).
+pub fn free_ports(n: usize) -> Vec<u16> {
+    let ls: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind a loopback port"))
+        .collect();
+    ls.iter()
+        .map(|l| l.local_addr().expect("a bound port").port())
+        .collect()
 }
 
 fn cli(port: u16, args: &[&str]) -> Option<String> {
@@ -43,7 +51,11 @@ impl Server {
 
     /// Starts a server with extra arguments (e.g. `--cluster-enabled yes`).
     pub fn start_with(extra: &[&str]) -> Self {
-        let port = free_port();
+        Self::start_on(free_port(), extra)
+    }
+
+    /// Starts a server on `port` with extra arguments.
+    pub fn start_on(port: u16, extra: &[&str]) -> Self {
         let dir =
             std::env::temp_dir().join(format!("turnstile-redis-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temporary directory");
@@ -113,23 +125,121 @@ impl Drop for Server {
     }
 }
 
-/// A 3-master Redis Cluster.
+/// A Redis Cluster of 3 masters, with or without a replica each. Every node has a free port
+/// and a free cluster bus port of its own (`--cluster-port`: never the port + 10 000, which
+/// may be taken or past 65 535).
 pub struct Cluster {
+    /// The masters first (`nodes[0..3]`), then the replicas as `redis-cli --cluster create`
+    /// assigned them (see [`Cluster::topology`] for who replicates whom).
     pub nodes: Vec<Server>,
 }
 
+/// One line of `CLUSTER NODES`.
+#[derive(Clone, Debug)]
+pub struct NodeLine {
+    pub id: String,
+    pub port: u16,
+    /// `master`, `slave`, `fail`, `fail?`, `myself`, ... (the flags column, split on `,`).
+    pub flags: Vec<String>,
+    /// The master's id for a replica.
+    pub master: Option<String>,
+    /// `connected` or `disconnected`.
+    pub link: String,
+    /// The slot ranges a master serves (`0-5460`, ...).
+    pub slots: Vec<String>,
+}
+
+impl NodeLine {
+    pub fn is_master(&self) -> bool {
+        self.flags.iter().any(|f| f == "master")
+    }
+    pub fn failed(&self) -> bool {
+        self.flags.iter().any(|f| f == "fail" || f == "fail?")
+    }
+    /// Whether this master serves `slot` (a range `a-b` or a single slot; migrating slots,
+    /// `[...]`, are not counted).
+    pub fn serves(&self, slot: u16) -> bool {
+        self.slots.iter().any(|r| {
+            let mut it = r.splitn(2, '-').map(|x| x.parse::<u16>());
+            match (it.next(), it.next()) {
+                (Some(Ok(a)), Some(Ok(b))) => (a..=b).contains(&slot),
+                (Some(Ok(a)), None) => a == slot,
+                _ => false,
+            }
+        })
+    }
+}
+
+/// Parses `CLUSTER NODES`.
+pub fn parse_nodes(text: &str) -> Vec<NodeLine> {
+    text.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            if f.len() < 8 {
+                return None;
+            }
+            let port = f[1].split('@').next()?.rsplit(':').next()?.parse().ok()?;
+            Some(NodeLine {
+                id: f[0].to_string(),
+                port,
+                flags: f[2].split(',').map(str::to_string).collect(),
+                master: (f[3] != "-").then(|| f[3].to_string()),
+                link: f[7].to_string(),
+                slots: f[8..].iter().map(|s| s.to_string()).collect(),
+            })
+        })
+        .collect()
+}
+
+/// Waits until `ok()` holds, polling every 50 ms, for at most `limit`; panics naming `what`
+/// (and the last `state()`) past it. Returns the time it took.
+pub fn wait_for(
+    what: &str,
+    limit: Duration,
+    mut ok: impl FnMut() -> bool,
+    state: impl Fn() -> String,
+) -> Duration {
+    let t0 = Instant::now();
+    while !ok() {
+        assert!(
+            t0.elapsed() < limit,
+            "{what}: not within {limit:?}; state:\n{}",
+            state()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    t0.elapsed()
+}
+
 impl Cluster {
+    /// 3 masters, no replicas, `cluster-node-timeout 2000`.
     pub fn start() -> Self {
-        let nodes: Vec<Server> = (0..3)
-            .map(|_| {
-                Server::start_with(&[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-node-timeout",
-                    "2000",
-                ])
+        Self::start_with(0, 2000)
+    }
+
+    /// 3 masters with `replicas` replicas each and `cluster-node-timeout` of `node_timeout_ms`.
+    /// Returns once every node says `cluster_state:ok`, every node knows every other one, and
+    /// every replica's link to its master is up (its initial sync done).
+    pub fn start_with(replicas: usize, node_timeout_ms: u64) -> Self {
+        let n = 3 * (1 + replicas);
+        let ports = free_ports(2 * n);
+        let timeout = node_timeout_ms.to_string();
+        let nodes: Vec<Server> = (0..n)
+            .map(|i| {
+                let bus = ports[n + i].to_string();
+                Server::start_on(
+                    ports[i],
+                    &[
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        "nodes.conf",
+                        "--cluster-node-timeout",
+                        &timeout,
+                        "--cluster-port",
+                        &bus,
+                    ],
+                )
             })
             .collect();
         let addrs: Vec<String> = nodes
@@ -140,6 +250,7 @@ impl Cluster {
             .arg("--cluster")
             .arg("create")
             .args(&addrs)
+            .args(["--cluster-replicas", &replicas.to_string()])
             .arg("--cluster-yes")
             .output()
             .expect("redis-cli --cluster create");
@@ -148,23 +259,68 @@ impl Cluster {
             "cluster create: {}",
             String::from_utf8_lossy(&out.stdout)
         );
-        let t0 = Instant::now();
-        while !nodes
-            .iter()
-            .all(|n| n.cli(&["cluster", "info"]).contains("cluster_state:ok"))
-        {
-            assert!(
-                t0.elapsed() < Duration::from_secs(20),
-                "cluster did not become ok"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Cluster { nodes }
+        let cluster = Cluster { nodes };
+        let ready = || {
+            cluster.nodes.iter().all(|node| {
+                let lines = parse_nodes(&node.cli(&["cluster", "nodes"]));
+                node.cli(&["cluster", "info"]).contains("cluster_state:ok")
+                    && lines.len() == n
+                    && lines.iter().filter(|l| l.is_master()).count() == 3
+                    && lines.iter().all(|l| {
+                        l.link == "connected"
+                            && !l
+                                .flags
+                                .iter()
+                                .any(|f| f != "master" && f != "slave" && f != "myself")
+                    })
+            }) && cluster.nodes.iter().all(|node| {
+                let info = node.cli(&["info", "replication"]);
+                info.contains("role:master") || info.contains("master_link_status:up")
+            })
+        };
+        wait_for("the cluster ready", Duration::from_secs(30), ready, || {
+            cluster.nodes[0].cli(&["cluster", "nodes"])
+        });
+        cluster
     }
 
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(|n| n.url()).collect()
     }
+
+    /// `CLUSTER NODES` as the node at `nodes[i]` sees it.
+    pub fn topology(&self, i: usize) -> Vec<NodeLine> {
+        parse_nodes(&self.nodes[i].cli(&["cluster", "nodes"]))
+    }
+
+    /// The index in `nodes` of the server on `port`.
+    pub fn index_of(&self, port: u16) -> Option<usize> {
+        self.nodes.iter().position(|n| n.port == port)
+    }
+}
+
+/// Redis Cluster's key slot: CRC16 (XMODEM) of the hash tag, mod 16384.
+pub fn slot(key: &str) -> u16 {
+    let b = key.as_bytes();
+    let tag = match b.iter().position(|&c| c == b'{') {
+        Some(i) => match b[i + 1..].iter().position(|&c| c == b'}') {
+            Some(j) if j > 0 => &b[i + 1..i + 1 + j],
+            _ => b,
+        },
+        None => b,
+    };
+    let mut crc: u16 = 0;
+    for &x in tag {
+        crc ^= (x as u16) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
 }
 
 /// A multi-threaded runtime for a test.
