@@ -9,7 +9,7 @@ mod common;
 use common::{slot, wait_for, Cluster};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::time::MissedTickBehavior;
 use turnstile::{Limit, Limits, Outcome};
@@ -28,10 +28,11 @@ const OPEN_KEYS: usize = 256;
 /// Keys of the store whose limit is reached after the failover (a lost count would admit
 /// more than the limit).
 const LIMITED_KEYS: usize = 48;
-const LIMIT: u64 = 40;
+const LIMIT: u64 = 60;
 /// Load before the kill.
 const WARM: Duration = Duration::from_millis(1500);
-/// Load after the store answers from Redis again.
+/// Load after the store answers from Redis again (at least; on until every limited key is at
+/// its limit).
 const AFTER: Duration = Duration::from_secs(2);
 /// Bounds: the replica's promotion (after the kill), the store's recovery (after the
 /// promotion), the whole load.
@@ -190,8 +191,39 @@ async fn store(limit: u64, prefix: &str, policy: FailurePolicy, urls: &[&str]) -
         .expect("connect to the cluster")
 }
 
-#[test]
-fn a_master_killed_under_load_fails_over_and_loses_no_admission() {
+/// How the master fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fault {
+    /// SIGKILL, its replica in sync.
+    Kill,
+    /// The replica stopped (SIGSTOP) and its link dropped by the master (`CLIENT KILL TYPE
+    /// replica`), `LINK_DOWN` of writes acknowledged by the master alone, then SIGKILL and the
+    /// replica resumed (SIGCONT): a partition between a master and its replica, on loopback.
+    LinkDownThenKill,
+}
+
+/// How long the master acknowledges writes alone in [`Fault::LinkDownThenKill`] (well within
+/// the node timeout: the stopped replica is not marked as failing).
+const LINK_DOWN: Duration = Duration::from_millis(300);
+
+/// What the failover did to the counts.
+struct Loss {
+    /// Keys of the open store whose count in Redis is below the admissions callers saw from
+    /// Redis (key, admitted, counted).
+    lost: Vec<(String, u64, u64)>,
+    /// Keys of the limited store admitted past the limit (key, admitted).
+    over: Vec<(String, u64)>,
+}
+
+/// The two tests each start a 6-node cluster and a timed load: one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// The scenario: a cluster of 3 masters and 3 replicas, the load, the `fault` on the master
+/// serving `k0`, its replica promoted, the store back on Redis; asserts what holds whatever
+/// the fault (every call within the timeout + slack, the policy answering during the outage,
+/// Redis after it, every limited key at its limit) and returns what was lost.
+fn failover(fault: Fault) -> Loss {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let wall = Instant::now();
     let mut cluster = Cluster::start_with(1, 1000);
     let started = wall.elapsed();
@@ -235,11 +267,21 @@ fn a_master_killed_under_load_fails_over_and_loses_no_admission() {
             .collect();
 
         tokio::time::sleep(WARM).await;
+        if fault == Fault::LinkDownThenKill {
+            cluster.nodes[r].signal("STOP");
+            cluster.nodes[victim_node].cli(&["client", "kill", "type", "replica"]);
+            let info = cluster.nodes[victim_node].cli(&["info", "replication"]);
+            assert!(info.contains("connected_slaves:0"), "{info}");
+            tokio::time::sleep(LINK_DOWN).await;
+        }
         cluster.nodes[victim_node].kill();
         let killed = t0.elapsed();
         marks
             .killed
             .store(killed.as_millis().max(1) as u64, Ordering::Relaxed);
+        if fault == Fault::LinkDownThenKill {
+            cluster.nodes[r].signal("CONT");
+        }
 
         // The replica promoted: it says it is a master serving the victim's slots, and every
         // live node says the cluster is ok. (Blocking calls: the load runs on the workers.)
@@ -290,7 +332,19 @@ fn a_master_killed_under_load_fails_over_and_loses_no_admission() {
         marks
             .settled
             .store(settle_from.as_millis() as u64, Ordering::Relaxed);
+        // Load on until every limited key is at its limit (at least `AFTER`, at most
+        // `MAX_LOAD` in all): the limit is reached after the failover.
         tokio::time::sleep(AFTER).await;
+        while t0.elapsed() < MAX_LOAD {
+            let mut full = true;
+            for i in 0..LIMITED_KEYS {
+                full &= stores.1.peek(&limited_key(i)).await.is_ok_and(|d| d.remaining == 0);
+            }
+            if full {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
         stop.store(true, Ordering::Relaxed);
         for t in tasks {
             seen.merge(t.await.expect("a load task"));
@@ -351,15 +405,15 @@ fn a_master_killed_under_load_fails_over_and_loses_no_admission() {
         }
         let stats = (stores.0.stats(), stores.1.stats());
         println!(
-            "cluster started in {started:?}; killed {victim_port} at {killed:?} of the load; \
+            "{fault:?}: cluster started in {started:?}; killed {victim_port} at {killed:?} of the load; \
              promoted {replica_port} {promoted:?} after the kill; the store answered from Redis \
              {recovered:?} after the kill; load {load_time:?}, wall {wall:?}\n\
              calls: {redis} by Redis, {policy} by the policy ({before} before the kill), the last \
              {last:?} into the load; slowest {slowest:?}\n\
              open store: {admitted} admissions seen from Redis ({admitted_victim} on the killed \
-             master's slots), {counted} counted, {n_lost} keys lost some: {lost:?}\n\
+             master's slots), {counted} counted, {n_lost} keys lost some (first: {lost_head:?})\n\
              limited store: {limited_admitted} admissions over {LIMITED_KEYS} keys (limit \
-             {LIMIT}), over the limit: {over:?}\nstats: {stats:?}",
+             {LIMIT}), {n_over} keys over the limit (first: {over_head:?})\nstats: {stats:?}",
             victim_port = victim.port,
             replica_port = replica.port,
             redis = seen.redis,
@@ -368,16 +422,41 @@ fn a_master_killed_under_load_fails_over_and_loses_no_admission() {
             last = seen.last_policy,
             slowest = seen.slowest,
             n_lost = lost.len(),
+            lost_head = &lost[..lost.len().min(5)],
+            n_over = over.len(),
+            over_head = &over[..over.len().min(5)],
             wall = wall.elapsed(),
         );
-        assert!(
-            lost.is_empty(),
-            "admissions seen from Redis missing from its counts after the failover \
-             (key, admitted, counted): {lost:?}"
-        );
-        assert!(
-            over.is_empty(),
-            "keys admitted past their limit of {LIMIT} (a count lost in the failover): {over:?}"
-        );
-    });
+        Loss { lost, over }
+    })
+}
+
+#[test]
+fn a_master_killed_under_load_fails_over_and_loses_no_admission() {
+    let loss = failover(Fault::Kill);
+    assert!(
+        loss.lost.is_empty(),
+        "admissions seen from Redis missing from its counts after the failover \
+         (key, admitted, counted): {:?}",
+        loss.lost
+    );
+    assert!(
+        loss.over.is_empty(),
+        "keys admitted past their limit of {LIMIT} (a count lost in the failover): {:?}",
+        loss.over
+    );
+}
+
+/// Replication is asynchronous: what a master acknowledged while its replica's link was down
+/// is not on the replica promoted after it. The checks above see it (they can fail).
+#[test]
+fn with_the_replica_link_down_a_failover_loses_acknowledged_admissions() {
+    let loss = failover(Fault::LinkDownThenKill);
+    assert!(
+        !loss.lost.is_empty() && !loss.over.is_empty(),
+        "acknowledged admissions lost by the promoted replica not seen: {} keys below their \
+         admissions, {} over their limit",
+        loss.lost.len(),
+        loss.over.len()
+    );
 }

@@ -111,6 +111,18 @@ impl Server {
         }
     }
 
+    /// Sends a signal to the server (`STOP`, `CONT`: `kill -SIG pid`). A stopped server is
+    /// still killed by [`Server::kill`] and on drop.
+    pub fn signal(&self, sig: &str) {
+        let pid = self.child.as_ref().expect("a running server").id();
+        let ok = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(pid.to_string())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill -{sig} {pid} (redis-server on {})", self.port);
+    }
+
     /// Starts it again on the same port (empty: no persistence, no script cache).
     pub fn restart(&mut self) {
         self.kill();
