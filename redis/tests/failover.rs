@@ -68,6 +68,8 @@ struct Seen {
     /// Admissions answered by Redis, per key: the open store's and the limited store's.
     open: HashMap<String, u64>,
     limited: HashMap<String, u64>,
+    /// Admissions answered by Redis before the kill, per key of either store.
+    before_kill: HashMap<String, u64>,
     /// Calls answered by Redis / by the failure policy.
     redis: u64,
     policy: u64,
@@ -99,6 +101,9 @@ impl Seen {
         }
         for (k, n) in o.limited {
             *self.limited.entry(k).or_default() += n;
+        }
+        for (k, n) in o.before_kill {
+            *self.before_kill.entry(k).or_default() += n;
         }
         self.redis += o.redis;
         self.policy += o.policy;
@@ -132,6 +137,11 @@ impl Seen {
         let settled = marks.settled.load(Ordering::Relaxed);
         let settled = settled != 0 && ms >= settled;
         self.settled += settled as u64;
+        let killed = marks.killed.load(Ordering::Relaxed);
+        let before_kill = killed == 0 || ms < killed;
+        if before_kill && d.outcome == Outcome::Allowed {
+            *self.before_kill.entry(key.clone()).or_default() += 1;
+        }
         let by_policy = match (open, d.outcome) {
             (true, Outcome::Allowed) => {
                 *self.open.entry(key).or_default() += 1;
@@ -148,8 +158,7 @@ impl Seen {
         if by_policy {
             self.policy += 1;
             self.last_policy = Some(at);
-            let killed = marks.killed.load(Ordering::Relaxed);
-            self.policy_before_kill += (killed == 0 || ms < killed) as u64;
+            self.policy_before_kill += before_kill as u64;
             self.settled_policy += settled as u64;
         } else {
             self.redis += 1;
@@ -403,6 +412,16 @@ fn failover(fault: Fault) -> Loss {
                 over.push((k, saw));
             }
         }
+        // What the promoted replica had to hold: the admissions Redis answered on the killed
+        // master's slots before the kill; and what it did not.
+        let at_stake: u64 = seen
+            .before_kill
+            .iter()
+            .filter(|(k, _)| victim.serves(slot(k)))
+            .map(|(_, n)| n)
+            .sum();
+        let missing: u64 = lost.iter().map(|(_, saw, count)| saw - count).sum();
+        let over_by: u64 = over.iter().map(|(_, saw)| saw - LIMIT).sum();
         let stats = (stores.0.stats(), stores.1.stats());
         println!(
             "{fault:?}: cluster started in {started:?}; killed {victim_port} at {killed:?} of the load; \
@@ -413,7 +432,9 @@ fn failover(fault: Fault) -> Loss {
              open store: {admitted} admissions seen from Redis ({admitted_victim} on the killed \
              master's slots), {counted} counted, {n_lost} keys lost some (first: {lost_head:?})\n\
              limited store: {limited_admitted} admissions over {LIMITED_KEYS} keys (limit \
-             {LIMIT}), {n_over} keys over the limit (first: {over_head:?})\nstats: {stats:?}",
+             {LIMIT}), {n_over} keys over the limit by {over_by} (first: {over_head:?})\n\
+             admissions on the killed master before the kill: {at_stake}; missing from the open \
+             store's counts after the failover: {missing}\nstats: {stats:?}",
             victim_port = victim.port,
             replica_port = replica.port,
             redis = seen.redis,
