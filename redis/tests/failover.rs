@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{slot, wait_for, Cluster};
+use common::{slot, wait_for, Cluster, NodeLine};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -216,21 +216,204 @@ enum Fault {
 const LINK_DOWN: Duration = Duration::from_millis(300);
 
 /// What the failover did to the counts.
+#[derive(Default)]
 struct Loss {
     /// Keys of the open store whose count in Redis is below the admissions callers saw from
     /// Redis (key, admitted, counted).
     lost: Vec<(String, u64, u64)>,
     /// Keys of the limited store admitted past the limit (key, admitted).
     over: Vec<(String, u64)>,
+    /// The open store's admissions seen from Redis, and its counts at the end.
+    admitted: u64,
+    counted: u64,
+    /// The limited store's admissions seen from Redis.
+    limited_admitted: u64,
+    /// Admissions (either store) answered on the killed master's slots before the kill.
+    at_stake: u64,
 }
 
 /// The two tests each start a 6-node cluster and a timed load: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
+/// The master to fail (the one serving `k0`) and its replica.
+struct Target {
+    victim: NodeLine,
+    replica: NodeLine,
+    /// Their indices in `cluster.nodes`.
+    v: usize,
+    r: usize,
+}
+
+impl Target {
+    /// Picks the master serving `k0` and its replica; checks that both stores have keys on
+    /// every master.
+    fn pick(cluster: &Cluster) -> Self {
+        let topo = cluster.topology(0);
+        let masters: Vec<_> = topo.iter().filter(|l| l.is_master()).collect();
+        for m in &masters {
+            assert!(
+                (0..OPEN_KEYS).any(|i| m.serves(slot(&open_key(i))))
+                    && (0..LIMITED_KEYS).any(|i| m.serves(slot(&limited_key(i)))),
+                "keys on every master: none on {m:?}"
+            );
+        }
+        let victim = (*masters
+            .iter()
+            .find(|m| m.serves(slot(&open_key(0))))
+            .expect("a master serves k0"))
+        .clone();
+        let replica = topo
+            .iter()
+            .find(|l| l.master.as_deref() == Some(&victim.id))
+            .unwrap_or_else(|| panic!("no replica of {victim:?} in {topo:?}"))
+            .clone();
+        Target {
+            v: cluster.index_of(victim.port).expect("the victim is ours"),
+            r: cluster.index_of(replica.port).expect("the replica is ours"),
+            victim,
+            replica,
+        }
+    }
+
+    /// Fails the victim as `fault` says. Blocking (redis-cli, sleeps): called from the
+    /// `block_on` thread while the load runs on the runtime's workers.
+    fn fail(&self, cluster: &mut Cluster, fault: Fault) {
+        if fault == Fault::LinkDownThenKill {
+            cluster.nodes[self.r].signal("STOP");
+            cluster.nodes[self.v].cli(&["client", "kill", "type", "replica"]);
+            let info = cluster.nodes[self.v].cli(&["info", "replication"]);
+            assert!(info.contains("connected_slaves:0"), "{info}");
+            std::thread::sleep(LINK_DOWN);
+        }
+        cluster.nodes[self.v].kill();
+        if fault == Fault::LinkDownThenKill {
+            cluster.nodes[self.r].signal("CONT");
+        }
+    }
+
+    /// Waits until the replica says it is a master serving the victim's slots and every live
+    /// node says the cluster is ok (blocking, as `fail`).
+    fn wait_promoted(&self, cluster: &Cluster) {
+        let live: Vec<usize> = (0..cluster.nodes.len()).filter(|&i| i != self.v).collect();
+        wait_for(
+            "the replica promoted",
+            PROMOTION,
+            || {
+                cluster
+                    .topology(self.r)
+                    .iter()
+                    .find(|l| l.port == self.replica.port)
+                    .is_some_and(|l| l.is_master() && l.slots == self.victim.slots)
+                    && live.iter().all(|&i| {
+                        cluster.nodes[i]
+                            .cli(&["cluster", "info"])
+                            .contains("cluster_state:ok")
+                    })
+            },
+            || cluster.nodes[self.r].cli(&["cluster", "nodes"]),
+        );
+    }
+}
+
+/// Checks a key of the promoted node with the load's own check (circuit breaker included)
+/// every 20 ms until Redis answers it (at most `RECOVERY`).
+async fn wait_on_redis(store: &RedisStore, key: &str, seen: &mut Seen, t0: Instant, marks: &Marks) {
+    let since = Instant::now();
+    loop {
+        let before = seen.redis;
+        seen.call(store, key.to_string(), t0, marks, true).await;
+        if seen.redis > before {
+            return;
+        }
+        assert!(
+            since.elapsed() < RECOVERY,
+            "the store did not answer from Redis within {RECOVERY:?} of the promotion ({:?})",
+            store.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until every limited key is at its limit (at most until `MAX_LOAD` into the load).
+async fn wait_limits_reached(store: &RedisStore, t0: Instant) {
+    while t0.elapsed() < MAX_LOAD {
+        let mut full = true;
+        for i in 0..LIMITED_KEYS {
+            full &= store
+                .peek(&limited_key(i))
+                .await
+                .is_ok_and(|d| d.remaining == 0);
+        }
+        if full {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// What holds whatever the fault: every call answered within the timeout + slack (errors
+/// reached the policy), the policy answering after the kill, Redis again after the recovery.
+fn check_answers(seen: &Seen) {
+    assert!(
+        seen.late.is_empty(),
+        "calls slower than {TIMEOUT:?} + {SLACK:?} (at, took): {:?}",
+        seen.late
+    );
+    assert!(
+        seen.policy > seen.policy_before_kill,
+        "no call after the kill was answered by the policy ({} by Redis)",
+        seen.redis
+    );
+    // At most 1 % by the policy once settled: a loaded machine's stray timeout.
+    assert!(
+        seen.settled >= 100 && seen.settled_policy * 100 <= seen.settled,
+        "after the recovery, {} of {} calls were answered by the policy",
+        seen.settled_policy,
+        seen.settled
+    );
+}
+
+/// Compares the counts in Redis with what the callers saw: the open store's keys counted
+/// below their admissions, the limited store's keys admitted past the limit. Every limited key
+/// must be at its limit (else over-admission could not show).
+async fn losses(stores: &(RedisStore, RedisStore), seen: &Seen, victim: &NodeLine) -> Loss {
+    let mut loss = Loss::default();
+    for i in 0..OPEN_KEYS {
+        let k = open_key(i);
+        let d = stores.0.peek(&k).await.expect("peek after the failover");
+        let count = d.limit - d.remaining;
+        let saw = seen.open.get(&k).copied().unwrap_or(0);
+        loss.counted += count;
+        loss.admitted += saw;
+        if count < saw {
+            loss.lost.push((k, saw, count));
+        }
+    }
+    for i in 0..LIMITED_KEYS {
+        let k = limited_key(i);
+        let saw = seen.limited.get(&k).copied().unwrap_or(0);
+        loss.limited_admitted += saw;
+        let d = stores.1.peek(&k).await.expect("peek after the failover");
+        assert_eq!(
+            d.remaining, 0,
+            "{k} did not reach its limit: the check has no teeth"
+        );
+        if saw > LIMIT {
+            loss.over.push((k, saw));
+        }
+    }
+    loss.at_stake = seen
+        .before_kill
+        .iter()
+        .filter(|(k, _)| victim.serves(slot(k)))
+        .map(|(_, n)| n)
+        .sum();
+    loss
+}
+
 /// The scenario: a cluster of 3 masters and 3 replicas, the load, the `fault` on the master
-/// serving `k0`, its replica promoted, the store back on Redis; asserts what holds whatever
-/// the fault (every call within the timeout + slack, the policy answering during the outage,
-/// Redis after it, every limited key at its limit) and returns what was lost.
+/// serving `k0`, its replica promoted, the store back on Redis, every limited key at its
+/// limit; asserts what holds whatever the fault ([`check_answers`]) and returns what was lost.
 fn failover(fault: Fault) -> Loss {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let wall = Instant::now();
@@ -239,29 +422,11 @@ fn failover(fault: Fault) -> Loss {
     let rt = common::runtime();
     let urls = cluster.urls();
     let refs: Vec<&str> = urls.iter().map(String::as_str).collect();
-
-    // The master to kill (the one serving k0), its replica, and keys on every master.
-    let topo = cluster.topology(0);
-    let masters: Vec<_> = topo.iter().filter(|l| l.is_master()).cloned().collect();
-    let victim = masters
-        .iter()
-        .find(|m| m.serves(slot(&open_key(0))))
-        .expect("a master serves k0")
-        .clone();
-    let replica = topo
-        .iter()
-        .find(|l| l.master.as_deref() == Some(&victim.id))
-        .unwrap_or_else(|| panic!("no replica of {victim:?} in {topo:?}"))
-        .clone();
-    for m in &masters {
-        assert!(
-            (0..OPEN_KEYS).any(|i| m.serves(slot(&open_key(i))))
-                && (0..LIMITED_KEYS).any(|i| m.serves(slot(&limited_key(i)))),
-            "keys on every master: none on {m:?}"
-        );
-    }
-    let victim_node = cluster.index_of(victim.port).expect("the victim is ours");
-    let r = cluster.index_of(replica.port).expect("the replica is ours");
+    let target = Target::pick(&cluster);
+    let probe = (0..OPEN_KEYS)
+        .map(open_key)
+        .find(|k| target.victim.serves(slot(k)))
+        .expect("a key on the victim");
 
     rt.block_on(async {
         let stores = Arc::new((
@@ -276,179 +441,63 @@ fn failover(fault: Fault) -> Loss {
             .collect();
 
         tokio::time::sleep(WARM).await;
-        if fault == Fault::LinkDownThenKill {
-            cluster.nodes[r].signal("STOP");
-            cluster.nodes[victim_node].cli(&["client", "kill", "type", "replica"]);
-            let info = cluster.nodes[victim_node].cli(&["info", "replication"]);
-            assert!(info.contains("connected_slaves:0"), "{info}");
-            tokio::time::sleep(LINK_DOWN).await;
-        }
-        cluster.nodes[victim_node].kill();
+        target.fail(&mut cluster, fault);
         let killed = t0.elapsed();
         marks
             .killed
             .store(killed.as_millis().max(1) as u64, Ordering::Relaxed);
-        if fault == Fault::LinkDownThenKill {
-            cluster.nodes[r].signal("CONT");
-        }
-
-        // The replica promoted: it says it is a master serving the victim's slots, and every
-        // live node says the cluster is ok. (Blocking calls: the load runs on the workers.)
-        let live: Vec<usize> = (0..cluster.nodes.len())
-            .filter(|&i| i != victim_node)
-            .collect();
-        wait_for(
-            "the replica promoted",
-            PROMOTION,
-            || {
-                let me = cluster.topology(r);
-                me.iter()
-                    .find(|l| l.port == replica.port)
-                    .is_some_and(|l| l.is_master() && l.slots == victim.slots)
-                    && live.iter().all(|&i| {
-                        cluster.nodes[i]
-                            .cli(&["cluster", "info"])
-                            .contains("cluster_state:ok")
-                    })
-            },
-            || cluster.nodes[r].cli(&["cluster", "nodes"]),
-        );
+        target.wait_promoted(&cluster);
         let promoted = t0.elapsed() - killed;
-
-        // The store answers from Redis again for a key of the promoted node (the load's own
-        // check, circuit breaker included).
-        let probe = (0..OPEN_KEYS)
-            .map(open_key)
-            .find(|k| victim.serves(slot(k)))
-            .expect("a key on the victim");
         let mut seen = Seen::default();
-        let since = Instant::now();
-        loop {
-            let before = seen.redis;
-            seen.call(&stores.0, probe.clone(), t0, &marks, true).await;
-            if seen.redis > before {
-                break;
-            }
-            assert!(
-                since.elapsed() < RECOVERY,
-                "the store did not answer from Redis within {RECOVERY:?} of the promotion ({:?})",
-                stores.0.stats()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_on_redis(&stores.0, &probe, &mut seen, t0, &marks).await;
         let recovered = t0.elapsed() - killed;
-        let settle_from = t0.elapsed() + Duration::from_millis(500);
-        marks
-            .settled
-            .store(settle_from.as_millis() as u64, Ordering::Relaxed);
-        // Load on until every limited key is at its limit (at least `AFTER`, at most
-        // `MAX_LOAD` in all): the limit is reached after the failover.
+        marks.settled.store(
+            (t0.elapsed() + Duration::from_millis(500)).as_millis() as u64,
+            Ordering::Relaxed,
+        );
         tokio::time::sleep(AFTER).await;
-        while t0.elapsed() < MAX_LOAD {
-            let mut full = true;
-            for i in 0..LIMITED_KEYS {
-                full &= stores.1.peek(&limited_key(i)).await.is_ok_and(|d| d.remaining == 0);
-            }
-            if full {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+        wait_limits_reached(&stores.1, t0).await;
         stop.store(true, Ordering::Relaxed);
         for t in tasks {
             seen.merge(t.await.expect("a load task"));
         }
         let load_time = t0.elapsed();
 
-        // Every call answered within the timeout (+ slack): errors reached the policy.
-        assert!(
-            seen.late.is_empty(),
-            "calls slower than {TIMEOUT:?} + {SLACK:?} (at, took): {:?}",
-            seen.late
-        );
-        assert!(
-            seen.policy > seen.policy_before_kill,
-            "no call after the kill was answered by the policy ({} by Redis)",
-            seen.redis
-        );
-        // Settled: answered by Redis again (at most 1 % by the policy: a loaded machine's
-        // stray timeout).
-        assert!(
-            seen.settled >= 100 && seen.settled_policy * 100 <= seen.settled,
-            "after the recovery, {} of {} calls were answered by the policy",
-            seen.settled_policy,
-            seen.settled
-        );
-
-        // No admission lost: each key's count in Redis is at least what callers saw admitted.
-        let (mut counted, mut admitted, mut admitted_victim, mut lost) = (0u64, 0u64, 0u64, vec![]);
-        for i in 0..OPEN_KEYS {
-            let k = open_key(i);
-            let d = stores.0.peek(&k).await.expect("peek after the failover");
-            let count = d.limit - d.remaining;
-            let saw = seen.open.get(&k).copied().unwrap_or(0);
-            counted += count;
-            admitted += saw;
-            if victim.serves(slot(&k)) {
-                admitted_victim += saw;
-            }
-            if count < saw {
-                lost.push((k, saw, count));
-            }
-        }
-        // The limited store: every key reached its limit, and none admitted more.
-        let mut over = vec![];
-        let mut limited_admitted = 0;
-        for i in 0..LIMITED_KEYS {
-            let k = limited_key(i);
-            let saw = seen.limited.get(&k).copied().unwrap_or(0);
-            limited_admitted += saw;
-            let d = stores.1.peek(&k).await.expect("peek after the failover");
-            assert_eq!(
-                d.remaining, 0,
-                "{k} did not reach its limit: the check has no teeth"
-            );
-            if saw > LIMIT {
-                over.push((k, saw));
-            }
-        }
-        // What the promoted replica had to hold: the admissions Redis answered on the killed
-        // master's slots before the kill; and what it did not.
-        let at_stake: u64 = seen
-            .before_kill
-            .iter()
-            .filter(|(k, _)| victim.serves(slot(k)))
-            .map(|(_, n)| n)
-            .sum();
-        let missing: u64 = lost.iter().map(|(_, saw, count)| saw - count).sum();
-        let over_by: u64 = over.iter().map(|(_, saw)| saw - LIMIT).sum();
-        let stats = (stores.0.stats(), stores.1.stats());
+        check_answers(&seen);
+        let loss = losses(&stores, &seen, &target.victim).await;
+        let missing: u64 = loss.lost.iter().map(|(_, saw, count)| saw - count).sum();
+        let over_by: u64 = loss.over.iter().map(|(_, saw)| saw - LIMIT).sum();
         println!(
-            "{fault:?}: cluster started in {started:?}; killed {victim_port} at {killed:?} of the load; \
-             promoted {replica_port} {promoted:?} after the kill; the store answered from Redis \
-             {recovered:?} after the kill; load {load_time:?}, wall {wall:?}\n\
-             calls: {redis} by Redis, {policy} by the policy ({before} before the kill), the last \
-             {last:?} into the load; slowest {slowest:?}\n\
-             open store: {admitted} admissions seen from Redis ({admitted_victim} on the killed \
-             master's slots), {counted} counted, {n_lost} keys lost some (first: {lost_head:?})\n\
-             limited store: {limited_admitted} admissions over {LIMITED_KEYS} keys (limit \
-             {LIMIT}), {n_over} keys over the limit by {over_by} (first: {over_head:?})\n\
-             admissions on the killed master before the kill: {at_stake}; missing from the open \
-             store's counts after the failover: {missing}\nstats: {stats:?}",
-            victim_port = victim.port,
-            replica_port = replica.port,
+            "{fault:?}: cluster started in {started:?}; killed {victim} at {killed:?} of the \
+             load; promoted {replica} {promoted:?} after the kill; the store answered from \
+             Redis {recovered:?} after the kill; load {load_time:?}, wall {wall:?}\n\
+             calls: {redis} by Redis, {policy} by the policy ({before} before the kill), the \
+             last {last:?} into the load; slowest {slowest:?}\n\
+             open store: {admitted} admissions seen from Redis, {counted} counted, {n_lost} keys \
+             below (first: {lost_head:?})\n\
+             limited store: {limited} admissions over {LIMITED_KEYS} keys (limit {LIMIT}), \
+             {n_over} keys over the limit by {over_by} (first: {over_head:?})\n\
+             admissions on the killed master before the kill: {at_stake}; missing from the \
+             open store's counts after the failover: {missing}\nstats: {stats:?}",
+            victim = target.victim.port,
+            replica = target.replica.port,
             redis = seen.redis,
             policy = seen.policy,
             before = seen.policy_before_kill,
             last = seen.last_policy,
             slowest = seen.slowest,
-            n_lost = lost.len(),
-            lost_head = &lost[..lost.len().min(5)],
-            n_over = over.len(),
-            over_head = &over[..over.len().min(5)],
+            admitted = loss.admitted,
+            counted = loss.counted,
+            n_lost = loss.lost.len(),
+            lost_head = &loss.lost[..loss.lost.len().min(5)],
+            limited = loss.limited_admitted,
+            n_over = loss.over.len(),
+            over_head = &loss.over[..loss.over.len().min(5)],
+            at_stake = loss.at_stake,
+            stats = (stores.0.stats(), stores.1.stats()),
             wall = wall.elapsed(),
         );
-        Loss { lost, over }
+        loss
     })
 }
 
