@@ -3,6 +3,9 @@
 //! are answered by the failure policy within the timeout, the replica takes over, calls are
 //! answered by Redis again, and no admission a caller saw from Redis is missing from the counts
 //! afterwards: a count never below what was admitted, a limit never over-admitted.
+//!
+//! Replication is asynchronous: the second test drops the replica's link before the kill, and
+//! the same checks must see the admissions the master answered alone go missing.
 
 mod common;
 
@@ -77,7 +80,8 @@ struct Seen {
     policy_before_kill: u64,
     /// The latest policy answer (since the load started).
     last_policy: Option<Duration>,
-    /// Calls (and policy answers among them) from `AFTER`'s start on.
+    /// Calls (and policy answers among them) from 0.5 s after the store answered from Redis
+    /// again.
     settled: u64,
     settled_policy: u64,
     /// The slowest call, and the calls slower than the timeout + slack (when, how long).
