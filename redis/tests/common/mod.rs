@@ -51,11 +51,25 @@ impl Server {
 
     /// Starts a server with extra arguments (e.g. `--cluster-enabled yes`).
     pub fn start_with(extra: &[&str]) -> Self {
-        Self::start_on(free_port(), extra)
+        Self::start_on_free_ports(0, |_| extra.iter().map(|s| s.to_string()).collect())
     }
 
-    /// Starts a server on `port` with extra arguments.
-    pub fn start_on(port: u16, extra: &[&str]) -> Self {
+    /// Starts a server on a free port with the arguments `extra(ports)` gives for `more` other
+    /// free ports (e.g. a cluster bus port). Free ports are released before the server binds
+    /// them, so another process may take one first: then the server exits (or another server
+    /// answers on it) and it is started again on new ports, up to 5 times.
+    pub fn start_on_free_ports(more: usize, extra: impl Fn(&[u16]) -> Vec<String>) -> Self {
+        for _ in 0..5 {
+            let ports = free_ports(1 + more);
+            if let Some(s) = Self::try_start(ports[0], extra(&ports[1..])) {
+                return s;
+            }
+        }
+        panic!("redis-server did not start on 5 sets of free ports (see above)");
+    }
+
+    /// Starts a server on `port`; `None` if it exited (the port was taken).
+    fn try_start(port: u16, extra: Vec<String>) -> Option<Self> {
         let dir =
             std::env::temp_dir().join(format!("turnstile-redis-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temporary directory");
@@ -63,13 +77,14 @@ impl Server {
             port,
             dir,
             child: None,
-            extra: extra.iter().map(|s| s.to_string()).collect(),
+            extra,
         };
-        s.spawn();
-        s
+        s.spawn().then_some(s)
     }
 
-    fn spawn(&mut self) {
+    /// Starts the server; false if it exited before answering (its port taken), or if the
+    /// server answering on its port is another process's.
+    fn spawn(&mut self) -> bool {
         let child = Command::new("redis-server")
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
@@ -82,9 +97,16 @@ impl Server {
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-server on PATH (apt-get install redis-server redis-tools)");
+        let pid = format!("process_id:{}", child.id());
         self.child = Some(child);
         let t0 = Instant::now();
         while cli(self.port, &["ping"]).as_deref() != Some("PONG") {
+            if let Some(c) = self.child.as_mut() {
+                if c.try_wait().is_ok_and(|exited| exited.is_some()) {
+                    self.child = None;
+                    return false;
+                }
+            }
             assert!(
                 t0.elapsed() < Duration::from_secs(10),
                 "redis-server did not start on {}",
@@ -92,6 +114,11 @@ impl Server {
             );
             std::thread::sleep(Duration::from_millis(10));
         }
+        if !self.cli(&["info", "server"]).contains(&pid) {
+            self.kill();
+            return false;
+        }
+        true
     }
 
     pub fn url(&self) -> String {
@@ -126,7 +153,11 @@ impl Server {
     /// Starts it again on the same port (empty: no persistence, no script cache).
     pub fn restart(&mut self) {
         self.kill();
-        self.spawn();
+        assert!(
+            self.spawn(),
+            "redis-server did not start again on {}: its port was taken",
+            self.port
+        );
     }
 }
 
@@ -234,14 +265,11 @@ impl Cluster {
     /// every replica's link to its master is up (its initial sync done).
     pub fn start_with(replicas: usize, node_timeout_ms: u64) -> Self {
         let n = 3 * (1 + replicas);
-        let ports = free_ports(2 * n);
         let timeout = node_timeout_ms.to_string();
         let nodes: Vec<Server> = (0..n)
-            .map(|i| {
-                let bus = ports[n + i].to_string();
-                Server::start_on(
-                    ports[i],
-                    &[
+            .map(|_| {
+                Server::start_on_free_ports(1, |bus| {
+                    [
                         "--cluster-enabled",
                         "yes",
                         "--cluster-config-file",
@@ -249,9 +277,11 @@ impl Cluster {
                         "--cluster-node-timeout",
                         &timeout,
                         "--cluster-port",
-                        &bus,
-                    ],
-                )
+                        &bus[0].to_string(),
+                    ]
+                    .map(str::to_string)
+                    .to_vec()
+                })
             })
             .collect();
         let addrs: Vec<String> = nodes
