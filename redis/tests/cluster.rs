@@ -9,30 +9,6 @@ use std::time::{Duration, Instant};
 use turnstile::{Limit, Limits, Outcome};
 use turnstile_redis::RedisStore;
 
-/// Redis Cluster's key slot: CRC16 (XMODEM) of the hash tag, mod 16384.
-fn slot(key: &str) -> u16 {
-    let b = key.as_bytes();
-    let tag = match b.iter().position(|&c| c == b'{') {
-        Some(i) => match b[i + 1..].iter().position(|&c| c == b'}') {
-            Some(j) if j > 0 => &b[i + 1..i + 1 + j],
-            _ => b,
-        },
-        None => b,
-    };
-    let mut crc: u16 = 0;
-    for &x in tag {
-        crc ^= (x as u16) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc % 16384
-}
-
 fn two_buckets() -> Limits {
     Limits::new(vec![
         Limit::token_bucket(100, 1, Duration::from_secs(3600)).unwrap(),
@@ -44,7 +20,7 @@ fn two_buckets() -> Limits {
 #[test]
 fn cluster_race_moved_and_a_dead_master() {
     assert_eq!(
-        slot("123456789"),
+        common::slot("123456789"),
         12739,
         "the CRC16 of the Redis Cluster spec"
     );
@@ -101,7 +77,7 @@ fn cluster_race_moved_and_a_dead_master() {
         let d = store.try_check_many(&krefs, 1).await.unwrap();
         assert!(d.iter().all(|d| d.remaining == 99));
         for k in store.redis_keys("user0") {
-            assert_eq!(slot(&k), slot("user0"), "{k}");
+            assert_eq!(common::slot(&k), common::slot("user0"), "{k}");
         }
         let per_node: Vec<u64> = cluster
             .nodes
@@ -116,7 +92,7 @@ fn cluster_race_moved_and_a_dead_master() {
         // A slot moved under a live key: the client follows MOVED and the state moved with it.
         let moved = (0..10_000)
             .map(|i| format!("m{i}"))
-            .find(|k| slot(k) < 50)
+            .find(|k| common::slot(k) < 50)
             .unwrap();
         store.try_check(&moved, 1).await.unwrap();
         let owner = cluster
@@ -124,7 +100,11 @@ fn cluster_race_moved_and_a_dead_master() {
             .iter()
             .position(|n| {
                 n.cli(&["dbsize"]) != "0"
-                    && n.cli(&["cluster", "countkeysinslot", &slot(&moved).to_string()]) != "0"
+                    && n.cli(&[
+                        "cluster",
+                        "countkeysinslot",
+                        &common::slot(&moved).to_string(),
+                    ]) != "0"
             })
             .unwrap();
         let to = (owner + 1) % 3;
@@ -144,7 +124,7 @@ fn cluster_race_moved_and_a_dead_master() {
             "{}",
             String::from_utf8_lossy(&out.stdout)
         );
-        let s = slot(&moved).to_string();
+        let s = common::slot(&moved).to_string();
         assert_ne!(
             cluster.nodes[to].cli(&["cluster", "countkeysinslot", &s]),
             "0",

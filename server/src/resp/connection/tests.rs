@@ -420,3 +420,11 @@ fn reads_while_parsed_commands_wait_move_nothing() {
     assert_eq!(out.len(), want.len());
     assert!(out == want, "replies out of order or corrupt");
 }
+
+/// The fuzz target's seed of a client reading a little at a time, run as a test.
+#[test]
+fn the_fuzz_seed_of_a_slow_reader_holds() {
+    let seed =
+        include_bytes!("../../../../fuzz/corpus/resp_connection/slow-reader-commands-parsed-ahead");
+    crate::resp::fuzz_connection(seed);
+}
