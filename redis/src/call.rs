@@ -64,6 +64,11 @@ impl Caller {
         &self.lib.store
     }
 
+    /// A plain-commands store's refund (plain.lua).
+    pub(crate) fn plain_fn(&self) -> &'static str {
+        &self.lib.plain
+    }
+
     /// The rules engine's function name.
     pub(crate) fn rules_fn(&self) -> &'static str {
         &self.lib.rules
@@ -119,6 +124,15 @@ impl Caller {
         };
         match tokio::time::timeout(self.timeout, run).await {
             Ok(r) => r,
+            Err(_) => Err(Error::Timeout(self.timeout)),
+        }
+    }
+
+    /// Plain commands (no function: nothing to reload) within the timeout.
+    pub(crate) async fn plain(&self, pipe: &redis::Pipeline) -> Result<Vec<Value>, Error> {
+        let mut conn = self.conn.clone();
+        match tokio::time::timeout(self.timeout, pipe.query_async(&mut conn)).await {
+            Ok(r) => Ok(r?),
             Err(_) => Err(Error::Timeout(self.timeout)),
         }
     }

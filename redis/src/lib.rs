@@ -54,6 +54,7 @@ mod deny;
 mod layout;
 pub mod lease;
 mod permit;
+mod plain;
 mod policy;
 mod reply;
 pub mod rules;
@@ -62,6 +63,7 @@ mod store;
 
 pub use conn::Conn;
 pub use permit::RedisPermit;
+pub use plain::PLAIN_CLOCK_SLACK_MS;
 pub use policy::{FailurePolicy, FailureStats};
 pub use rules::RedisRules;
 pub use script::{MAX_DURATION_NS, MAX_ZSET_DURATION_NS};

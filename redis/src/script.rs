@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 use turnstile::{ConfigError, Limit, Limits};
 
 /// The parts, in the order the library needs them (each uses only those before it).
-const PARTS: [&str; 14] = [
+const PARTS: [&str; 15] = [
     include_str!("../lua/prelude.lua"),
     include_str!("../lua/record.lua"),
     include_str!("../lua/fixed_window.lua"),
@@ -29,6 +29,7 @@ const PARTS: [&str; 14] = [
     include_str!("../lua/fast.lua"),
     include_str!("../lua/store.lua"),
     include_str!("../lua/rules.lua"),
+    include_str!("../lua/plain.lua"),
 ];
 
 /// The longest window, period, τ or lease a script handles exactly: 2^52 ns (52 days). Lua's
@@ -52,6 +53,8 @@ pub(crate) struct Library {
     pub(crate) store: String,
     /// The rules engine's function (rules.lua).
     pub(crate) rules: String,
+    /// A plain-commands store's refund (plain.lua).
+    pub(crate) plain: String,
 }
 
 /// The library of this build (composed once).
@@ -66,19 +69,21 @@ pub(crate) fn library() -> &'static Library {
 fn compose(parts: &[&str]) -> Library {
     let body = parts.concat();
     let hash = Script::new(&body).get_hash()[..12].to_string();
-    let (name, store, rules) = (
+    let (name, store, rules, plain) = (
         format!("turnstile_{hash}"),
         format!("ts_{hash}"),
         format!("tsr_{hash}"),
+        format!("tsp_{hash}"),
     );
     let code = format!(
-        "#!lua name={name}\n{body}\nredis.register_function('{store}', store_call)\nredis.register_function('{rules}', rules_call)\n"
+        "#!lua name={name}\n{body}\nredis.register_function('{store}', store_call)\nredis.register_function('{rules}', rules_call)\nredis.register_function('{plain}', plain_refund)\n"
     );
     Library {
         code,
         name,
         store,
         rules,
+        plain,
     }
 }
 

@@ -5,6 +5,7 @@ use crate::call::{fcall, Caller};
 use crate::conn::Conn;
 use crate::deny::DenyCache;
 use crate::layout::Layout;
+use crate::plain::{self, Op, Plain};
 use crate::policy::{blind, insurance, FailureGate, FailurePolicy, FailureStats};
 use crate::reply;
 use crate::script::{limit_args, store_spec};
@@ -75,6 +76,7 @@ pub struct RedisStoreBuilder {
     deny_cache: bool,
     insurance_keys: u64,
     capacity: Option<u64>,
+    plain: bool,
 }
 
 impl RedisStoreBuilder {
@@ -129,6 +131,31 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Decides a store of one fixed_window limit by plain commands instead of a function
+    /// call (default off): a transaction of `INCRBY` and `PEXPIRE … NX` on a key named by the
+    /// window (the way envoyproxy/ratelimit counts), then the cost given back when it did not
+    /// fit (unless the limit counts denials); a refund is a function call. A fraction of a
+    /// function call's work in redis-server (docs/redis.md, "What a call costs").
+    ///
+    /// **The window is picked by the caller's clock** (`SystemTime::now()`, or the explicit
+    /// `now` of `check_at`), not the server's `TIME`: every process sharing the limit must
+    /// have clocks that agree to within a small part of the window. A process whose clock is
+    /// ahead counts in the next window early; one behind counts in the previous window while
+    /// its key lives (its window's end + [`crate::PLAIN_CLOCK_SLACK_MS`]), and past that
+    /// starts it afresh, admitting up to the limit again there. Decisions equal the in-memory
+    /// store's while each caller's time moves forward; a call at a time before the latest
+    /// write is decided in its own (earlier) window, where the in-memory record would stay in
+    /// the later one. Concurrent callers may be refused transiently when together they pass
+    /// the limit; never admitted past it.
+    ///
+    /// Only for a single fixed_window limit, one key per record (no
+    /// [`RedisStoreBuilder::capacity`]), on one node (`connect`, not `connect_cluster`): the
+    /// store is refused otherwise.
+    pub fn plain_commands(mut self, on: bool) -> Self {
+        self.plain = on;
+        self
+    }
+
     /// Connects to one Redis node (7.0 or later) and loads the library.
     pub async fn connect(self, url: &str) -> Result<RedisStore, Error> {
         let conn = Conn::single(url, self.connect_timeout).await?;
@@ -155,6 +182,18 @@ impl RedisStoreBuilder {
             )));
         }
         let ls = self.limits.limits();
+        let plain = match (self.plain, ls) {
+            (false, _) => None,
+            (true, [Limit::FixedWindow(p)]) if self.capacity.is_none() && !conn.is_cluster() => {
+                Some(Plain { p: *p })
+            }
+            (true, _) => {
+                return Err(Error::Config(ConfigError::new(
+                    "plain_commands",
+                    "plain commands decide a single fixed_window limit, one key per record (no capacity), on one node (not a cluster); use the function call (the default) for these limits",
+                )))
+            }
+        };
         let args = ls.iter().map(limit_args).collect::<Result<Vec<_>, _>>()?;
         let layout = Layout::new(&self.prefix, ls, &args, self.capacity);
         let insurance = match self.policy {
@@ -182,6 +221,7 @@ impl RedisStoreBuilder {
                 backend,
             ),
             insurance,
+            plain,
             deny: self.deny_cache.then(DenyCache::default),
             limits: self.limits,
         })
@@ -199,6 +239,8 @@ pub struct RedisStore {
     single: u64,
     pub(crate) gate: FailureGate,
     pub(crate) insurance: Option<Arc<Store>>,
+    /// Plain commands instead of the function (a single fixed_window limit; plain.rs).
+    plain: Option<Plain>,
     deny: Option<DenyCache>,
     limits: Limits,
 }
@@ -217,6 +259,7 @@ impl RedisStore {
             deny_cache: false,
             insurance_keys: 100_000,
             capacity: None,
+            plain: false,
         }
     }
 
@@ -295,8 +338,45 @@ impl RedisStore {
     }
 
     async fn decide(&self, key: &str, now: Option<u64>, cost: u64) -> Result<Decision, Error> {
+        if let Some(p) = &self.plain {
+            return self.plain_decide(p, key, now, cost).await;
+        }
         let v = self.call(&self.invocation(key, now, 'c', cost)).await?;
         reply::store(&v).map(|(d, _)| d)
+    }
+
+    /// A check by plain commands (plain.rs): add the cost (or read), decide from the count,
+    /// give the cost back if it was refused and the limit does not count denials.
+    async fn plain_decide(
+        &self,
+        p: &Plain,
+        key: &str,
+        now: Option<u64>,
+        cost: u64,
+    ) -> Result<Decision, Error> {
+        let at = now.unwrap_or_else(plain::caller_now);
+        let k = p.key(&self.layout.names(key).keys[0], at);
+        if !p.adds(cost) {
+            let v = self
+                .caller
+                .plain(&p.pipeline(&k, at, now.is_some(), Op::Read))
+                .await?;
+            return Ok(p.decide(plain::count(&v)?.max(0) as u64, at, cost));
+        }
+        let explicit = now.is_some();
+        let add = p.pipeline(&k, at, explicit, Op::Add(cost as i64));
+        let after = plain::count(&self.caller.plain(&add).await?)?;
+        if p.undoes(after) {
+            let undo = p.pipeline(&k, at, explicit, Op::Add(-(cost as i64)));
+            let left = plain::count(&self.caller.plain(&undo).await?)?;
+            if left < 0 {
+                // The key had expired (its window long over) and the undo made it anew at
+                // -cost, with a TTL: bring it back to what it holds plus 0.
+                let heal = p.pipeline(&k, at, explicit, Op::Add(-left));
+                self.caller.plain(&heal).await?;
+            }
+        }
+        Ok(p.decide(after.saturating_sub(cost as i64).max(0) as u64, at, cost))
     }
 
     /// Checks a request of `cost` for `key` on Redis, at the server's time; no failure policy
@@ -335,6 +415,15 @@ impl RedisStore {
     async fn refund_inner(&self, key: &str, n: u64, now: Option<u64>) -> Result<(), Error> {
         if let Some(c) = &self.deny {
             c.forget(key);
+        }
+        if let Some(p) = &self.plain {
+            let at = now.unwrap_or_else(plain::caller_now);
+            let k = p.key(&self.layout.names(key).keys[0], at);
+            // A function call: no plain command gives back without going below 0.
+            let v = self
+                .call(&fcall(self.caller.plain_fn(), &[k], (n, p.ceiling())))
+                .await?;
+            return reply::integer(&v).map(|_| ());
         }
         let v = self.call(&self.invocation(key, now, 'r', n)).await?;
         reply::integer(&v).map(|_| ())
@@ -425,7 +514,7 @@ impl RedisStore {
         now: Option<u64>,
         cost: u64,
     ) -> Result<Vec<Decision>, Error> {
-        if self.caller.conn().is_cluster() {
+        if self.caller.conn().is_cluster() || self.plain.is_some() {
             let calls = keys.iter().map(|k| self.decide(k, now, cost));
             return futures_util::future::join_all(calls)
                 .await

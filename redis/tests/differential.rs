@@ -771,3 +771,106 @@ fn a_refund_to_now_is_read_alike_at_an_earlier_time() {
         }
     });
 }
+
+/// A fixed_window limit by plain commands (`plain_commands`): equal Decisions to the
+/// in-memory store while time moves forward (plain commands decide a call at an earlier time
+/// in its own window, by design: docs/redis.md), checks, peeks and refunds; the window's key
+/// lives until the window's end plus the explicit-now slack.
+#[test]
+fn plain_fixed_window_matches_the_in_memory_store() {
+    let server = common::Server::start();
+    let rt = common::runtime();
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(48);
+    let mut runner = TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let fixed = one_limit().prop_filter("fixed_window", |l| matches!(l, Limit::FixedWindow(_)));
+    let strategy = (fixed, starts(), prop::collection::vec(op(), 1..60));
+    let case = std::sync::atomic::AtomicU64::new(1 << 44);
+    let url = server.url();
+    runner
+        .run(&strategy, |(limit, start, ops)| {
+            let c = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            rt.block_on(plain_case(&url, c, limit, start, ops))
+        })
+        .unwrap();
+}
+
+async fn plain_case(
+    url: &str,
+    case: u64,
+    limit: Limit,
+    start: u64,
+    ops: Vec<Op>,
+) -> Result<(), TestCaseError> {
+    let Limit::FixedWindow(p) = &limit else {
+        unreachable!()
+    };
+    let w = p.window;
+    let ls = Limits::new(vec![limit]).unwrap();
+    let redis = RedisStore::builder(ls.clone())
+        .timeout(Duration::from_secs(5))
+        .plain_commands(true)
+        .connect(url)
+        .await
+        .unwrap();
+    let mem = Store::builder(ls.clone()).capacity(16).build().unwrap();
+    let key = format!("case{case}");
+    let cap = limit.capacity();
+    let us = [units(&limit)];
+    let Some(span) = span(std::slice::from_ref(&limit)) else {
+        return Ok(());
+    };
+    let mut conn = redis.connection();
+    let mut now = start;
+    for (i, o) in ops.iter().enumerate() {
+        now = now.saturating_add(step(o.step, o.raw, now, &us).min(span / 64));
+        let cost = cost_of(o.cost, o.raw >> 3, cap);
+        match o.act % 12 {
+            0..=6 | 9 => {
+                let m = mem.check_at(key.as_str(), cost, now);
+                let r = redis.check_at(&key, cost, now).await.unwrap();
+                prop_assert_eq!(r, m, "step {} check({}) at {}", i, cost, now);
+            }
+            7 | 8 => {
+                let m = mem.peek_at(key.as_str(), now);
+                let r = redis.peek_at(&key, now).await.unwrap();
+                prop_assert_eq!(r, m, "step {} peek at {}", i, now);
+            }
+            _ => {
+                mem.refund_at(key.as_str(), cost, now);
+                redis.refund_at(&key, cost, now).await.unwrap();
+                let m = mem.peek_at(key.as_str(), now);
+                let r = redis.peek_at(&key, now).await.unwrap();
+                prop_assert_eq!(r, m, "step {} peek after refund({}) at {}", i, cost, now);
+            }
+        }
+        // The window's key, if written, lives to the window's end plus the slack.
+        let k = format!("{}:{}", redis.redis_keys(&key)[0], now / w);
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(&k)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let ends = ((u128::from(now) / u128::from(w) + 1) * u128::from(w) - u128::from(now))
+            .div_ceil(1_000_000) as i64;
+        let slack = EXPLICIT_NOW_TTL_SLACK_MS as i64;
+        // Set by the window's first write (a TTL never missing: never -1); the real time a
+        // step takes is well under 5 s.
+        let whole = w.div_ceil(1_000_000) as i64;
+        prop_assert!(
+            pttl == -2 || (pttl > slack + ends - 5000 && pttl <= slack + whole),
+            "step {} key {} pttl {} (window ends in {} ms)",
+            i,
+            k,
+            pttl,
+            ends
+        );
+    }
+    Ok(())
+}

@@ -447,3 +447,70 @@ fn permits_are_released_by_release_drop_or_expiry() {
         assert_eq!(s.fallbacks, 4, "{s:?}");
     });
 }
+
+/// The race on plain commands (`plain_commands`, a fixed_window limit): 16 clients on one key
+/// never admit more than the limit, and every refused cost is given back (the count left is
+/// the admissions); with `count_denied`, every attempt that could fit is counted.
+#[test]
+fn plain_commands_never_exceed_the_limit_in_a_race() {
+    let server = common::Server::start();
+    let rt = common::runtime();
+    for cd in [false, true] {
+        let ls = Limits::new(vec![turnstile::LimitSpec {
+            count_denied: cd,
+            ..turnstile::LimitSpec::new(
+                turnstile::Algorithm::FixedWindow,
+                100,
+                Duration::from_secs(3600),
+            )
+        }
+        .build()
+        .unwrap()])
+        .unwrap();
+        // One explicit time: every call in one window, whatever the clock does meanwhile.
+        let now = 1_763_900_000_000_000_000 + u64::from(cd);
+        let (admitted, peek) = rt.block_on(async {
+            let mut tasks = Vec::new();
+            for _ in 0..16 {
+                let store = RedisStore::builder(ls.clone())
+                    .timeout(Duration::from_secs(5))
+                    .plain_commands(true)
+                    .connect(&server.url())
+                    .await
+                    .unwrap();
+                tasks.push(tokio::spawn(async move {
+                    let mut n = 0u64;
+                    for _ in 0..40 {
+                        n += store.check_at("race", 1, now).await.unwrap().allowed() as u64;
+                    }
+                    n
+                }));
+            }
+            let mut total = 0;
+            for t in tasks {
+                total += t.await.unwrap();
+            }
+            let store = RedisStore::builder(ls.clone())
+                .plain_commands(true)
+                .connect(&server.url())
+                .await
+                .unwrap();
+            (total, store.peek_at("race", now).await.unwrap())
+        });
+        assert!(
+            (1..=100).contains(&admitted),
+            "count_denied {cd}: {admitted} admitted of 640 attempts on a limit of 100"
+        );
+        // The count left: the admissions (denials given back), or every attempt (counted).
+        let count = if cd { 640 } else { admitted };
+        assert_eq!(
+            peek.remaining,
+            100u64.saturating_sub(count),
+            "count_denied {cd}"
+        );
+        let keys = server.cli(&["keys", "*race*"]);
+        let ttl = server.cli(&["pttl", keys.trim()]);
+        assert!(ttl.trim().parse::<i64>().unwrap() > 0, "{keys}: pttl {ttl}");
+        server.cli(&["flushall"]);
+    }
+}
