@@ -286,7 +286,9 @@ impl RedisStore {
 
     /// The Redis keys of `key`'s records, one per limit, all sharing one hash tag: the key's
     /// own, or with [`RedisStoreBuilder::capacity`] its bucket's (a hash holding many keys'
-    /// records: see [`RedisStore::record_field`]).
+    /// records: see [`RedisStore::record_field`]). With
+    /// [`RedisStoreBuilder::plain_commands`], each window's count is at the first of these
+    /// followed by `:<window index>` (`now / window`).
     pub fn redis_keys(&self, key: &str) -> Vec<String> {
         self.layout.names(key).keys
     }
