@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 N=${N:-100000}
 ROWS=("$@")
 if [ ${#ROWS[@]} -eq 0 ]; then
-    ROWS=(incr fixed_window-plain fixed_window token_bucket)
+    ROWS=(incr fixed_window-plain sliding_window-plain fixed_window token_bucket sliding_window)
 fi
 cargo build --release -q -p turnstile-redis --example calls
 CALLS=target/release/examples/calls

@@ -35,8 +35,8 @@
 use crate::store::{Error, EXPLICIT_NOW_TTL_SLACK_MS};
 use redis::{Pipeline, Value};
 use std::time::{SystemTime, UNIX_EPOCH};
-use turnstile::algo::fixed_window::{self, Params, COUNT_BITS, INDEX_BITS, MAX_LIMIT};
-use turnstile::Decision;
+use turnstile::algo::{fixed_window, sliding_window};
+use turnstile::{Decision, Limit};
 
 /// Milliseconds a window's key outlives the window's end by the caller's clock: callers whose
 /// clocks are behind by up to this still find the window's count (a caller farther behind
@@ -45,17 +45,19 @@ pub const PLAIN_CLOCK_SLACK_MS: u64 = 1_000;
 
 /// What one plain call does.
 pub(crate) enum Op {
-    /// Read the count (`GET`: a peek, or a cost that never fits).
+    /// Read the counts (a peek, or a cost that never fits).
     Read,
-    /// Add to the count (negative: give back a refused cost), in a transaction that gives a
-    /// new key its TTL.
+    /// Add to the window's count (negative: give back a refused cost), in a transaction that
+    /// gives a new key its TTL (and reads the previous window's count: sliding_window).
     Add(i64),
 }
 
-/// The parameters of the store's one fixed_window limit.
-#[derive(Clone, Debug)]
-pub(crate) struct Plain {
-    pub(crate) p: Params,
+/// The store's one limit.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Plain {
+    Fixed(fixed_window::Params),
+    /// Two windows' counts (this one's and the previous one's, each its own key).
+    Sliding(sliding_window::Params),
 }
 
 /// Now by the caller's clock, in ns since the Unix epoch (0 before it; u64 until 2554).
@@ -66,16 +68,64 @@ pub(crate) fn caller_now() -> u64 {
 }
 
 impl Plain {
-    /// The key of the window holding `now` for the record key `base`.
-    pub(crate) fn key(&self, base: &str, now: u64) -> String {
-        format!("{base}:{}", now / self.p.window)
+    /// The plain path of `limits`, if they are one limit it handles.
+    pub(crate) fn of(limits: &[Limit]) -> Option<Self> {
+        match limits {
+            [Limit::FixedWindow(p)] => Some(Plain::Fixed(*p)),
+            [Limit::SlidingWindow(p)] => Some(Plain::Sliding(*p)),
+            _ => None,
+        }
     }
 
-    /// The TTL of the window's key at `now`: ms to the window's end, rounded up, plus the
-    /// slack (the explicit-now slack when `now` was given).
+    fn window(&self) -> u64 {
+        match self {
+            Plain::Fixed(p) => p.window,
+            Plain::Sliding(p) => p.window,
+        }
+    }
+
+    fn limit(&self) -> u64 {
+        match self {
+            Plain::Fixed(p) => p.limit,
+            Plain::Sliding(p) => p.limit,
+        }
+    }
+
+    fn count_denied(&self) -> bool {
+        match self {
+            Plain::Fixed(p) => p.count_denied,
+            Plain::Sliding(p) => p.count_denied,
+        }
+    }
+
+    /// The largest count the in-memory counter holds (it saturates there).
+    fn max_count(&self) -> u64 {
+        match self {
+            Plain::Fixed(_) => fixed_window::MAX_LIMIT,
+            Plain::Sliding(_) => sliding_window::MAX_LIMIT,
+        }
+    }
+
+    /// The key of the window holding `now` for the record key `base`.
+    pub(crate) fn key(&self, base: &str, now: u64) -> String {
+        format!("{base}:{}", now / self.window())
+    }
+
+    /// The previous window's key (`-1` before the first window: a key never written).
+    fn prev_key(&self, base: &str, now: u64) -> String {
+        format!("{base}:{}", i128::from(now / self.window()) - 1)
+    }
+
+    /// The TTL of the window's key at `now`: ms to the end of the last window that reads its
+    /// count (this one; sliding_window: the next one too), rounded up, plus the slack (the
+    /// explicit-now slack when `now` was given).
     fn ttl_ms(&self, now: u64, explicit: bool) -> u64 {
-        let w = u128::from(self.p.window);
-        let end = (u128::from(now) / w + 1) * w;
+        let w = u128::from(self.window());
+        let windows = match self {
+            Plain::Fixed(_) => 1,
+            Plain::Sliding(_) => 2,
+        };
+        let end = (u128::from(now) / w + windows) * w;
         let ms = (end - u128::from(now)).div_ceil(1_000_000) as u64;
         ms + if explicit {
             EXPLICIT_NOW_TTL_SLACK_MS
@@ -84,76 +134,105 @@ impl Plain {
         }
     }
 
-    /// The transaction (or read) of `op` on `key` at `now`.
-    pub(crate) fn pipeline(&self, key: &str, now: u64, explicit: bool, op: Op) -> Pipeline {
+    /// The transaction (or read) of `op` for the record key `base` at `now`.
+    pub(crate) fn pipeline(&self, base: &str, now: u64, explicit: bool, op: Op) -> Pipeline {
+        let k = self.key(base, now);
         let mut pipe = redis::pipe();
-        match op {
-            Op::Read => {
-                pipe.cmd("GET").arg(key);
+        match (op, self) {
+            (Op::Read, Plain::Fixed(_)) => {
+                pipe.cmd("GET").arg(&k);
             }
-            Op::Add(n) => {
+            (Op::Read, Plain::Sliding(_)) => {
+                pipe.cmd("MGET").arg(&k).arg(self.prev_key(base, now));
+            }
+            (Op::Add(n), _) => {
                 pipe.atomic()
                     .cmd("INCRBY")
-                    .arg(key)
+                    .arg(&k)
                     .arg(n)
                     .cmd("PEXPIRE")
-                    .arg(key)
+                    .arg(&k)
                     .arg(self.ttl_ms(now, explicit))
                     .arg("NX")
                     .ignore();
+                if n > 0 && matches!(self, Plain::Sliding(_)) {
+                    pipe.cmd("GET").arg(self.prev_key(base, now));
+                }
             }
         }
         pipe
     }
 
-    /// The decision for a check of `cost` at `now` when the window's count was `before`
-    /// (before this call's own cost): the in-memory algorithm's own, over that count.
-    pub(crate) fn decide(&self, before: u64, now: u64, cost: u64) -> Decision {
-        let idx = (now / self.p.window) & ((1 << INDEX_BITS) - 1);
-        let state = (idx << COUNT_BITS) | before.min(MAX_LIMIT);
-        fixed_window::decide(state, now, &self.p, cost).1
+    /// The decision for a check of `cost` at `now` when this window's count was `before`
+    /// (before this call's own cost) and the previous window's `prev`: the in-memory
+    /// algorithm's own, over those counts (its packed state: src/algo/*.rs's module docs).
+    pub(crate) fn decide(&self, before: u64, prev: u64, now: u64, cost: u64) -> Decision {
+        let full = now / self.window();
+        let (before, prev) = (before.min(self.max_count()), prev.min(self.max_count()));
+        match self {
+            Plain::Fixed(p) => {
+                use fixed_window::{COUNT_BITS, INDEX_BITS};
+                let idx = full & ((1 << INDEX_BITS) - 1);
+                fixed_window::decide((idx << COUNT_BITS) | before, now, p, cost).1
+            }
+            Plain::Sliding(p) => {
+                use sliding_window::{COUNT_BITS, INDEX_BITS};
+                let idx = full & ((1 << INDEX_BITS) - 1);
+                let state = (idx << (2 * COUNT_BITS)) | (prev << COUNT_BITS) | before;
+                sliding_window::decide(state, now, p, cost).1
+            }
+        }
     }
 
     /// Whether a check of `cost` adds it to the count (else it only reads): a cost that fits
     /// at all (a never-fitting one changes nothing, as in memory).
     pub(crate) fn adds(&self, cost: u64) -> bool {
-        cost > 0 && cost <= self.p.limit
+        cost > 0 && cost <= self.limit()
+    }
+
+    /// Whether a check that added its cost and got `d` must give the cost back: a refusal,
+    /// unless the limit counts denials (and the request could ever fit: one that cannot, at
+    /// the end of the clock, is not counted, as in memory).
+    pub(crate) fn undoes(&self, d: &Decision) -> bool {
+        !d.allowed() && (!self.count_denied() || d.retry_after_ns.is_none())
     }
 
     /// The count's ceiling for a refund (plain.lua): a limit counting denials saturates its
-    /// counter at [`MAX_LIMIT`], as in memory; 0 (none) otherwise, where a count above the
+    /// counter where the in-memory one does; 0 (none) otherwise, where a count above the
     /// limit holds refused costs about to be given back, which must stay counted.
     pub(crate) fn ceiling(&self) -> u64 {
-        if self.p.count_denied {
-            MAX_LIMIT
+        if self.count_denied() {
+            self.max_count()
         } else {
             0
         }
     }
-
-    /// Whether an admission refused with the count `after` (this call's cost included) must
-    /// give the cost back: unless the limit counts denials.
-    pub(crate) fn undoes(&self, after: i64) -> bool {
-        after > self.p.limit as i64 && !self.p.count_denied
-    }
 }
 
-/// The count in a reply of [`Plain::pipeline`]: `GET`'s (nil: 0), or `INCRBY`'s (negative,
-/// below 0, only in a window whose key expired before a refusal gave its cost back: 0).
-pub(crate) fn count(v: &[Value]) -> Result<i64, Error> {
+/// The counts in a reply of [`Plain::pipeline`] (a transaction's or a read's), in order: the
+/// window's (`INCRBY`'s or `GET`'s) and, for sliding_window, the previous window's; absent
+/// keys read 0. Below 0 only in a window whose key expired before a refusal gave its cost
+/// back (the caller adds it back).
+pub(crate) fn counts(v: &[Value]) -> Result<(i64, i64), Error> {
     let bad = || Error::Reply(format!("{v:?}"));
-    let mut cur = v.first().ok_or_else(bad)?;
-    if let Value::Array(a) = cur {
-        cur = a.first().ok_or_else(bad)?;
+    let vals = match v {
+        [Value::Array(a)] => &a[..],
+        _ => v,
+    };
+    let one = |x: Option<&Value>| -> Result<i64, Error> {
+        match x {
+            None | Some(Value::Nil) => Ok(0),
+            Some(Value::Int(n)) => Ok(*n),
+            Some(Value::BulkString(b)) => std::str::from_utf8(b)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(bad),
+            Some(Value::ServerError(e)) => Err(Error::Reply(format!("{e:?}"))),
+            Some(_) => Err(bad()),
+        }
+    };
+    if vals.is_empty() {
+        return Err(bad());
     }
-    match cur {
-        Value::Nil => Ok(0),
-        Value::Int(n) => Ok(*n),
-        Value::BulkString(b) => std::str::from_utf8(b)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(bad),
-        Value::ServerError(e) => Err(Error::Reply(format!("{e:?}"))),
-        _ => Err(bad()),
-    }
+    Ok((one(vals.first())?, one(vals.get(1))?))
 }

@@ -131,24 +131,25 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Decides a store of one fixed_window limit by plain commands instead of a function
-    /// call (default off): a transaction of `INCRBY` and `PEXPIRE … NX` on a key named by the
-    /// window (the way envoyproxy/ratelimit counts), then the cost given back when it did not
-    /// fit (unless the limit counts denials); a refund is a function call. A fraction of a
+    /// Decides a store of one fixed_window or sliding_window limit by plain commands instead
+    /// of a function call (default off): a transaction of `INCRBY` and `PEXPIRE … NX` on a key
+    /// named by the window (the way envoyproxy/ratelimit counts; sliding_window also `GET`s
+    /// the previous window's), then the cost given back when it did not fit (unless the limit
+    /// counts denials); a refund is a function call. A fraction of a
     /// function call's work in redis-server (docs/redis.md, "What a call costs").
     ///
     /// **The window is picked by the caller's clock** (`SystemTime::now()`, or the explicit
     /// `now` of `check_at`), not the server's `TIME`: every process sharing the limit must
     /// have clocks that agree to within a small part of the window. A process whose clock is
     /// ahead counts in the next window early; one behind counts in the previous window while
-    /// its key lives (its window's end + [`crate::PLAIN_CLOCK_SLACK_MS`]), and past that
+    /// its key lives (the end of the last window reading it + [`crate::PLAIN_CLOCK_SLACK_MS`]), and past that
     /// starts it afresh, admitting up to the limit again there. Decisions equal the in-memory
     /// store's while each caller's time moves forward; a call at a time before the latest
     /// write is decided in its own (earlier) window, where the in-memory record would stay in
     /// the later one. Concurrent callers may be refused transiently when together they pass
     /// the limit; never admitted past it.
     ///
-    /// Only for a single fixed_window limit, one key per record (no
+    /// Only for a single fixed_window or sliding_window limit, one key per record (no
     /// [`RedisStoreBuilder::capacity`]), on one node (`connect`, not `connect_cluster`): the
     /// store is refused otherwise.
     pub fn plain_commands(mut self, on: bool) -> Self {
@@ -182,15 +183,13 @@ impl RedisStoreBuilder {
             )));
         }
         let ls = self.limits.limits();
-        let plain = match (self.plain, ls) {
+        let plain = match (self.plain, Plain::of(ls)) {
             (false, _) => None,
-            (true, [Limit::FixedWindow(p)]) if self.capacity.is_none() && !conn.is_cluster() => {
-                Some(Plain { p: *p })
-            }
+            (true, Some(p)) if self.capacity.is_none() && !conn.is_cluster() => Some(p),
             (true, _) => {
                 return Err(Error::Config(ConfigError::new(
                     "plain_commands",
-                    "plain commands decide a single fixed_window limit, one key per record (no capacity), on one node (not a cluster); use the function call (the default) for these limits",
+                    "plain commands decide a single fixed_window or sliding_window limit, one key per record (no capacity), on one node (not a cluster); use the function call (the default) for these limits",
                 )))
             }
         };
@@ -239,7 +238,8 @@ pub struct RedisStore {
     single: u64,
     pub(crate) gate: FailureGate,
     pub(crate) insurance: Option<Arc<Store>>,
-    /// Plain commands instead of the function (a single fixed_window limit; plain.rs).
+    /// Plain commands instead of the function (a single fixed_window or sliding_window limit;
+    /// plain.rs).
     plain: Option<Plain>,
     deny: Option<DenyCache>,
     limits: Limits,
@@ -357,28 +357,31 @@ impl RedisStore {
         cost: u64,
     ) -> Result<Decision, Error> {
         let at = now.unwrap_or_else(plain::caller_now);
-        let k = p.key(&self.layout.names(key).keys[0], at);
+        let base = &self.layout.names(key).keys[0];
+        let explicit = now.is_some();
+        let n = |c: i64| c.max(0) as u64;
         if !p.adds(cost) {
             let v = self
                 .caller
-                .plain(&p.pipeline(&k, at, now.is_some(), Op::Read))
+                .plain(&p.pipeline(base, at, explicit, Op::Read))
                 .await?;
-            return Ok(p.decide(plain::count(&v)?.max(0) as u64, at, cost));
+            let (cur, prev) = plain::counts(&v)?;
+            return Ok(p.decide(n(cur), n(prev), at, cost));
         }
-        let explicit = now.is_some();
-        let add = p.pipeline(&k, at, explicit, Op::Add(cost as i64));
-        let after = plain::count(&self.caller.plain(&add).await?)?;
-        if p.undoes(after) {
-            let undo = p.pipeline(&k, at, explicit, Op::Add(-(cost as i64)));
-            let left = plain::count(&self.caller.plain(&undo).await?)?;
+        let add = p.pipeline(base, at, explicit, Op::Add(cost as i64));
+        let (after, prev) = plain::counts(&self.caller.plain(&add).await?)?;
+        let d = p.decide(n(after - cost as i64), n(prev), at, cost);
+        if p.undoes(&d) {
+            let undo = p.pipeline(base, at, explicit, Op::Add(-(cost as i64)));
+            let (left, _) = plain::counts(&self.caller.plain(&undo).await?)?;
             if left < 0 {
                 // The key had expired (its window long over) and the undo made it anew at
                 // -cost, with a TTL: bring it back to what it holds plus 0.
-                let heal = p.pipeline(&k, at, explicit, Op::Add(-left));
+                let heal = p.pipeline(base, at, explicit, Op::Add(-left));
                 self.caller.plain(&heal).await?;
             }
         }
-        Ok(p.decide(after.saturating_sub(cost as i64).max(0) as u64, at, cost))
+        Ok(d)
     }
 
     /// Checks a request of `cost` for `key` on Redis, at the server's time; no failure policy
@@ -421,7 +424,7 @@ impl RedisStore {
         if let Some(p) = &self.plain {
             let at = now.unwrap_or_else(plain::caller_now);
             let k = p.key(&self.layout.names(key).keys[0], at);
-            // A function call: no plain command gives back without going below 0.
+            // Only this window's count, as in memory. A function call: no plain command gives back without going below 0.
             let v = self
                 .call(&fcall(self.caller.plain_fn(), &[k], (n, p.ceiling())))
                 .await?;

@@ -448,21 +448,22 @@ fn permits_are_released_by_release_drop_or_expiry() {
     });
 }
 
-/// The race on plain commands (`plain_commands`, a fixed_window limit): 16 clients on one key
-/// never admit more than the limit, and every refused cost is given back (the count left is
-/// the admissions); with `count_denied`, every attempt that could fit is counted.
+/// The race on plain commands (`plain_commands`, a fixed_window or sliding_window limit): 16
+/// clients on one key never admit more than the limit, and every refused cost is given back
+/// (the count left is the admissions); with `count_denied`, every attempt that could fit is
+/// counted.
 #[test]
 fn plain_commands_never_exceed_the_limit_in_a_race() {
     let server = common::Server::start();
     let rt = common::runtime();
-    for cd in [false, true] {
+    let algs = [
+        turnstile::Algorithm::FixedWindow,
+        turnstile::Algorithm::SlidingWindow,
+    ];
+    for (alg, cd) in algs.into_iter().flat_map(|a| [(a, false), (a, true)]) {
         let ls = Limits::new(vec![turnstile::LimitSpec {
             count_denied: cd,
-            ..turnstile::LimitSpec::new(
-                turnstile::Algorithm::FixedWindow,
-                100,
-                Duration::from_secs(3600),
-            )
+            ..turnstile::LimitSpec::new(alg, 100, Duration::from_secs(3600))
         }
         .build()
         .unwrap()])
@@ -499,7 +500,7 @@ fn plain_commands_never_exceed_the_limit_in_a_race() {
         });
         assert!(
             (1..=100).contains(&admitted),
-            "count_denied {cd}: {admitted} admitted of 640 attempts on a limit of 100"
+            "{alg:?} count_denied {cd}: {admitted} admitted of 640 attempts on a limit of 100"
         );
         // The count left: the admissions (denials given back), or every attempt (counted).
         let count = if cd { 640 } else { admitted };
