@@ -135,15 +135,16 @@ impl RedisStoreBuilder {
     /// of a function call (default off): a transaction of `INCRBY` and `PEXPIRE … NX` on a key
     /// named by the window (the way envoyproxy/ratelimit counts; sliding_window also `GET`s
     /// the previous window's), then the cost given back when it did not fit (unless the limit
-    /// counts denials); a refund is a function call. A fraction of a
-    /// function call's work in redis-server (docs/redis.md, "What a call costs").
+    /// counts denials); a refund is a function call. About a quarter of a function call's
+    /// work in redis-server (docs/redis.md, "What a call costs").
     ///
     /// **The window is picked by the caller's clock** (`SystemTime::now()`, or the explicit
     /// `now` of `check_at`), not the server's `TIME`: every process sharing the limit must
     /// have clocks that agree to within a small part of the window. A process whose clock is
     /// ahead counts in the next window early; one behind counts in the previous window while
-    /// its key lives (the end of the last window reading it + [`crate::PLAIN_CLOCK_SLACK_MS`]), and past that
-    /// starts it afresh, admitting up to the limit again there. Decisions equal the in-memory
+    /// its key lives (to the end of the last window reading it, plus
+    /// [`crate::PLAIN_CLOCK_SLACK_MS`]), and past that starts it afresh, admitting up to the
+    /// limit again there. Decisions equal the in-memory
     /// store's while each caller's time moves forward; a call at a time before the latest
     /// write is decided in its own (earlier) window, where the in-memory record would stay in
     /// the later one. Concurrent callers may be refused transiently when together they pass
@@ -424,7 +425,8 @@ impl RedisStore {
         if let Some(p) = &self.plain {
             let at = now.unwrap_or_else(plain::caller_now);
             let k = p.key(&self.layout.names(key).keys[0], at);
-            // Only this window's count, as in memory. A function call: no plain command gives back without going below 0.
+            // Only this window's count, as in memory; by a function call: no plain command
+            // gives back without going below 0.
             let v = self
                 .call(&fcall(self.caller.plain_fn(), &[k], (n, p.ceiling())))
                 .await?;
