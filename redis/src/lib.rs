@@ -33,6 +33,10 @@
 //! * One clock: the script reads the server's `TIME`, so machines with skewed clocks agree.
 //!   [`RedisStore::check_at`] passes an explicit `now` instead, for tests that run one trace
 //!   through Redis and through the in-memory engine.
+//! * Opt-in, for one fixed or sliding window:
+//!   [`RedisStoreBuilder::plain_commands`] decides by plain commands (`MULTI; INCRBY; PEXPIRE
+//!   … NX; EXEC` on a key per window, envoyproxy/ratelimit's way) at about a quarter of a
+//!   script call's cost in Redis, with the window picked by the caller's clock.
 //! * Every algorithm: fixed and sliding window, token and leaky bucket (strings), sliding_log
 //!   (a sorted set of admission times), window_ring (a packed string of sub-window counters),
 //!   concurrency (a sorted set of leases; [`RedisStore::acquire_owned`] and [`RedisPermit`]).
