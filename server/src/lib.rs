@@ -62,6 +62,7 @@ pub mod envoy;
 mod error;
 mod extra;
 mod http;
+mod limits;
 mod metrics;
 pub mod resp;
 pub mod snapshot;

@@ -6,12 +6,14 @@
 //!
 //! * `throttle`: `CL.THROTTLE`.
 //! * `rules`: `TURNSTILE.CHECK`, `TURNSTILE.PEEK`, `TURNSTILE.REFUND`.
+//! * `limits`: `TURNSTILE.LIMITS SET|GET|DEL`, keys' own limits.
 //! * `session`: `AUTH`, `HELLO`, `CLIENT`, `SELECT`, `PING`, `ECHO`, `QUIT`, `RESET`.
 //! * `introspect`: `COMMAND`, `INFO`, `CONFIG`.
 //! * `MULTI`, `EXEC`, `DISCARD`, `WATCH`, `UNWATCH` are the connection's own
 //!   ([`crate::resp::connection`]).
 
 pub(crate) mod introspect;
+pub(crate) mod limits;
 pub(crate) mod rules;
 pub(crate) mod session;
 pub(crate) mod throttle;
@@ -246,6 +248,7 @@ pub(crate) enum Kind {
     Check,
     Peek,
     Refund,
+    Limits,
     Ping,
     Echo,
     Hello,
@@ -308,6 +311,8 @@ pub(crate) const COMMANDS: &[Spec] = &[
         "What TURNSTILE.CHECK would answer, without counting the request."),
     spec("TURNSTILE.REFUND", Kind::Refund, -3, 5, &["write", "fast"], true,
         "Gives back what an admitted request took, where its algorithm can."),
+    spec("TURNSTILE.LIMITS", Kind::Limits, -4, 16, &["admin"], false,
+        "A key's own limit in a limits class: SET class key spec (admin), GET class key, DEL class key (admin)."),
     spec("PING", Kind::Ping, -1, 2, &["fast", "stale"], false, "Returns PONG, or the message."),
     spec("ECHO", Kind::Echo, 2, 2, &["fast"], false, "Returns the message."),
     spec("HELLO", Kind::Hello, -1, 7, &["noauth", "fast"], false,
@@ -342,6 +347,7 @@ pub(crate) fn lookup(name: &[u8]) -> Option<&'static Spec> {
 pub(crate) enum Command<'a> {
     Throttle(throttle::Throttle<'a>),
     Rules(rules::RulesCommand<'a>),
+    Limits(limits::LimitsCommand),
     Session(session::SessionCommand<'a>),
     Introspect(introspect::Introspect<'a>),
     Multi,
@@ -375,6 +381,7 @@ impl<'a> Command<'a> {
             Kind::Check | Kind::Peek | Kind::Refund => {
                 Command::Rules(rules::RulesCommand::parse(spec.kind, &mut c)?)
             }
+            Kind::Limits => Command::Limits(limits::LimitsCommand::parse(&mut c)?),
             Kind::Ping
             | Kind::Echo
             | Kind::Hello
