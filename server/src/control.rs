@@ -95,13 +95,18 @@ pub(crate) struct Refreshed {
 
 /// Re-reads the limits classes' files that changed since they were read
 /// (`Engine::refresh_limits`: a `stat` per file when none did). A file with a bad line is
-/// refused and its class keeps its entries; both are logged and counted.
+/// refused and its class keeps its entries; both are logged and counted, a refusal once
+/// (the poll sees it again each time until the file is fixed).
 pub(crate) fn refresh_limits(s: &Server, why: &str) -> Refreshed {
     let mut out = Refreshed::default();
     let Some(engine) = &s.checks.engine else {
         return out;
     };
+    let mut last = s.limits_refused.lock().unwrap_or_else(|e| e.into_inner());
     for (class, r) in engine.refresh_limits() {
+        if r.is_ok() {
+            last.remove(&class);
+        }
         match r {
             Ok(None) => {}
             Ok(Some(rep)) => {
@@ -110,10 +115,13 @@ pub(crate) fn refresh_limits(s: &Server, why: &str) -> Refreshed {
                 out.read.insert(class, rep.entries);
             }
             Err(e) => {
-                s.metrics
-                    .limits_reads_failed
-                    .fetch_add(1, Ordering::Relaxed);
-                tracing::error!(trigger = why, class = %class, error = %e, "limits file refused; the class keeps its entries");
+                if last.get(&class) != Some(&e.to_string()) {
+                    s.metrics
+                        .limits_reads_failed
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(trigger = why, class = %class, error = %e, "limits file refused; the class keeps its entries");
+                    last.insert(class.clone(), e.to_string());
+                }
                 out.refused.push(format!(
                     "limits class `{class}`: {e} (the class keeps its entries)"
                 ));

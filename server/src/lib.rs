@@ -287,6 +287,7 @@ fn server(args: &ServeArgs, l: Loaded, workers: usize) -> Arc<Server> {
         shutdown: tx,
         rules_mtime: Mutex::new(l.rules_mtime),
         envoy_stamp: Mutex::new(l.envoy_stamp),
+        limits_refused: Mutex::default(),
         snapshot_lock: Mutex::new(()),
         workers_done: AtomicBool::new(false),
     })

@@ -419,6 +419,12 @@ fn an_edited_limits_file_is_re_read_and_a_bad_edit_refused() {
         metric("turnstile_limits_reads_total{result=\"failed\"}") >= 1.0
     });
     assert!(get(&mut s).contains("pro"));
+    // Logged and counted once, however many looks see it.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        metric("turnstile_limits_reads_total{result=\"failed\"}"),
+        1.0
+    );
     // POST /v1/reload reports the refused file with its line.
     let (status, body) = curl("POST", &format!("http://{}/v1/reload", r.http), None);
     assert_eq!(status, 422, "{body}");
