@@ -2,7 +2,8 @@
 //! applied by a `match` (in the shape of mini-redis's `cmd/`): [`Command::parse`] looks the name
 //! up in [`COMMANDS`] (which also answers `COMMAND`, so a command's arity lives in one place),
 //! checks the arity, and lets the command's family read its arguments through an [`ArgCursor`].
-//! Nothing here allocates but an error's text.
+//! Nothing here allocates but an error's text (and `TURNSTILE.LIMITS`, an admin command off the
+//! check path, which owns its request to run it on another thread).
 //!
 //! * `throttle`: `CL.THROTTLE`.
 //! * `rules`: `TURNSTILE.CHECK`, `TURNSTILE.PEEK`, `TURNSTILE.REFUND`.
