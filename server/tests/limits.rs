@@ -476,3 +476,53 @@ fn redis_cli_sets_and_reads() {
     assert_eq!(cli(&["TURNSTILE.LIMITS", "DEL", "customers", "42"]), "1");
     stop(r);
 }
+
+/// Pipelined and in a transaction, the operations (run off the worker) answer in order, and
+/// each sees the one before.
+#[test]
+fn pipelined_and_in_multi_in_order() {
+    for runtime in [RuntimeKind::Uring, RuntimeKind::PerCore] {
+        let d = tmpdir(&format!("pipe-{runtime:?}"));
+        let r = server(&d, "", |a| a.runtime = runtime);
+        let mut s = connect(r.resp);
+        let mut req = Vec::new();
+        for parts in [
+            &["TURNSTILE.LIMITS", "SET", "customers", "5", "pro"][..],
+            &["TURNSTILE.LIMITS", "GET", "customers", "5"],
+            &["TURNSTILE.CHECK", "customer", "5"],
+            &["TURNSTILE.LIMITS", "DEL", "customers", "5"],
+            &["PING"],
+        ] {
+            req.extend(cmd(parts));
+        }
+        s.write_all(&req).unwrap();
+        let want = "+OK\r\n*3\r\n$3\r\npro\r\n$16\r\n100/1s burst=200\r\n$3\r\nown\r\n\
+                    *6\r\n:1\r\n:200\r\n:199\r\n:-1\r\n:10\r\n$-1\r\n:1\r\n+PONG\r\n";
+        let mut got = Vec::new();
+        let mut buf = [0u8; 1024];
+        while got.len() < want.len() {
+            let n = s.read(&mut buf).unwrap();
+            assert!(n > 0);
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert_eq!(String::from_utf8_lossy(&got), want, "{runtime:?}");
+        assert_eq!(ask(&mut s, &["MULTI"]), "+OK\r\n");
+        assert_eq!(
+            ask(
+                &mut s,
+                &["TURNSTILE.LIMITS", "SET", "customers", "6", "free"]
+            ),
+            "+QUEUED\r\n"
+        );
+        assert_eq!(
+            ask(&mut s, &["TURNSTILE.LIMITS", "GET", "customers", "6"]),
+            "+QUEUED\r\n"
+        );
+        assert_eq!(
+            ask(&mut s, &["EXEC"]),
+            "*2\r\n+OK\r\n*3\r\n$4\r\nfree\r\n$12\r\n1/1h burst=2\r\n$3\r\nown\r\n",
+            "{runtime:?}"
+        );
+        stop(r);
+    }
+}
