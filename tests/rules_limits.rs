@@ -157,6 +157,18 @@ fn a_bad_line_is_refused_at_its_line_and_the_entries_stay() {
     let err = out[0].1.as_ref().unwrap_err().to_string();
     assert!(err.starts_with(&format!("{}:3:", f.path())), "{err}");
     assert_eq!(admitted(&e, &c3, 20), 5, "the old entries: none for 3");
+    // Refused as it is: not read again until it changes. A good file of the same length and
+    // modified time is not seen; the same refusal is answered.
+    let mtime = std::fs::metadata(f.path()).unwrap().modified().unwrap();
+    f.write("1,free\n3,pro\n444,free\n");
+    std::fs::File::options()
+        .write(true)
+        .open(f.path())
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+    let again = e.refresh_limits()[0].1.as_ref().unwrap_err().to_string();
+    assert_eq!(again, err);
     f.write("1,free\n3,pro\n");
     let out = e.refresh_limits();
     assert_eq!(out[0].1.as_ref().unwrap().as_ref().unwrap().entries, 2);

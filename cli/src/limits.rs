@@ -1,6 +1,9 @@
 //! `turnstile limits check RULES...`: loads each limits class's file of a rules file as the
 //! engine would (docs/rules.md, "Keys' own limits"), and reports its entries, its load time and
 //! its memory, or the first bad line as `file:line: message` (exit status 1).
+//! `turnstile limits export RULES` writes a class's entries back in that format (`export`).
+
+mod export;
 
 use clap::Subcommand;
 use std::time::Instant;
@@ -19,11 +22,18 @@ pub enum LimitsCommand {
         #[arg(required = true, value_name = "RULES")]
         files: Vec<String>,
     },
+    /// Write a limits class's entries (loaded from its file as the engine loads them) to
+    /// standard output in the file format `limits check` reads, sorted by key. Customer and
+    /// IPv4 keys only: API keys, routes and IPv6 addresses are kept as hashes, not keys.
+    Export(export::ExportArgs),
 }
 
 /// Runs the subcommand.
 pub fn run(cmd: LimitsCommand) -> Result<(), String> {
-    let LimitsCommand::Check { files } = cmd;
+    let files = match cmd {
+        LimitsCommand::Check { files } => files,
+        LimitsCommand::Export(a) => return export::run(a),
+    };
     let mut failures = crate::Failures::default();
     for f in &files {
         let rules = match Rules::from_file(f) {

@@ -85,7 +85,7 @@ enum Command {
         #[command(subcommand)]
         command: rules::RulesCommand,
     },
-    /// Keys' own limits: load and check the files of a rules file's limits classes.
+    /// Keys' own limits: check the files of a rules file's limits classes, or export a class's entries.
     Limits {
         #[command(subcommand)]
         command: limits::LimitsCommand,

@@ -966,3 +966,148 @@ fn cl_throttle_keeps_one_state_per_key_whatever_the_parameters() {
     assert_eq!(s.metric("turnstile_store_keys{store=\"throttle\"}"), 11.0);
     s.stop();
 }
+
+/// Keys' own limits managed on the running binary: with a client and an admin password, the
+/// client password reads (`TURNSTILE.LIMITS GET`) and is refused changes (NOPERM, 403); the
+/// admin password sets an entry over RESP (redis-cli) and HTTP (curl) that decides the next
+/// checks; an edit of the limits file is read within a few looks, and a bad edit is refused
+/// with its line (in the log) while the entries stay.
+#[test]
+fn serve_manages_keys_own_limits_live() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules.toml");
+    std::fs::write(
+        &rules,
+        "[limits.customers]\nkey = \"customer\"\nalgorithm = \"token_bucket\"\nfile = \"limits.csv\"\n\
+         plans.pro = { limit = 100, window = \"1s\", burst = 200 }\n\
+         [[rule]]\nname = \"per-customer\"\nkey = \"customer\"\nlimits_from = \"customers\"\n\
+         limits = [{ algorithm = \"token_bucket\", limit = 1, window = \"1h\", burst = 5 }]\n",
+    )
+    .unwrap();
+    let csv = dir.path().join("limits.csv");
+    std::fs::write(&csv, "key,plan\n1,pro\n").unwrap();
+    let s = Server::start_logging(
+        &[
+            "--rules",
+            rules.to_str().unwrap(),
+            "--requirepass",
+            "client",
+            "--admin-pass",
+            "boss",
+            "--watch-every",
+            "100ms",
+            "--metrics-open",
+        ],
+        "info",
+    );
+    let cli = |user: &str, pass: &str, args: &[&str]| {
+        let o = Command::new("redis-cli")
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &s.resp.to_string(),
+                "--no-auth-warning",
+            ])
+            .args(["--user", user, "--pass", pass])
+            .args(args)
+            .output()
+            .expect("redis-cli runs (apt-get install redis-tools)");
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    let get = |key: &str| {
+        cli(
+            "default",
+            "client",
+            &["TURNSTILE.LIMITS", "GET", "customers", key],
+        )
+    };
+    assert_eq!(get("1"), "pro\n100/1s burst=200\nown");
+    let out = cli(
+        "default",
+        "client",
+        &["TURNSTILE.LIMITS", "SET", "customers", "42", "pro"],
+    );
+    assert!(out.starts_with("NOPERM"), "{out}");
+    assert_eq!(
+        cli(
+            "admin",
+            "boss",
+            &[
+                "TURNSTILE.LIMITS",
+                "SET",
+                "customers",
+                "42",
+                "1/1h",
+                "burst=2"
+            ]
+        ),
+        "OK"
+    );
+    let check = || cli("default", "client", &["TURNSTILE.CHECK", "customer", "42"]);
+    assert!(check().starts_with("1\n2\n1\n"), "{}", check());
+    assert!(check().starts_with("1\n2\n0\n"), "the bucket's second");
+    assert!(check().starts_with("0\n2\n0\n"), "denied by the new limit");
+    // HTTP: the client password reads and is refused changes; the admin password changes.
+    let url = format!("http://127.0.0.1:{}/v1/limits/customers/42", s.http);
+    let curl = |method: &str, token: &str, body: &str| {
+        let o = Command::new("curl")
+            .args(["-s", "-m", "10", "-w", "\n%{http_code}", "-X", method, &url])
+            .args(["-H", &format!("authorization: Bearer {token}")])
+            .args(["--data-binary", body])
+            .output()
+            .expect("curl runs");
+        let text = String::from_utf8_lossy(&o.stdout).to_string();
+        let (b, code) = text.rsplit_once('\n').unwrap();
+        (code.parse::<u16>().unwrap(), b.to_string())
+    };
+    assert_eq!(curl("PUT", "client", "pro").0, 403);
+    let (code, body) = curl("PUT", "boss", r#"{"plan": "pro"}"#);
+    assert_eq!(
+        (code, body.as_str()),
+        (200, r#"{"class":"customers","entry":"pro","key":"42"}"#)
+    );
+    let (code, body) = curl("GET", "client", "");
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains(r#""decides":"own","entry":"pro""#), "{body}");
+    let (code, body) = curl("PUT", "boss", "gold");
+    assert_eq!(code, 422, "{body}");
+    assert!(
+        body.contains("has no plan `gold`; its plans: pro"),
+        "{body}"
+    );
+    assert_eq!(
+        curl("DELETE", "boss", "").1,
+        r#"{"class":"customers","key":"42","removed":true}"#
+    );
+    // The file, edited under the server: read within a few looks; a bad line refused.
+    let wait_for = |key: &str, want: &str| {
+        let t0 = Instant::now();
+        while !get(key).starts_with(want) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "{key}: {}",
+                get(key)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    std::fs::write(&csv, "key,plan\n1,pro\n7,3/1m burst=3\n").unwrap();
+    wait_for("7", "3/1m burst=3");
+    std::fs::write(&csv, "key,plan\n1,pro\n7,gold\n").unwrap();
+    let t0 = Instant::now();
+    while s.metric("turnstile_limits_reads_total{result=\"failed\"}") < 1.0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the bad edit never seen"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(get("7").starts_with("3/1m burst=3"), "the entries stay");
+    let log = s.stop();
+    assert!(log.contains("limits file re-read"), "{log}");
+    assert!(
+        log.contains("limits.csv:3: class `customers` has no plan `gold`"),
+        "{log}"
+    );
+}

@@ -29,6 +29,8 @@ pub(crate) enum Answer {
     Refunded(u32),
     /// Why it could not be done (the reply's text, code first).
     Failed(String),
+    /// What a `TURNSTILE.LIMITS` did.
+    Limits(Result<crate::limits::Done, crate::limits::Refused>),
 }
 
 /// The rules engine and where its counts live.

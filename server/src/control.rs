@@ -1,6 +1,6 @@
 //! The control thread: signals (SIGTERM/SIGINT stop gracefully, a second one exits at once;
-//! SIGHUP reloads), the rules file watch (its modification time, polled), and the periodic
-//! snapshot. Also the reload and snapshot steps that HTTP and shutdown share.
+//! SIGHUP reloads), the rules file watch (its modification time, polled, and the limits
+//! classes' files with it: `Engine::refresh_limits`), and the periodic snapshot. Also the reload and snapshot steps that HTTP and shutdown share.
 
 use crate::state::Server;
 use crate::ServeError;
@@ -18,6 +18,7 @@ use std::time::Duration;
 /// `file:line:column: message`, joined by `; ` (the other file is reloaded all the same).
 pub(crate) fn reload(s: &Server, why: &str) -> Result<serde_json::Value, (StatusCode, String)> {
     let rules = reload_rules(s, why);
+    let limits = refresh_limits(s, why);
     let envoy = reload_envoy(s, why);
     if rules.is_none() && envoy.is_none() {
         return Err((
@@ -38,6 +39,10 @@ pub(crate) fn reload(s: &Server, why: &str) -> Result<serde_json::Value, (Status
         Some(Err(e)) => errors.push(e),
         None => {}
     }
+    if !limits.read.is_empty() {
+        report["limits"] = json!(limits.read);
+    }
+    errors.extend(limits.refused);
     match envoy {
         Some(Ok(domains)) => report["envoy"] = json!({ "reloaded": true, "domains": domains }),
         Some(Err(e)) => errors.push(format!(
@@ -78,6 +83,52 @@ fn reload_rules(s: &Server, why: &str) -> Option<Result<turnstile::rules::Reload
             Err(e.to_string())
         }
     })
+}
+
+/// What [`refresh_limits`] did: the classes whose files were re-read (name → entries), and
+/// each refused file's `file:line: message`.
+#[derive(Default)]
+pub(crate) struct Refreshed {
+    read: std::collections::BTreeMap<String, u64>,
+    refused: Vec<String>,
+}
+
+/// Re-reads the limits classes' files that changed since they were read
+/// (`Engine::refresh_limits`: a `stat` per file when none did). A file with a bad line is
+/// refused and its class keeps its entries; both are logged and counted, a refusal once
+/// (the poll sees it again each time until the file is fixed).
+pub(crate) fn refresh_limits(s: &Server, why: &str) -> Refreshed {
+    let mut out = Refreshed::default();
+    let Some(engine) = &s.checks.engine else {
+        return out;
+    };
+    let mut last = s.limits_refused.lock().unwrap_or_else(|e| e.into_inner());
+    for (class, r) in engine.refresh_limits() {
+        if r.is_ok() {
+            last.remove(&class);
+        }
+        match r {
+            Ok(None) => {}
+            Ok(Some(rep)) => {
+                s.metrics.limits_reads_ok.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(trigger = why, class = %class, entries = rep.entries, seconds = rep.seconds, "limits file re-read");
+                out.read.insert(class, rep.entries);
+            }
+            Err(e) => {
+                if last.get(&class) != Some(&e.to_string()) {
+                    s.metrics
+                        .limits_reads_failed
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(trigger = why, class = %class, error = %e, "limits file refused; the class keeps its entries");
+                    last.insert(class.clone(), e.to_string());
+                }
+                out.refused.push(format!(
+                    "limits class `{class}`: {e} (the class keeps its entries)"
+                ));
+            }
+        }
+    }
+    out
 }
 
 /// Reloads the Envoy configuration, if there is one: its domains, or why it was refused
@@ -304,6 +355,7 @@ fn watch_file(s: &Server) {
         if now.is_some() && now != last {
             let _ = reload_rules(s, "file changed");
         }
+        refresh_limits(s, "file changed");
     }
     if let Some(path) = &s.files.envoy_config {
         let now = stamp(path);

@@ -1,9 +1,10 @@
 //! The HTTP API (axum): `POST /v1/check`, `GET /metrics`, `GET /healthz`, `POST /v1/reload`,
-//! and with `--envoy-config` Envoy's `POST /json` and `GET /healthcheck`
+//! `GET`/`PUT`/`DELETE /v1/limits/{class}/{key}` (keys' own limits, `limits`), and with `--envoy-config` Envoy's `POST /json` and `GET /healthcheck`
 //! ([`crate::envoy::json_router`], whose own body limit applies). Errors are JSON
 //! `{"error": "..."}`; a body over `--max-body` gets 413.
 
 mod check;
+mod limits;
 
 use crate::config::Access;
 use crate::metrics::C;
@@ -113,7 +114,7 @@ async fn not_found(State(s): State<Arc<Server>>, uri: axum::http::Uri) -> Respon
         &s,
         StatusCode::NOT_FOUND,
         format!(
-            "no such endpoint: POST /v1/check, GET /metrics, GET /healthz, POST /v1/reload{envoy}"
+            "no such endpoint: POST /v1/check, GET /metrics, GET /healthz, POST /v1/reload, GET|PUT|DELETE /v1/limits/{{class}}/{{key}}{envoy}"
         ),
     )
 }
@@ -132,14 +133,18 @@ struct Dispatch {
     conn: Option<Arc<ConnState>>,
 }
 
-/// What a request must have shown for `path`: `/healthz` and Envoy's `/healthcheck` are open
-/// (probes carry no credentials), `/metrics` unless `--metrics-open`, the operations that
-/// change the server need admin, the rest the client password.
-fn needs(path: &str, metrics_open: bool) -> Access {
+/// What a request must have shown for `method` on `path`: `/healthz` and Envoy's
+/// `/healthcheck` are open (probes carry no credentials), `/metrics` unless `--metrics-open`,
+/// the operations that change the server (a reload, a key's limit set or removed) need admin,
+/// the rest (reading a key's limit included) the client password.
+fn needs(method: &Method, path: &str, metrics_open: bool) -> Access {
     match path {
         "/healthz" | "/healthcheck" => Access::None,
         "/metrics" if metrics_open => Access::None,
         "/v1/reload" => Access::Admin,
+        p if p.starts_with("/v1/limits/") && method != Method::GET && method != Method::HEAD => {
+            Access::Admin
+        }
         _ => Access::Client,
     }
 }
@@ -159,14 +164,14 @@ impl Dispatch {
     }
 
     /// The refusal of a request that has not shown enough (answered without reading its body).
-    fn refuse(&self, shown: Option<Access>, path: &str) -> Response {
+    fn refuse(&self, shown: Option<Access>, method: &Method, path: &str) -> Response {
         let s = &self.shared;
         s.metrics.add(C::HttpRequests, 1);
         match shown {
             Some(a) if a >= Access::Client => error(
                 s,
                 StatusCode::FORBIDDEN,
-                format!("{path} changes the server: give the admin password (--admin-pass) as `Authorization: Bearer PASSWORD`, or send it to a loopback listener or --admin when no admin password is set"),
+                format!("{method} {path} changes the server: give the admin password (--admin-pass) as `Authorization: Bearer PASSWORD`, or send it to a loopback listener or --admin when no admin password is set"),
             ),
             _ => {
                 let mut r = error(
@@ -209,8 +214,13 @@ where
         // The request's headers are in: the connection is busy until its response is made.
         let busy = self.conn.as_ref().map(ConnState::begin);
         let shown = self.access(&req);
-        if shown.unwrap_or(Access::None) < needs(req.uri().path(), self.shared.http.metrics_open) {
-            let r = self.refuse(shown, req.uri().path());
+        let need = needs(
+            req.method(),
+            req.uri().path(),
+            self.shared.http.metrics_open,
+        );
+        if shown.unwrap_or(Access::None) < need {
+            let r = self.refuse(shown, req.method(), req.uri().path());
             let limit = self.shared.http.max_body;
             return Either::Left(Box::pin(async move {
                 // The body is read (up to --max-body, then dropped) before the refusal: a
@@ -316,6 +326,10 @@ fn router(shared: &Arc<Server>) -> Router {
             post(|State(s): State<Arc<Server>>, body: Body| check_direct(s, body)),
         )
         .route("/v1/reload", post(reload))
+        .route(
+            "/v1/limits/{class}/{key}",
+            get(limits::get).put(limits::put).delete(limits::delete),
+        )
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .fallback(not_found)

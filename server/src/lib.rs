@@ -5,8 +5,9 @@
 //! RESP3 after `HELLO 3`, pipelined); HTTP clients `POST /v1/check`; Prometheus scrapes
 //! `/metrics`. With `--envoy-config`, Envoy's rate limit service answers over gRPC (`--grpc`)
 //! and `POST /json` (docs/envoy.md). The rules file and the Envoy configuration reload on
-//! `SIGHUP`, `POST /v1/reload` or a change of their files; the stores are snapshotted to a
-//! file and restored on start. docs/service.md.
+//! `SIGHUP`, `POST /v1/reload` or a change of their files (the limits classes' files with
+//! them); keys' own limits are managed live (`TURNSTILE.LIMITS`, `/v1/limits/{class}/{key}`:
+//! `limits`); the stores are snapshotted to a file and restored on start. docs/service.md.
 //!
 //! * [`resp`]: the protocol, a pure parser and an encoder.
 //! * [`throttle`]: `CL.THROTTLE` on turnstile's keyed stores.
@@ -62,6 +63,7 @@ pub mod envoy;
 mod error;
 mod extra;
 mod http;
+mod limits;
 mod metrics;
 pub mod resp;
 pub mod snapshot;
@@ -286,6 +288,7 @@ fn server(args: &ServeArgs, l: Loaded, workers: usize) -> Arc<Server> {
         shutdown: tx,
         rules_mtime: Mutex::new(l.rules_mtime),
         envoy_stamp: Mutex::new(l.envoy_stamp),
+        limits_refused: Mutex::default(),
         snapshot_lock: Mutex::new(()),
         workers_done: AtomicBool::new(false),
     })

@@ -99,6 +99,9 @@ pub(crate) struct Metrics {
     pub(crate) reloads_failed: AtomicU64,
     pub(crate) envoy_reloads_ok: AtomicU64,
     pub(crate) envoy_reloads_failed: AtomicU64,
+    /// Limits classes' files re-read, and refused (a bad line).
+    pub(crate) limits_reads_ok: AtomicU64,
+    pub(crate) limits_reads_failed: AtomicU64,
     pub(crate) snapshots_ok: AtomicU64,
     pub(crate) snapshots_failed: AtomicU64,
     pub(crate) snapshot_records: AtomicU64,
@@ -122,6 +125,8 @@ impl Metrics {
             reloads_failed: AtomicU64::new(0),
             envoy_reloads_ok: AtomicU64::new(0),
             envoy_reloads_failed: AtomicU64::new(0),
+            limits_reads_ok: AtomicU64::new(0),
+            limits_reads_failed: AtomicU64::new(0),
             snapshots_ok: AtomicU64::new(0),
             snapshots_failed: AtomicU64::new(0),
             snapshot_records: AtomicU64::new(0),
@@ -392,6 +397,16 @@ fn operations(o: &mut Exposition, s: &Server) {
         "Rules reloads by result.",
         "result",
         [("ok", r(&m.reloads_ok)), ("failed", r(&m.reloads_failed))],
+    );
+    o.by(
+        "turnstile_limits_reads_total",
+        "counter",
+        "Limits classes' files re-read after a change, by result (failed: a bad line; the class kept its entries).",
+        "result",
+        [
+            ("ok", r(&m.limits_reads_ok)),
+            ("failed", r(&m.limits_reads_failed)),
+        ],
     );
     if s.envoy.is_some() {
         o.by(

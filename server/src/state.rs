@@ -97,6 +97,8 @@ pub(crate) struct Server {
     pub(crate) rules_mtime: Mutex<Option<std::time::SystemTime>>,
     /// The same for the Envoy configuration: what its files looked like at the last reload.
     pub(crate) envoy_stamp: Mutex<control::Stamp>,
+    /// Each limits class's last refusal by the file poll, logged and counted once.
+    pub(crate) limits_refused: Mutex<std::collections::HashMap<String, String>>,
     /// Serializes snapshot writes (timer and shutdown).
     pub(crate) snapshot_lock: Mutex<()>,
     /// Set once every worker has stopped (the control thread then exits).
@@ -181,6 +183,7 @@ impl Server {
             shutdown: tx,
             rules_mtime: Mutex::new(None),
             envoy_stamp: Mutex::new(control::Stamp::default()),
+            limits_refused: Mutex::default(),
             snapshot_lock: Mutex::new(()),
             workers_done: AtomicBool::new(false),
         })

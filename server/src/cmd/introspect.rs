@@ -209,6 +209,12 @@ fn arguments(kind: Kind) -> &'static [(&'static str, &'static str, bool)] {
             ("key", "key", false),
             ("priority", "string", true),
         ],
+        Kind::Limits => &[
+            ("SET|GET|DEL", "string", false),
+            ("class", "string", false),
+            ("key", "string", false),
+            ("spec", "string", true),
+        ],
         Kind::Echo => &[("message", "string", false)],
         Kind::Ping => &[("message", "string", true)],
         Kind::Auth => &[("username", "string", true), ("password", "string", false)],

@@ -2,16 +2,19 @@
 //! applied by a `match` (in the shape of mini-redis's `cmd/`): [`Command::parse`] looks the name
 //! up in [`COMMANDS`] (which also answers `COMMAND`, so a command's arity lives in one place),
 //! checks the arity, and lets the command's family read its arguments through an [`ArgCursor`].
-//! Nothing here allocates but an error's text.
+//! Nothing here allocates but an error's text (and `TURNSTILE.LIMITS`, an admin command off the
+//! check path, which owns its request to run it on another thread).
 //!
 //! * `throttle`: `CL.THROTTLE`.
 //! * `rules`: `TURNSTILE.CHECK`, `TURNSTILE.PEEK`, `TURNSTILE.REFUND`.
+//! * `limits`: `TURNSTILE.LIMITS SET|GET|DEL`, keys' own limits.
 //! * `session`: `AUTH`, `HELLO`, `CLIENT`, `SELECT`, `PING`, `ECHO`, `QUIT`, `RESET`.
 //! * `introspect`: `COMMAND`, `INFO`, `CONFIG`.
 //! * `MULTI`, `EXEC`, `DISCARD`, `WATCH`, `UNWATCH` are the connection's own
 //!   ([`crate::resp::connection`]).
 
 pub(crate) mod introspect;
+pub(crate) mod limits;
 pub(crate) mod rules;
 pub(crate) mod session;
 pub(crate) mod throttle;
@@ -246,6 +249,7 @@ pub(crate) enum Kind {
     Check,
     Peek,
     Refund,
+    Limits,
     Ping,
     Echo,
     Hello,
@@ -308,6 +312,8 @@ pub(crate) const COMMANDS: &[Spec] = &[
         "What TURNSTILE.CHECK would answer, without counting the request."),
     spec("TURNSTILE.REFUND", Kind::Refund, -3, 5, &["write", "fast"], true,
         "Gives back what an admitted request took, where its algorithm can."),
+    spec("TURNSTILE.LIMITS", Kind::Limits, -4, 16, &["admin"], false,
+        "A key's own limit in a limits class: SET class key spec (admin), GET class key, DEL class key (admin)."),
     spec("PING", Kind::Ping, -1, 2, &["fast", "stale"], false, "Returns PONG, or the message."),
     spec("ECHO", Kind::Echo, 2, 2, &["fast"], false, "Returns the message."),
     spec("HELLO", Kind::Hello, -1, 7, &["noauth", "fast"], false,
@@ -342,6 +348,7 @@ pub(crate) fn lookup(name: &[u8]) -> Option<&'static Spec> {
 pub(crate) enum Command<'a> {
     Throttle(throttle::Throttle<'a>),
     Rules(rules::RulesCommand<'a>),
+    Limits(limits::LimitsCommand),
     Session(session::SessionCommand<'a>),
     Introspect(introspect::Introspect<'a>),
     Multi,
@@ -375,6 +382,7 @@ impl<'a> Command<'a> {
             Kind::Check | Kind::Peek | Kind::Refund => {
                 Command::Rules(rules::RulesCommand::parse(spec.kind, &mut c)?)
             }
+            Kind::Limits => Command::Limits(limits::LimitsCommand::parse(&mut c)?),
             Kind::Ping
             | Kind::Echo
             | Kind::Hello

@@ -85,13 +85,13 @@ impl<'a> RulesCommand<'a> {
             }
         };
         if srv.checks.redis().is_some() {
-            return Some(RemoteCall {
+            return Some(RemoteCall::Rules(RulesCall {
                 op: self.op,
                 class: self.class.to_owned(),
                 key: self.key.to_owned(),
                 cost: self.cost,
                 priority: self.priority,
-            });
+            }));
         }
         let t0 = srv.metrics.now();
         let a = srv.checks.local(self.op, &req);
@@ -101,9 +101,39 @@ impl<'a> RulesCommand<'a> {
     }
 }
 
-/// A rules command to decide in Redis: owned, so that the connection's buffers are free while
-/// it is awaited (and a runtime without Redis's can send it to one that has).
-pub(crate) struct RemoteCall {
+/// A command the connection cannot answer at once, which its driver awaits on a runtime
+/// ([`RemoteCall::run`]): owned, so that the connection's buffers are free while it is awaited
+/// (and a runtime without Redis's can send it to one that has).
+pub(crate) enum RemoteCall {
+    /// A rules command whose counts live in Redis.
+    Rules(RulesCall),
+    /// A `TURNSTILE.LIMITS`, run on a blocking thread (its source may wait for the network).
+    Limits(super::limits::LimitsCall),
+}
+
+impl RemoteCall {
+    /// Awaits the answer (Redis's timeout and failure policy bound a rules call's wait).
+    pub(crate) async fn run(&self, srv: &std::sync::Arc<Server>) -> Answer {
+        match self {
+            RemoteCall::Rules(r) => r.run(srv).await,
+            RemoteCall::Limits(l) => {
+                Answer::Limits(crate::limits::run(srv.clone(), l.0.clone()).await)
+            }
+        }
+    }
+
+    /// Writes the answer of [`RemoteCall::run`].
+    pub(crate) fn reply(&self, srv: &Server, a: Answer, o: &mut Out<'_>, _s: &mut Session) {
+        match (self, a) {
+            (_, Answer::Limits(r)) => super::limits::reply(r, o),
+            (RemoteCall::Rules(r), a) => reply(srv, r.op, a, o),
+            (RemoteCall::Limits(_), a) => reply(srv, Op::Peek, a, o),
+        }
+    }
+}
+
+/// A rules command to decide in Redis.
+pub(crate) struct RulesCall {
     op: Op,
     class: String,
     key: String,
@@ -111,9 +141,9 @@ pub(crate) struct RemoteCall {
     priority: Option<Priority>,
 }
 
-impl RemoteCall {
+impl RulesCall {
     /// Awaits Redis (its timeout and failure policy bound the wait).
-    pub(crate) async fn run(&self, srv: &Server) -> Answer {
+    async fn run(&self, srv: &Server) -> Answer {
         let Some(redis) = srv.checks.redis() else {
             // The backend went back to memory while this waited: answered there.
             return match check::request(&self.class, &self.key) {
@@ -136,11 +166,6 @@ impl RemoteCall {
         srv.metrics.latency(srv.metrics.now().saturating_sub(t0));
         a
     }
-
-    /// Writes the answer of [`RemoteCall::run`].
-    pub(crate) fn reply(&self, srv: &Server, a: Answer, o: &mut Out<'_>, _s: &mut Session) {
-        reply(srv, self.op, a, o);
-    }
 }
 
 /// An answer's reply: `[allowed, limit, remaining, retry_after_ms, reset_after_ms, rule]`
@@ -148,6 +173,7 @@ impl RemoteCall {
 fn reply(srv: &Server, op: Op, a: Answer, o: &mut Out<'_>) {
     match a {
         Answer::Failed(m) => o.error(&m),
+        Answer::Limits(r) => super::limits::reply(r, o),
         Answer::Refunded(n) => {
             srv.metrics.add(C::Refunds, 1);
             o.int(i64::from(n));

@@ -547,6 +547,10 @@ fn apply(
             t.apply(&srv.throttles, s, None, o);
         }
         Command::Rules(r) => return (r.apply(srv, o), Effect::None),
+        Command::Limits(l) => {
+            let call = l.apply(s.access, o).map(RemoteCall::Limits);
+            return (call, Effect::None);
+        }
         Command::Session(sc) => {
             let e = sc.apply(&srv.resp.auth, srv.resp.trusted, s, o);
             return (None, e);

@@ -310,7 +310,8 @@ impl<C: Clock> Engine<C> {
 
     /// Re-reads the files of the limits classes that changed since they were read, each as
     /// [`MemoryLimits::load`] does: a file with a bad line is refused (`file:line`) and its
-    /// class keeps its entries. Returns, per class, what it read (`None`: nothing changed).
+    /// class keeps its entries; until that file changes again, each call answers the same
+    /// refusal without reading it. Returns, per class, what it read (`None`: nothing changed).
     /// Cheap when nothing changed (a `stat` per file): a server calls it every second or so,
     /// and on SIGHUP.
     pub fn refresh_limits(&self) -> Vec<(String, Result<Option<LoadReport>, LimitsError>)> {

@@ -113,6 +113,21 @@ impl Value<'_> {
     }
 }
 
+impl LimitsClass {
+    /// One JSON Lines entry as a file of the class gives it (`{"key": "42", "plan": "pro"}`,
+    /// `{"key": 42, "limit": 5, "window": "1s", "burst": 10}`): its key's text and its entry.
+    /// The entry is not yet checked against the class's plans
+    /// ([`LimitsSource::set`](super::LimitsSource::set) does that).
+    pub fn parse_json(&self, line: &str) -> Result<(String, super::KeyLimit), String> {
+        let (key, v) = json_line(line.trim())?.ok_or("an empty entry")?;
+        let entry = match v.plan() {
+            Some(p) => super::KeyLimit::Plan(p.to_string()),
+            None => super::KeyLimit::Limit(v.spec(self)?.ok_or("neither a plan nor a limit")?),
+        };
+        Ok((key, entry))
+    }
+}
+
 /// The key id of `key` (text) under `class`, as a rule of that class computes it.
 pub(crate) fn key_id(class: KeyClass, key: &str, h: &KeyHasher) -> Result<u64, String> {
     if class.part_count() != 1 {

@@ -96,6 +96,8 @@ struct Writer {
     interned: HashMap<LimitSpec, u32>,
     /// The file's (modified time, length) when it was last read.
     stamp: Option<(std::time::SystemTime, u64)>,
+    /// The file's stamp when it was last refused, and why: not read again until it changes.
+    refused: Option<((std::time::SystemTime, u64), LimitsError)>,
 }
 
 /// A limits class's entries in this process (see the module docs).
@@ -130,6 +132,7 @@ impl MemoryLimits {
                 index,
                 interned: HashMap::new(),
                 stamp: None,
+                refused: None,
             }),
             hasher,
         };
@@ -392,7 +395,7 @@ impl LimitsSource for MemoryLimits {
         let file_changed = class.file != w.class.file || class.capacity != w.class.capacity;
         (w.names, w.index, w.class) = (names, index, class.clone());
         if file_changed {
-            w.stamp = None;
+            (w.stamp, w.refused) = (None, None);
         }
         Ok(())
     }
@@ -402,9 +405,26 @@ impl LimitsSource for MemoryLimits {
         let Some(path) = &w.class.file else {
             return Ok(None);
         };
-        if w.stamp.is_some() && w.stamp == file::stamp(path).ok() {
+        let now = file::stamp(path).ok();
+        if w.stamp.is_some() && w.stamp == now {
             return Ok(None);
         }
-        self.load_locked(&mut w).map(Some)
+        // A file refused as it is now: the same refusal, without reading it again (a large
+        // file left bad would otherwise be read at every look).
+        if let (Some((at, e)), Some(now)) = (&w.refused, now) {
+            if *at == now {
+                return Err(e.clone());
+            }
+        }
+        match self.load_locked(&mut w) {
+            Ok(r) => {
+                w.refused = None;
+                Ok(Some(r))
+            }
+            Err(e) => {
+                w.refused = now.map(|n| (n, e.clone()));
+                Err(e)
+            }
+        }
     }
 }
