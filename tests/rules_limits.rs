@@ -303,6 +303,36 @@ fn classes_and_rules_that_cannot_work_are_refused() {
     assert!(e.contains("packed"), "{e}");
 }
 
+/// `redis = "URL"`: read as text (the server gives the class its source); refused with a file,
+/// a key other than customer, or something that is not a Redis URL, at the `redis` line.
+#[test]
+fn a_class_in_redis() {
+    let with = |extra: &str| {
+        rules(None).replace(
+            "window = \"1m\"\n\n",
+            &format!("window = \"1m\"\n{extra}\n"),
+        )
+    };
+    let r = Rules::parse(&with("redis = \"redis://127.0.0.1:6379\""), "t.toml").unwrap();
+    assert_eq!(
+        r.classes[0].redis.as_deref(),
+        Some("redis://127.0.0.1:6379")
+    );
+    let err = |text: &str| Rules::parse(text, "t.toml").unwrap_err().to_string();
+    let e = err(&with("redis = \"127.0.0.1:6379\""));
+    assert!(
+        e.contains("not a Redis URL") && e.starts_with("t.toml:6:"),
+        "{e}"
+    );
+    let e = err(&with("redis = \"redis://h\"\nfile = \"x.csv\""));
+    assert!(e.contains("in a file or in Redis, not both"), "{e}");
+    let e = err(&with("redis = \"redis://h\"").replace(
+        "key = \"customer\"\nalgorithm",
+        "key = \"api_key\"\nalgorithm",
+    ));
+    assert!(e.contains("keyed by customer ids"), "{e}");
+}
+
 /// A token bucket class: a key upgraded keeps its TAT (redis-cell's rule).
 #[test]
 fn a_bucket_keeps_its_tat_across_plans() {

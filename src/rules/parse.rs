@@ -373,6 +373,10 @@ impl Cx<'_> {
             self.mark(at(Cf::Capacity), n.span());
             class.capacity = n.into_inner();
         }
+        if let Some(u) = raw.redis {
+            self.mark(at(Cf::Redis), u.span());
+            class.redis = Some(u.into_inner());
+        }
         for (j, (plan, l)) in raw.plans.into_iter().enumerate() {
             let spec = self.limit(l, |f| at(Cf::Plan(j, f)), algorithm, class.window)?;
             class.plans.push((plan, spec));

@@ -190,6 +190,7 @@ pub(crate) struct RawClass {
     pub(crate) window: S<Dur>,
     pub(crate) file: S<String>,
     pub(crate) capacity: S<u64>,
+    pub(crate) redis: S<String>,
     #[serde(default)]
     pub(crate) plans: std::collections::BTreeMap<String, Spanned<RawLimit>>,
 }

@@ -29,6 +29,13 @@ pub struct LimitsClass {
     pub file: Option<PathBuf>,
     /// Most keys with an entry (live changes included); a file with more raises it.
     pub capacity: u64,
+    /// The Redis holding the entries (`redis = "redis://..."`), for a fleet: read as text
+    /// here; `turnstile serve` (or [`EngineBuilder::limits_source`] with turnstile-redis's
+    /// `RedisLimits`) gives the class its source. Without one the engine keeps the class
+    /// in memory.
+    ///
+    /// [`EngineBuilder::limits_source`]: crate::rules::EngineBuilder::limits_source
+    pub redis: Option<String>,
 }
 
 impl LimitsClass {
@@ -42,6 +49,7 @@ impl LimitsClass {
             plans: Vec::new(),
             file: None,
             capacity: DEFAULT_LIMITS_CAPACITY,
+            redis: None,
         }
     }
 

@@ -15,7 +15,7 @@ pub(crate) use modes::{compile_limits, effective};
 
 use super::limits::LimitsClass;
 use super::model::{
-    Backend, BackendPolicy, Mode, RedisBackend, RedisNodes, Rule, Shedding, MAX_CAPACITY,
+    Backend, BackendPolicy, KeyClass, Mode, RedisBackend, RedisNodes, Rule, Shedding, MAX_CAPACITY,
     MAX_OVERRIDES, MAX_RULES,
 };
 use super::request::{method_code, Priority, METHODS};
@@ -48,6 +48,7 @@ pub(crate) enum Cf {
     Window,
     File,
     Capacity,
+    Redis,
     /// A field of the `j`-th plan (`""`: the plan).
     Plan(usize, &'static str),
 }
@@ -142,6 +143,7 @@ impl Loc {
                     Cf::Window => " window".into(),
                     Cf::File => " file".into(),
                     Cf::Capacity => " capacity".into(),
+                    Cf::Redis => " redis".into(),
                     Cf::Plan(j, "") => format!(" plan #{}", j + 1),
                     Cf::Plan(j, f) => format!(" plan #{} {f}", j + 1),
                 };
@@ -225,6 +227,33 @@ pub(crate) fn validate(r: &super::Rules) -> Result<(), (Loc, String)> {
     Ok(())
 }
 
+/// A class whose entries are in Redis: keyed by customer ids (the same id in every process of
+/// a fleet; other keys are hashed under each process's seed), and not also in a file.
+fn validate_redis_class(class: &LimitsClass) -> Result<(), String> {
+    let url = class.redis.as_deref().unwrap_or("");
+    if !(url.starts_with("redis://") || url.starts_with("rediss://") || url.starts_with("unix://"))
+    {
+        return Err(format!(
+            "`{url}` is not a Redis URL: give e.g. redis = \"redis://127.0.0.1:6379\""
+        ));
+    }
+    if class.file.is_some() {
+        return Err(
+            "a class's entries are in a file or in Redis, not both: remove `file` \
+                    (`turnstile limits import FILE` puts a file's entries in Redis)"
+                .into(),
+        );
+    }
+    if class.key != KeyClass::customer() {
+        return Err(format!(
+            "a class in Redis is keyed by customer ids, the same in every process; {} keys \
+             are hashed under each process's seed",
+            class.key
+        ));
+    }
+    Ok(())
+}
+
 /// A limits class: a packed algorithm, its window if it counts in windows, one key part, and
 /// plans of its own algorithm and window.
 fn validate_class(r: &super::Rules, c: usize, class: &LimitsClass) -> Result<(), (Loc, String)> {
@@ -255,6 +284,9 @@ fn validate_class(r: &super::Rules, c: usize, class: &LimitsClass) -> Result<(),
         };
         (at(f), m)
     })?;
+    if class.redis.is_some() {
+        validate_redis_class(class).map_err(|m| (at(Cf::Redis), m))?;
+    }
     for (j, (plan, spec)) in class.plans.iter().enumerate() {
         if plan.is_empty()
             || !plan.starts_with(|ch: char| ch.is_ascii_alphabetic() || ch == '_')
