@@ -57,6 +57,7 @@ mod conn;
 mod deny;
 mod layout;
 pub mod lease;
+pub mod limits;
 mod permit;
 mod plain;
 mod policy;
@@ -66,6 +67,7 @@ mod script;
 mod store;
 
 pub use conn::Conn;
+pub use limits::{RedisLimits, RedisLimitsStats};
 pub use permit::RedisPermit;
 pub use plain::PLAIN_CLOCK_SLACK_MS;
 pub use policy::{FailurePolicy, FailureStats};
