@@ -1,9 +1,12 @@
 //! `turnstile limits check RULES...`: loads each limits class's file of a rules file as the
 //! engine would (docs/rules.md, "Keys' own limits"), and reports its entries, its load time and
 //! its memory, or the first bad line as `file:line: message` (exit status 1).
-//! `turnstile limits export RULES` writes a class's entries back in that format (`export`).
+//! `turnstile limits export RULES` writes a class's entries back in that format (`export`);
+//! `turnstile limits import FILE --rules RULES` puts a file's entries into a class's Redis
+//! (`import`).
 
 mod export;
+mod import;
 
 use clap::Subcommand;
 use std::time::Instant;
@@ -26,6 +29,10 @@ pub enum LimitsCommand {
     /// standard output in the file format `limits check` reads, sorted by key. Customer and
     /// IPv4 keys only: API keys, routes and IPv6 addresses are kept as hashes, not keys.
     Export(export::ExportArgs),
+    /// Put a file's entries into the Redis of a class whose entries live there
+    /// (`redis = "redis://..."`): every line checked as `check` does, then written pipelined
+    /// with a progress bar; prints entries per second. Entries not in the file stay.
+    Import(import::ImportArgs),
 }
 
 /// Runs the subcommand.
@@ -33,6 +40,7 @@ pub fn run(cmd: LimitsCommand) -> Result<(), String> {
     let files = match cmd {
         LimitsCommand::Check { files } => files,
         LimitsCommand::Export(a) => return export::run(a),
+        LimitsCommand::Import(a) => return import::run(a),
     };
     let mut failures = crate::Failures::default();
     for f in &files {

@@ -1,0 +1,161 @@
+//! `turnstile limits import FILE --rules RULES [--class NAME] [--redis-url URL]`: puts a file's
+//! entries (CSV or JSON Lines, read and checked as the engine reads a class's file) into the
+//! Redis of a class whose entries live there (turnstile-redis's `RedisLimits`), one `HSET`
+//! per bucket, pipelined, with a progress bar. Entries already in Redis and not in the file
+//! stay; an entry in both takes the file's value. Every running `turnstile serve` of the class
+//! applies the new entries within milliseconds (their caches are invalidated by Redis).
+
+use redis::aio::MultiplexedConnection;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use turnstile::keyed::KeyHasher;
+use turnstile::rules::limits::{LimitsClass, LimitsSource, MemoryLimits};
+use turnstile::rules::Rules;
+use turnstile_redis::limits::{bucket_count, bucket_of, LimitsKeys};
+
+/// Entries written per pipeline (a pipeline of HSETs of whole buckets).
+const BATCH_ENTRIES: usize = 50_000;
+
+/// `limits import`'s arguments.
+#[derive(clap::Args)]
+pub struct ImportArgs {
+    /// The entries: `key,plan` / `key,limits` lines, or JSON Lines (`.jsonl`).
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+    /// The rules file defining the class (its key, algorithm, plans and `redis`).
+    #[arg(long, value_name = "RULES")]
+    pub rules: PathBuf,
+    /// The class (`[limits.NAME]`); may be left out when the rules have one class.
+    #[arg(long, value_name = "NAME")]
+    pub class: Option<String>,
+    /// The Redis to write to (default: the class's `redis`).
+    #[arg(long, value_name = "URL")]
+    pub redis_url: Option<String>,
+    /// Key prefix, as the servers' (`<prefix>limits:<class>:<bucket>`).
+    #[arg(long, default_value = "turnstile:")]
+    pub prefix: String,
+}
+
+/// Runs the import; prints what it wrote and how fast. A bad line of the file: printed as
+/// `file:line: message`, exit status 1, nothing written.
+pub fn run(a: ImportArgs) -> Result<(), String> {
+    let rules = Rules::from_file(&a.rules).map_err(|e| e.to_string())?;
+    let class = pick(&rules, a.class.as_deref())?;
+    let url = a.redis_url.clone().or(class.redis.clone()).ok_or_else(|| {
+        format!(
+            "class `{}` says no `redis`: give --redis-url URL (or add redis = \"redis://...\" to \
+             the class)",
+            class.name
+        )
+    })?;
+    let t0 = Instant::now();
+    let mut file_class = class.clone();
+    file_class.redis = None;
+    file_class.file = Some(a.file.clone());
+    // The class's own reader: every line checked (`file:line: message` on the first bad one).
+    let mem = match MemoryLimits::new(&file_class, KeyHasher::with_seed(0, 64)) {
+        Ok(m) => m,
+        Err(e) => {
+            // As `limits check`: the bad line, exit status 1; nothing written.
+            let mut f = crate::Failures::default();
+            f.report(e);
+            f.exit_if_any();
+            unreachable!("exit_if_any exits after a report");
+        }
+    };
+    let mut rows: Vec<(u64, u64, String)> = Vec::with_capacity(mem.len() as usize);
+    let read = t0.elapsed();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start a runtime: {e}"))?;
+    let keys = LimitsKeys::new(&a.prefix, &class.name);
+    let mut conn = rt.block_on(connect(&url))?;
+    let capacity = class.capacity.max(mem.len());
+    let buckets = rt
+        .block_on(bucket_count(&mut conn, &keys, capacity))
+        .map_err(|e| format!("{url}: {e}"))?;
+    mem.export(&mut |id, e| rows.push((bucket_of(id, buckets), id, e.to_string())));
+    drop(mem);
+    rows.sort_unstable();
+    let bar = crate::progress::bar(rows.len() as u64, false, "import");
+    let t1 = Instant::now();
+    let mut i = 0;
+    while i < rows.len() {
+        let end = batch_end(&rows, i);
+        let mut p = redis::pipe();
+        let mut j = i;
+        while j < end {
+            let b = rows[j].0;
+            let cmd = p.cmd("HSET").arg(keys.bucket(b)).ignore();
+            while j < end && rows[j].0 == b {
+                cmd.arg(rows[j].1).arg(&rows[j].2);
+                j += 1;
+            }
+        }
+        rt.block_on(async {
+            tokio::time::timeout(Duration::from_secs(30), p.exec_async(&mut conn)).await
+        })
+        .map_err(|_| format!("{url}: no answer within 30 s; {i} entries were written"))?
+        .map_err(|e| format!("{url}: {e}; {i} entries were written"))?;
+        bar.inc((end - i) as u64);
+        i = end;
+    }
+    bar.finish_and_clear();
+    let w = t1.elapsed().as_secs_f64();
+    println!(
+        "{}: class {}: {} entries into {url} ({} buckets under {}) in {w:.2} s, {:.0} entries/s \
+         (file read and checked in {:.2} s)",
+        a.file.display(),
+        class.name,
+        rows.len(),
+        buckets,
+        keys.prefix,
+        rows.len() as f64 / w.max(1e-9),
+        read.as_secs_f64()
+    );
+    Ok(())
+}
+
+/// The class named, or the only one.
+fn pick<'a>(rules: &'a Rules, name: Option<&str>) -> Result<&'a LimitsClass, String> {
+    let names = || {
+        rules
+            .classes
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match name {
+        Some(n) => rules.classes.iter().find(|c| c.name == n).ok_or_else(|| {
+            format!(
+                "no limits class `{n}` in the rules (they have: {})",
+                names()
+            )
+        }),
+        None if rules.classes.len() == 1 => Ok(&rules.classes[0]),
+        None if rules.classes.is_empty() => Err("the rules have no limits class".into()),
+        None => Err(format!("give --class NAME: one of {}", names())),
+    }
+}
+
+/// Where the pipeline starting at `i` ends: about `BATCH_ENTRIES` entries, whole buckets.
+fn batch_end(rows: &[(u64, u64, String)], i: usize) -> usize {
+    let mut end = (i + BATCH_ENTRIES).min(rows.len());
+    while end < rows.len() && rows[end].0 == rows[end - 1].0 {
+        end += 1;
+    }
+    end
+}
+
+async fn connect(url: &str) -> Result<MultiplexedConnection, String> {
+    let client = redis::Client::open(url).map_err(|e| format!("`{url}`: {e}"))?;
+    let cfg = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(2)))
+        .set_response_timeout(None);
+    client
+        .get_multiplexed_async_connection_with_config(&cfg)
+        .await
+        .map_err(|e| format!("cannot connect to {url}: {e}"))
+}
