@@ -416,10 +416,6 @@ impl RedisLimitsBuilder {
             .set_protocol(ProtocolVersion::RESP3);
         let client = redis::Client::open(info.set_redis_settings(settings))
             .map_err(|e| err(format!("`{url}`: {e}")))?;
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| err(format!("cannot start a runtime: {e}")))?;
         let keys = LimitsKeys::new(&self.prefix, &self.class.name);
         let (pushes_tx, pushes) = mpsc::channel(PUSHES);
         let overflow = Arc::new(AtomicBool::new(false));
@@ -430,12 +426,43 @@ impl RedisLimitsBuilder {
             pushes_tx,
             overflow: overflow.clone(),
         };
-        let (conn, buckets) = rt
-            .block_on(async {
-                let mut c = cx.connect().await?;
-                let n = bucket_count(&mut c, &keys, self.class.capacity).await?;
-                Ok::<_, redis::RedisError>((c, n))
+        // The runtime lives on a thread of its own (also when the caller is in a runtime):
+        // it connects, answers, then runs the background task it is handed.
+        let (ready_tx, ready) = std::sync::mpsc::sync_channel(1);
+        let (task_tx, task_rx) = std::sync::mpsc::sync_channel::<Worker>(1);
+        let capacity = self.class.capacity;
+        let first_keys = keys.clone();
+        std::thread::Builder::new()
+            .name("turnstile-limits".into())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        return drop(ready_tx.send(Err(format!("cannot start a runtime: {e}"))))
+                    }
+                };
+                let first = rt.block_on(async {
+                    let mut c = cx.connect().await?;
+                    let n = bucket_count(&mut c, &first_keys, capacity).await?;
+                    Ok::<_, redis::RedisError>((c, n))
+                });
+                let ok = first.is_ok();
+                let _ = ready_tx.send(
+                    first
+                        .map(|(c, n)| (c, n, rt.handle().clone(), cx))
+                        .map_err(|e| e.to_string()),
+                );
+                if let (true, Ok(task)) = (ok, task_rx.recv()) {
+                    rt.block_on(task.run());
+                }
             })
+            .map_err(|e| err(format!("cannot start a thread: {e}")))?;
+        let (conn, buckets, runtime, cx) = ready
+            .recv()
+            .map_err(|_| err("the Redis thread stopped".into()))?
             .map_err(|e| err(format!("cannot use Redis at `{url}`: {e}")))?;
         let cache_entries = self
             .cache_entries
@@ -454,23 +481,19 @@ impl RedisLimitsBuilder {
             queue,
             counters: Counters::default(),
             conn: Mutex::new(Some(conn)),
-            runtime: rt.handle().clone(),
+            runtime,
             warned: AtomicU64::new(0),
             start: Instant::now(),
         });
         let (stop, stopped) = tokio::sync::watch::channel(false);
-        let task = Worker {
+        let _ = task_tx.send(Worker {
             shared: shared.clone(),
             cx,
             requests,
             pushes,
             overflow,
             stopped,
-        };
-        std::thread::Builder::new()
-            .name("turnstile-limits".into())
-            .spawn(move || rt.block_on(task.run()))
-            .map_err(|e| err(format!("cannot start a thread: {e}")))?;
+        });
         Ok(RedisLimits { shared, stop })
     }
 }

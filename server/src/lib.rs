@@ -65,6 +65,7 @@ mod extra;
 mod http;
 mod limits;
 mod metrics;
+mod redis_limits;
 pub mod resp;
 pub mod snapshot;
 mod state;
@@ -249,8 +250,17 @@ fn engine(
     seed: u64,
     restored: Option<&snapshot::Snapshot>,
 ) -> Result<snapshot::RulesEngine, ServeError> {
-    let e = Engine::builder(rules.clone())
-        .seed(seed)
+    let origin = args
+        .rules
+        .as_deref()
+        .unwrap_or(Path::new(""))
+        .display()
+        .to_string();
+    let mut b = Engine::builder(rules.clone()).seed(seed);
+    for (class, src) in redis_limits::sources(&rules, &origin).map_err(ServeError::Other)? {
+        b = b.limits_source(class, src);
+    }
+    let e = b
         .build_with_clock(snapshot::Timeline::continuing(restored))
         .map_err(ServeError::Rules)?;
     if let Some(c) = change {

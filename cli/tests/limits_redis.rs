@@ -1,0 +1,175 @@
+//! A limits class in Redis for a fleet, as users run it: `turnstile limits import` into a real
+//! redis-server (a bad line refused at `file:line`), two `turnstile serve` sharing that Redis
+//! apply each key's limit, a change imported while they run is applied by both within 1 s,
+//! and with Redis stopped both keep serving the limits they cached (a key never fetched gets
+//! the rule's default).
+
+mod common;
+#[path = "../../redis/tests/common/mod.rs"]
+mod redis_common;
+
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_turnstile");
+
+fn turnstile(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).output().unwrap()
+}
+
+/// A `turnstile serve` of the rules, RESP on a free port.
+struct Serve {
+    _child: common::Running,
+    resp: u16,
+}
+
+impl Serve {
+    fn start(rules: &str) -> Serve {
+        let (resp, http) = (common::free_port(), common::free_port());
+        let mut cmd = Command::new(BIN);
+        cmd.args(["serve", "--workers", "1", "--throttle-keys", "1000"])
+            .args(["--rules", rules])
+            .args(["--resp", &format!("127.0.0.1:{resp}")])
+            .args(["--http", &format!("127.0.0.1:{http}")])
+            .env("RUST_LOG", "warn");
+        let child = common::spawn_listening(&mut cmd, &[resp, http]);
+        Serve {
+            _child: child,
+            resp,
+        }
+    }
+
+    /// The limit `TURNSTILE.PEEK customer id` reports (consumes nothing).
+    fn limit(&self, id: u64) -> i64 {
+        let o = Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &self.resp.to_string()])
+            .args(["TURNSTILE.PEEK", "customer", &id.to_string()])
+            .output()
+            .expect("redis-cli runs");
+        let out = String::from_utf8_lossy(&o.stdout);
+        out.lines()
+            .nth(1)
+            .and_then(|l| l.trim().parse().ok())
+            .unwrap_or_else(|| panic!("not a PEEK reply: {out:?}"))
+    }
+
+    /// Polls until customer `id`'s limit is `want`; how long it took, if within `limit`.
+    fn until(&self, id: u64, want: i64, limit: Duration) -> Option<Duration> {
+        let t = Instant::now();
+        while t.elapsed() < limit {
+            if self.limit(id) == want {
+                return Some(t.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        None
+    }
+}
+
+#[test]
+fn a_fleet_shares_its_keys_limits_through_redis() {
+    let mut redis = redis_common::Server::start();
+    let url = redis.url();
+    let dir = std::env::temp_dir().join(format!("turnstile-limits-redis-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let rules = dir.join("rules.toml");
+    std::fs::write(
+        &rules,
+        format!(
+            r#"
+[limits.customers]
+key = "customer"
+algorithm = "token_bucket"
+redis = "{url}"
+
+[limits.customers.plans]
+free = {{ limit = 2, window = "1s", burst = 2 }}
+pro = {{ limit = 100, window = "1s", burst = 100 }}
+
+[[rule]]
+name = "per-customer"
+key = "customer"
+limits_from = "customers"
+limits = [{{ algorithm = "token_bucket", limit = 5, window = "1s", burst = 5 }}]
+"#
+        ),
+    )
+    .unwrap();
+    let r = rules.to_str().unwrap();
+    let file = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+
+    // A bad line: refused at its line, nothing written.
+    let bad = file("bad.csv", "1,pro\n2,gold\n");
+    let o = turnstile(&["limits", "import", &bad, "--rules", r]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("bad.csv:2:") && err.contains("gold"), "{err}");
+    assert_eq!(redis.cli(&["DBSIZE"]), "0", "nothing written");
+
+    let good = file("good.csv", "key,limits\n1,pro\n2,free\n3,7/1s burst=7\n");
+    let o = turnstile(&["limits", "import", &good, "--rules", r]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        out.contains("3 entries into") && out.contains("entries/s"),
+        "{out}"
+    );
+
+    let a = Serve::start(r);
+    let b = Serve::start(r);
+    for s in [&a, &b] {
+        // The first request may get the rule's 5 while the entry is fetched.
+        s.until(1, 100, Duration::from_secs(2)).expect("pro");
+        s.until(2, 2, Duration::from_secs(2)).expect("free");
+        s.until(3, 7, Duration::from_secs(2)).expect("own limit");
+        s.until(4, 5, Duration::from_secs(2))
+            .expect("no entry: default");
+    }
+
+    // A change imported while both run: applied by both within 1 s.
+    let change = file("change.csv", "1,free\n4,pro\n");
+    let t = Instant::now();
+    let o = turnstile(&["limits", "import", &change, "--rules", r]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for s in [&a, &b] {
+        s.until(1, 2, Duration::from_secs(1))
+            .expect("the change applied within 1 s");
+        s.until(4, 100, Duration::from_secs(1))
+            .expect("the new entry applied within 1 s");
+    }
+    eprintln!(
+        "both applied the change {:?} after the import began",
+        t.elapsed()
+    );
+
+    // Redis stopped: the cached limits keep serving; a key never fetched gets the default.
+    redis.kill();
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_millis(1500) {
+        for s in [&a, &b] {
+            assert_eq!(s.limit(1), 2);
+            assert_eq!(s.limit(3), 7);
+            assert_eq!(s.limit(4), 100);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // 15 625 buckets (the default capacity, 1M, / 64): a bucket none of 1..=4 is in.
+    let of = |id: u64| turnstile_redis::limits::bucket_of(id, 15_625);
+    let never = (1000..).find(|i| (1..=4).all(|k| of(k) != of(*i))).unwrap();
+    for s in [&a, &b] {
+        assert_eq!(
+            s.limit(never),
+            5,
+            "not cached, Redis away: the rule's default"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
