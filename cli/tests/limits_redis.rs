@@ -21,6 +21,7 @@ fn turnstile(args: &[&str]) -> Output {
 struct Serve {
     _child: common::Running,
     resp: u16,
+    http: u16,
 }
 
 impl Serve {
@@ -36,7 +37,23 @@ impl Serve {
         Serve {
             _child: child,
             resp,
+            http,
         }
+    }
+
+    /// A sample of `GET /metrics` for the class `customers`.
+    fn metric(&self, name: &str) -> u64 {
+        let o = Command::new("curl")
+            .args(["-s", "-m", "10"])
+            .arg(format!("http://127.0.0.1:{}/metrics", self.http))
+            .output()
+            .expect("curl runs");
+        let text = String::from_utf8_lossy(&o.stdout);
+        let want = format!("{name}{{class=\"customers\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&want))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {want} in the metrics"))
     }
 
     /// The limit `TURNSTILE.PEEK customer id` reports (consumes nothing).
@@ -165,11 +182,18 @@ limits = [{{ algorithm = "token_bucket", limit = 5, window = "1s", burst = 5 }}]
     let of = |id: u64| turnstile_redis::limits::bucket_of(id, 15_625);
     let never = (1000..).find(|i| (1..=4).all(|k| of(k) != of(*i))).unwrap();
     for s in [&a, &b] {
+        let before = s.metric("turnstile_limits_redis_unknown_total");
         assert_eq!(
             s.limit(never),
             5,
             "not cached, Redis away: the rule's default"
         );
+        assert!(
+            s.metric("turnstile_limits_redis_unknown_total") > before,
+            "counted"
+        );
+        assert!(s.metric("turnstile_limits_redis_invalidations_total") >= 1);
+        assert!(s.metric("turnstile_limits_redis_cached_entries") >= 4);
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -568,4 +568,33 @@ fn rules(o: &mut Exposition, s: &Server) {
             u64::from(open),
         );
     }
+    limits_in_redis(o);
+}
+
+/// The counters of the limits classes whose entries are in Redis.
+fn limits_in_redis(o: &mut Exposition) {
+    let all = crate::redis_limits::stats();
+    if all.is_empty() {
+        return;
+    }
+    type Field = fn(&turnstile_redis::RedisLimitsStats) -> u64;
+    let families: [(&str, &str, &str, Field); 8] = [
+        ("turnstile_limits_redis_unknown_total", "counter", "Lookups of a key whose bucket was not cached yet: the rule's defaults applied to that request.", |s| s.unknown),
+        ("turnstile_limits_redis_fetches_total", "counter", "Buckets of entries fetched from Redis.", |s| s.fetches),
+        ("turnstile_limits_redis_fetch_errors_total", "counter", "Fetch pipelines that failed (Redis away or slow).", |s| s.fetch_errors),
+        ("turnstile_limits_redis_dropped_total", "counter", "Fetch requests dropped: the queue full, or Redis away.", |s| s.dropped),
+        ("turnstile_limits_redis_invalidations_total", "counter", "Invalidations pushed by Redis (a bucket changed).", |s| s.invalidations),
+        ("turnstile_limits_redis_reconnects_total", "counter", "Connections to Redis made again after a loss.", |s| s.reconnects),
+        ("turnstile_limits_redis_bad_entries_total", "counter", "Entries in Redis the class cannot read, skipped (their keys get the defaults).", |s| s.bad_entries),
+        ("turnstile_limits_redis_cached_entries", "gauge", "Entries in the cached buckets.", |s| s.cached_entries),
+    ];
+    for (name, kind, help, f) in families {
+        o.by(
+            name,
+            kind,
+            help,
+            "class",
+            all.iter().map(|(n, s)| (label(n), f(s))),
+        );
+    }
 }

@@ -31,7 +31,7 @@ pub struct ImportArgs {
     /// The Redis to write to (default: the class's `redis`).
     #[arg(long, value_name = "URL")]
     pub redis_url: Option<String>,
-    /// Key prefix, as the servers' (`<prefix>limits:<class>:<bucket>`).
+    /// Key prefix (`<prefix>limits:<class>:<bucket>`); `turnstile serve` reads the default.
     #[arg(long, default_value = "turnstile:")]
     pub prefix: String,
 }
