@@ -489,40 +489,7 @@ impl RedisLimitsBuilder {
             pushes_tx,
             overflow: overflow.clone(),
         };
-        // The runtime lives on a thread of its own (also when the caller is in a runtime):
-        // it connects, answers, then runs the background task it is handed.
-        let (ready_tx, ready) = std::sync::mpsc::sync_channel(1);
-        let (task_tx, task_rx) = std::sync::mpsc::sync_channel::<Worker>(1);
-        let capacity = self.class.capacity;
-        let first_keys = keys.clone();
-        std::thread::Builder::new()
-            .name("turnstile-limits".into())
-            .spawn(move || {
-                let rt = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(rt) => rt,
-                    Err(e) => {
-                        return drop(ready_tx.send(Err(format!("cannot start a runtime: {e}"))))
-                    }
-                };
-                let first = rt.block_on(async {
-                    let mut c = cx.connect().await?;
-                    let n = bucket_count(&mut c, &first_keys, capacity).await?;
-                    Ok::<_, redis::RedisError>((c, n))
-                });
-                let ok = first.is_ok();
-                let _ = ready_tx.send(
-                    first
-                        .map(|(c, n)| (c, n, rt.handle().clone(), cx))
-                        .map_err(|e| e.to_string()),
-                );
-                if let (true, Ok(task)) = (ok, task_rx.recv()) {
-                    rt.block_on(task.run());
-                }
-            })
-            .map_err(|e| err(format!("cannot start a thread: {e}")))?;
+        let (ready, task_tx) = start(cx, keys.clone(), self.class.capacity)?;
         let (conn, buckets, runtime, cx) = ready
             .recv()
             .map_err(|_| err("the Redis thread stopped".into()))?
@@ -557,6 +524,63 @@ impl RedisLimitsBuilder {
         });
         Ok(RedisLimits { shared, stop })
     }
+}
+
+/// What the runtime thread answers once connected: the connection, the bucket count, the
+/// runtime's handle, and the connector back.
+type Ready = Result<
+    (
+        MultiplexedConnection,
+        u64,
+        tokio::runtime::Handle,
+        Connector,
+    ),
+    String,
+>;
+
+/// Starts the runtime on a thread of its own (also when the caller is in a runtime): it
+/// connects, answers on the first channel, then runs the background task handed to it on the
+/// second.
+fn start(
+    cx: Connector,
+    keys: LimitsKeys,
+    capacity: u64,
+) -> Result<
+    (
+        std::sync::mpsc::Receiver<Ready>,
+        std::sync::mpsc::SyncSender<Worker>,
+    ),
+    LimitsError,
+> {
+    let (ready_tx, ready) = std::sync::mpsc::sync_channel::<Ready>(1);
+    let (task_tx, task_rx) = std::sync::mpsc::sync_channel::<Worker>(1);
+    std::thread::Builder::new()
+        .name("turnstile-limits".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => return drop(ready_tx.send(Err(format!("cannot start a runtime: {e}")))),
+            };
+            let first = rt.block_on(async {
+                let mut c = cx.connect().await?;
+                let n = bucket_count(&mut c, &keys, capacity).await?;
+                Ok::<_, redis::RedisError>((c, n))
+            });
+            let ok = first.is_ok();
+            let _ = ready_tx.send(
+                first
+                    .map(|(c, n)| (c, n, rt.handle().clone(), cx))
+                    .map_err(|e| e.to_string()),
+            );
+            if let (true, Ok(task)) = (ok, task_rx.recv()) {
+                rt.block_on(task.run());
+            }
+        })
+        .map_err(|e| err(format!("cannot start a thread: {e}")))?;
+    Ok((ready, task_tx))
 }
 
 /// Makes tracked connections.
