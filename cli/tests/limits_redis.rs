@@ -56,14 +56,19 @@ impl Serve {
             .unwrap_or_else(|| panic!("no {want} in the metrics"))
     }
 
-    /// The limit `TURNSTILE.PEEK customer id` reports (consumes nothing).
-    fn limit(&self, id: u64) -> i64 {
+    /// What redis-cli prints for `args`.
+    fn cli(&self, args: &[&str]) -> String {
         let o = Command::new("redis-cli")
             .args(["-h", "127.0.0.1", "-p", &self.resp.to_string()])
-            .args(["TURNSTILE.PEEK", "customer", &id.to_string()])
+            .args(args)
             .output()
             .expect("redis-cli runs");
-        let out = String::from_utf8_lossy(&o.stdout);
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    }
+
+    /// The limit `TURNSTILE.PEEK customer id` reports (consumes nothing).
+    fn limit(&self, id: u64) -> i64 {
+        let out = self.cli(&["TURNSTILE.PEEK", "customer", &id.to_string()]);
         out.lines()
             .nth(1)
             .and_then(|l| l.trim().parse().ok())
@@ -167,6 +172,25 @@ limits = [{{ algorithm = "token_bucket", limit = 5, window = "1s", burst = 5 }}]
         t.elapsed()
     );
 
+    // A change made through one server (TURNSTILE.LIMITS SET, loopback: no admin password
+    // needed) is applied by the other within 1 s.
+    let t = Instant::now();
+    assert_eq!(
+        a.cli(&["TURNSTILE.LIMITS", "SET", "customers", "2", "pro"]),
+        "OK"
+    );
+    b.until(2, 100, Duration::from_secs(1))
+        .expect("a SET through the other server applied within 1 s");
+    eprintln!(
+        "a SET through one server applied by the other after {:?}",
+        t.elapsed()
+    );
+    assert_eq!(
+        a.limit(2),
+        100,
+        "and by the server it went through, at once"
+    );
+
     // Redis stopped: the cached limits keep serving; a key never fetched gets the default.
     redis.kill();
     let t = Instant::now();
@@ -195,5 +219,8 @@ limits = [{{ algorithm = "token_bucket", limit = 5, window = "1s", burst = 5 }}]
         assert!(s.metric("turnstile_limits_redis_invalidations_total") >= 1);
         assert!(s.metric("turnstile_limits_redis_cached_entries") >= 4);
     }
+    let refused = a.cli(&["TURNSTILE.LIMITS", "SET", "customers", "3", "pro"]);
+    assert!(refused.contains("Redis"), "a change needs Redis: {refused}");
+    assert_eq!(a.limit(3), 7, "and changes nothing");
     let _ = std::fs::remove_dir_all(&dir);
 }
