@@ -139,6 +139,8 @@ pub struct RedisLimitsStats {
     pub bad_entries: u64,
     /// Entries in the cached buckets.
     pub cached_entries: u64,
+    /// Distinct limits in the cached buckets (each kept once per bucket).
+    pub cached_limits: u64,
     /// Buckets cached.
     pub cached_buckets: u64,
 }
@@ -196,8 +198,11 @@ struct Bucket {
     id: u64,
     /// The keys with an entry, sorted (searched apart from the limits: fewer lines read).
     ids: Box<[u64]>,
-    /// Their limits, in the same order.
-    entries: Box<[Limit]>,
+    /// Their limits, in the same order, as indexes into `limits`: a bucket's entries share a
+    /// few plans, so 2 bytes an entry and one copy of each distinct limit.
+    entries: Box<[u16]>,
+    /// The bucket's distinct limits.
+    limits: Box<[Limit]>,
     fetched: Instant,
     /// Changed (or possibly changed) since fetched: served, and fetched again.
     stale: AtomicBool,
@@ -209,10 +214,25 @@ impl Bucket {
     fn new(id: u64, mut rows: Vec<(u64, Limit)>) -> Self {
         rows.sort_unstable_by_key(|r| r.0);
         rows.dedup_by_key(|r| r.0);
+        // A bucket keeps at most 65 536 entries (so its indexes fit 16 bits): ~64 are written
+        // per bucket; a hash made bigger by hand is cut there, the rest at the defaults.
+        rows.truncate(1 << 16);
+        let mut limits: Vec<Limit> = Vec::new();
+        let entries = rows
+            .iter()
+            .map(|r| match limits.iter().position(|l| *l == r.1) {
+                Some(i) => i as u16,
+                None => {
+                    limits.push(r.1);
+                    (limits.len() - 1) as u16
+                }
+            })
+            .collect();
         Self {
             id,
             ids: rows.iter().map(|r| r.0).collect(),
-            entries: rows.iter().map(|r| r.1).collect(),
+            entries,
+            limits: limits.into(),
             fetched: Instant::now(),
             stale: AtomicBool::new(false),
             queued: AtomicBool::new(false),
@@ -221,7 +241,7 @@ impl Bucket {
 
     fn lookup(&self, id: u64) -> Lookup {
         match self.ids.binary_search(&id) {
-            Ok(i) => Lookup::Own(self.entries[i]),
+            Ok(i) => Lookup::Own(self.limits[self.entries[i] as usize]),
             Err(_) => Lookup::Default,
         }
     }
@@ -230,7 +250,7 @@ impl Bucket {
     fn with(&self, id: u64, entry: Option<Limit>) -> Self {
         let mut rows: Vec<_> = (0..self.ids.len())
             .filter(|&i| self.ids[i] != id)
-            .map(|i| (self.ids[i], self.entries[i]))
+            .map(|i| (self.ids[i], self.limits[self.entries[i] as usize]))
             .collect();
         if let Some(l) = entry {
             rows.push((id, l));
@@ -843,10 +863,11 @@ impl RedisLimits {
     /// The counters.
     pub fn stats(&self) -> RedisLimitsStats {
         let c = &self.shared.counters;
-        let (mut buckets, mut entries) = (0, 0);
+        let (mut buckets, mut entries, mut limits) = (0, 0, 0);
         for b in self.shared.cache.iter() {
             buckets += 1;
             entries += b.entries.len() as u64;
+            limits += b.limits.len() as u64;
         }
         RedisLimitsStats {
             unknown: c.unknown.load(Relaxed),
@@ -858,6 +879,7 @@ impl RedisLimits {
             reconnects: c.reconnects.load(Relaxed),
             bad_entries: c.bad_entries.load(Relaxed),
             cached_entries: entries,
+            cached_limits: limits,
             cached_buckets: buckets,
         }
     }
@@ -975,8 +997,8 @@ impl LimitsSource for RedisLimits {
 
     fn bytes(&self) -> usize {
         let st = self.stats();
-        let per_entry = 8 + std::mem::size_of::<Limit>();
-        st.cached_entries as usize * per_entry
+        st.cached_entries as usize * 10
+            + st.cached_limits as usize * std::mem::size_of::<Limit>()
             + st.cached_buckets as usize * (std::mem::size_of::<Bucket>() + 64)
     }
 
