@@ -2,7 +2,7 @@
 //! engine would (docs/rules.md, "Keys' own limits"), and reports its entries, its load time and
 //! its memory, or the first bad line as `file:line: message` (exit status 1).
 //! `turnstile limits export RULES` writes a class's entries back in that format (`export`);
-//! `turnstile limits import FILE --rules RULES` puts a file's entries into a class's Redis
+//! `turnstile limits import RULES FILE` puts a file's entries into a class's Redis
 //! (`import`).
 
 mod export;
@@ -25,7 +25,8 @@ pub enum LimitsCommand {
         #[arg(required = true, value_name = "RULES")]
         files: Vec<String>,
     },
-    /// Write a limits class's entries (loaded from its file as the engine loads them) to
+    /// Write a limits class's entries (loaded from its file as the engine loads them, or read
+    /// from its Redis) to
     /// standard output in the file format `limits check` reads, sorted by key. Customer and
     /// IPv4 keys only: API keys, routes and IPv6 addresses are kept as hashes, not keys.
     Export(export::ExportArgs),

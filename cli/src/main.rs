@@ -85,7 +85,8 @@ enum Command {
         #[command(subcommand)]
         command: rules::RulesCommand,
     },
-    /// Keys' own limits: check the files of a rules file's limits classes, or export a class's entries.
+    /// Keys' own limits: check the files of a rules file's limits classes, export a class's
+    /// entries, or import a file into a class's Redis.
     Limits {
         #[command(subcommand)]
         command: limits::LimitsCommand,

@@ -126,14 +126,14 @@ limits = [{{ algorithm = "token_bucket", limit = 5, window = "1s", burst = 5 }}]
 
     // A bad line: refused at its line, nothing written.
     let bad = file("bad.csv", "1,pro\n2,gold\n");
-    let o = turnstile(&["limits", "import", &bad, "--rules", r]);
+    let o = turnstile(&["limits", "import", r, &bad]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains("bad.csv:2:") && err.contains("gold"), "{err}");
     assert_eq!(redis.cli(&["DBSIZE"]), "0", "nothing written");
 
     let good = file("good.csv", "key,limits\n1,pro\n2,free\n3,7/1s burst=7\n");
-    let o = turnstile(&["limits", "import", &good, "--rules", r]);
+    let o = turnstile(&["limits", "import", r, &good]);
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(
         o.status.success(),
@@ -143,6 +143,14 @@ limits = [{{ algorithm = "token_bucket", limit = 5, window = "1s", burst = 5 }}]
     assert!(
         out.contains("3 entries into") && out.contains("entries/s"),
         "{out}"
+    );
+
+    // Read back from Redis, in the file format.
+    let o = turnstile(&["limits", "export", r]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "key,entry\n1,pro\n2,free\n3,7/1s burst=7\n"
     );
 
     let a = Serve::start(r);
@@ -159,7 +167,7 @@ limits = [{{ algorithm = "token_bucket", limit = 5, window = "1s", burst = 5 }}]
     // A change imported while both run: applied by both within 1 s.
     let change = file("change.csv", "1,free\n4,pro\n");
     let t = Instant::now();
-    let o = turnstile(&["limits", "import", &change, "--rules", r]);
+    let o = turnstile(&["limits", "import", r, &change]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     for s in [&a, &b] {
         s.until(1, 2, Duration::from_secs(1))

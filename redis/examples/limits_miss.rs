@@ -2,7 +2,7 @@
 //! `turnstile limits import` writes them), and what a hit costs:
 //!
 //! ```text
-//! turnstile limits import entries.csv --rules rules.toml --redis-url redis://127.0.0.1:6379
+//! turnstile limits import rules.toml entries.csv --redis-url redis://127.0.0.1:6379
 //! cargo run --release -p turnstile-redis --example limits_miss -- rules.toml redis://127.0.0.1:6379
 //! ```
 //!

@@ -70,7 +70,17 @@ pub fn run(a: ExportArgs) -> Result<(), String> {
         })?,
     };
     let key = key_text(class)?;
-    let src = MemoryLimits::new(class, KeyHasher::random(64)).map_err(|e| e.to_string())?;
+    // A class in Redis is read from there (every bucket, pipelined); any other from its file.
+    let src: Box<dyn LimitsSource> = match &class.redis {
+        Some(url) => Box::new(
+            turnstile_redis::RedisLimits::builder(class)
+                .connect(url)
+                .map_err(|e| format!("class `{}`: {e}", class.name))?,
+        ),
+        None => {
+            Box::new(MemoryLimits::new(class, KeyHasher::random(64)).map_err(|e| e.to_string())?)
+        }
+    };
     let mut entries = Vec::with_capacity(src.len() as usize);
     let mut hashed = 0u64;
     src.export(&mut |id, e| match key(id) {

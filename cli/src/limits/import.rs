@@ -1,4 +1,4 @@
-//! `turnstile limits import FILE --rules RULES [--class NAME] [--redis-url URL]`: puts a file's
+//! `turnstile limits import RULES FILE [--class NAME] [--redis-url URL]`: puts a file's
 //! entries (CSV or JSON Lines, read and checked as the engine reads a class's file) into the
 //! Redis of a class whose entries live there (turnstile-redis's `RedisLimits`), one `HSET`
 //! per bucket, pipelined, with a progress bar. Entries already in Redis and not in the file
@@ -19,12 +19,12 @@ const BATCH_ENTRIES: usize = 50_000;
 /// `limits import`'s arguments.
 #[derive(clap::Args)]
 pub struct ImportArgs {
+    /// The rules file defining the class (its key, algorithm, plans and `redis`).
+    #[arg(value_name = "RULES")]
+    pub rules: PathBuf,
     /// The entries: `key,plan` / `key,limits` lines, or JSON Lines (`.jsonl`).
     #[arg(value_name = "FILE")]
     pub file: PathBuf,
-    /// The rules file defining the class (its key, algorithm, plans and `redis`).
-    #[arg(long, value_name = "RULES")]
-    pub rules: PathBuf,
     /// The class (`[limits.NAME]`); may be left out when the rules have one class.
     #[arg(long, value_name = "NAME")]
     pub class: Option<String>,
