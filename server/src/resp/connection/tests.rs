@@ -421,6 +421,27 @@ fn reads_while_parsed_commands_wait_move_nothing() {
     assert!(out == want, "replies out of order or corrupt");
 }
 
+/// `RESET` ends the session the commands after it were parsed for: with a password they are
+/// answered `NOAUTH` (a `CL.THROTTLE` parsed ahead once ran without a look at the access) and
+/// held to the bounds before authentication, as if each had come in a read of its own.
+#[test]
+fn commands_after_reset_are_parsed_for_the_new_session() {
+    let mut input = cmd(&[b"AUTH", b"pw"]);
+    input.extend(cmd(&[b"RESET"]));
+    input.extend(cmd(&[b"CL.THROTTLE", b"k", b"1", b"1", b"3600"]));
+    input.extend(cmd(&[b"ECHO", &[b'x'; 2000]]));
+    let (out, closed) = talk(
+        &mut conn(|a| a.requirepass = Some("pw".into())),
+        &input,
+        usize::MAX,
+    );
+    assert_eq!(
+        text(&out),
+        "+OK\r\n+RESET\r\n-NOAUTH Authentication required.\r\n-ERR Protocol error: unauthenticated bulk length\r\n"
+    );
+    assert!(closed);
+}
+
 /// The fuzz target's seed of a client reading a little at a time, run as a test.
 #[test]
 fn the_fuzz_seed_of_a_slow_reader_holds() {
