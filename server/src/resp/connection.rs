@@ -489,6 +489,9 @@ impl Connection {
                     self.srv.buffers.release(q.reserved);
                 }
                 self.exec = None;
+                // The commands parsed ahead were parsed for the session before it (its bounds,
+                // its `CL.THROTTLE`s let through without a look at its access): parsed again.
+                self.ahead.next = self.ahead.items.len();
             }
         }
     }

@@ -421,10 +421,358 @@ fn reads_while_parsed_commands_wait_move_nothing() {
     assert!(out == want, "replies out of order or corrupt");
 }
 
+/// `RESET` ends the session the commands after it were parsed for: with a password they are
+/// answered `NOAUTH` (a `CL.THROTTLE` parsed ahead once ran without a look at the access) and
+/// held to the bounds before authentication, as if each had come in a read of its own.
+#[test]
+fn commands_after_reset_are_parsed_for_the_new_session() {
+    let mut input = cmd(&[b"AUTH", b"pw"]);
+    input.extend(cmd(&[b"RESET"]));
+    input.extend(cmd(&[b"CL.THROTTLE", b"k", b"1", b"1", b"3600"]));
+    input.extend(cmd(&[b"ECHO", &[b'x'; 2000]]));
+    let (out, closed) = talk(
+        &mut conn(|a| a.requirepass = Some("pw".into())),
+        &input,
+        usize::MAX,
+    );
+    assert_eq!(
+        text(&out),
+        "+OK\r\n+RESET\r\n-NOAUTH Authentication required.\r\n-ERR Protocol error: unauthenticated bulk length\r\n"
+    );
+    assert!(closed);
+}
+
 /// The fuzz target's seed of a client reading a little at a time, run as a test.
 #[test]
 fn the_fuzz_seed_of_a_slow_reader_holds() {
     let seed =
         include_bytes!("../../../../fuzz/corpus/resp_connection/slow-reader-commands-parsed-ahead");
     crate::resp::fuzz_connection(seed);
+}
+
+/// The connection against itself: any pipeline of deterministic commands, fed by a client
+/// whose reads, writes, `blocked()` calls and runs are drawn at random, is answered byte for
+/// byte as a client that sends everything and reads everything at once is answered, and the
+/// connection's bounds hold after every step. Commands parsed ahead point into the input
+/// buffer and were parsed for the session as it was, the output pauses them mid-batch, a turn
+/// ends after [`RUN_MAX`]: this is where a read that moves the input under waiting commands
+/// shows (found by a soak), or a `RESET` that leaves them parsed for the session before it
+/// (found by this test).
+mod differential {
+    use super::*;
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+    use proptest::sample::select;
+
+    /// `len` bytes from `seed`, every byte value among them (CR, LF, `$`, `*` included).
+    fn bytes(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| seed.wrapping_add((i as u8).wrapping_mul(37)))
+            .collect()
+    }
+
+    /// `len` letters from `seed`: an inline argument.
+    fn letters(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| b'a' + seed.wrapping_add(i as u8) % 26)
+            .collect()
+    }
+
+    fn frame(parts: &[Vec<u8>]) -> Vec<u8> {
+        cmd(&parts.iter().map(Vec::as_slice).collect::<Vec<_>>())
+    }
+
+    /// `CL.THROTTLE` at one request per 15 minutes or more: its five integers are whole
+    /// seconds that do not change within a test case (redis-cell's rounding keeps them while
+    /// less than 999 ms pass between a key's first check and its last).
+    fn throttle() -> impl Strategy<Value = Vec<u8>> {
+        (
+            0..4u8,
+            0..6u8,
+            select(vec![1u8, 2, 4]),
+            select(vec![3600u32, 7200]),
+            proptest::option::of(0..4u8),
+        )
+            .prop_map(|(k, burst, count, period, quantity)| {
+                let mut p: Vec<Vec<u8>> = vec![
+                    b"CL.THROTTLE".to_vec(),
+                    format!("k{k}").into(),
+                    burst.to_string().into(),
+                    count.to_string().into(),
+                    period.to_string().into(),
+                ];
+                p.extend(quantity.map(|q| q.to_string().into_bytes()));
+                frame(&p)
+            })
+    }
+
+    /// Short commands, which a `MULTI` may queue (each at most ~400 bytes, so that a queue
+    /// never borrows from the deferred budget, which the output shares: a budget-dependent
+    /// refusal would differ between the two clients).
+    fn short() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            4 => Just(cmd(&[b"PING"])),
+            2 => vec(any::<u8>(), 0..40).prop_map(|a| cmd(&[b"PING", &a])),
+            4 => (0..300usize, any::<u8>()).prop_map(|(n, s)| cmd(&[b"ECHO", &bytes(n, s)])),
+            1 => Just(cmd(&[b"COMMAND", b"COUNT"])),
+            1 => Just(cmd(&[b"SELECT", b"0"])),
+            1 => Just(cmd(&[b"CLIENT", b"GETNAME"])),
+            4 => throttle(),
+            2 => select(vec![
+                cmd(&[b"NOPE", b"x"]),
+                cmd(&[b"PING", b"a", b"b"]),
+                cmd(&[b"ECHO"]),
+                cmd(&[b"CL.THROTTLE", b"k0"]),
+                cmd(&[b"CL.THROTTLE", b"k0", b"x", b"1", b"3600"]),
+                cmd(&[b"CL.THROTTLE", b"k1", b"1", b"1", b"3600", b"-1"]),
+                cmd(&[b"SELECT", b"1"]),
+            ]),
+        ]
+    }
+
+    /// `RESET`: back to the defaults (with a password, to unauthenticated: `NOAUTH`, the
+    /// bounds before authentication), a few commands, then authenticated again.
+    fn reset() -> impl Strategy<Value = Vec<u8>> {
+        vec(short(), 0..3)
+            .prop_map(|then| [cmd(&[b"RESET"]), then.concat(), cmd(&[b"AUTH", b"pw"])].concat())
+    }
+
+    /// One command of the pipeline, or a few that go together (a transaction).
+    fn block() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            600 => short(),
+            // Many small commands at once: a turn ends after RUN_MAX of them.
+            40 => (short(), 20..120usize).prop_map(|(c, n)| c.repeat(n)),
+            // Near the bulk bound (4 096 at the defaults).
+            60 => (3900..=4096usize, any::<u8>()).prop_map(|(n, s)| cmd(&[b"ECHO", &bytes(n, s)])),
+            // Short frames with long replies: the output pauses the connection mid-batch.
+            80 => Just(cmd(&[b"COMMAND"])),
+            // The longest frame (16 arguments of up to 4 KiB; a wrong arity): the input
+            // buffer grows to it and shrinks back.
+            20 => (1..=4096usize, any::<u8>()).prop_map(|(n, s)| {
+                let a = bytes(n, s);
+                let mut p: Vec<&[u8]> = vec![b"ECHO"];
+                p.extend(std::iter::repeat_n(&a[..], 15));
+                cmd(&p)
+            }),
+            60 => prop_oneof![
+                Just(b"PING\r\n".to_vec()),
+                Just(b"ping\n".to_vec()),
+                Just(b"ECHO \"a b\" \r\n".to_vec()),
+                Just(b"\r\n".to_vec()),
+                Just(b"  \t \r\n".to_vec()),
+                Just(b"*0\r\n".to_vec()),
+                (0..=4096usize, any::<u8>()).prop_map(|(n, s)| {
+                    let mut v = b"ECHO ".to_vec();
+                    v.extend(letters(n, s));
+                    v.extend(b"\r\n");
+                    v
+                }),
+            ],
+            60 => (
+                vec(short(), 0..6),
+                prop_oneof![Just(cmd(&[b"EXEC"])), Just(cmd(&[b"DISCARD"])), reset()]
+            )
+                .prop_map(|(queued, end)| [cmd(&[b"MULTI"]), queued.concat(), end].concat()),
+            20 => reset(),
+            20 => select(vec![
+                cmd(&[b"EXEC"]),
+                cmd(&[b"DISCARD"]),
+                cmd(&[b"HELLO", b"3"]),
+                cmd(&[b"HELLO", b"2"]),
+                cmd(&[b"CLIENT", b"SETNAME", b"me"]),
+            ]),
+            // The end of the connection, at any point: QUIT, or a protocol error.
+            1 => select(vec![
+                cmd(&[b"QUIT"]),
+                b"*17\r\n".to_vec(),
+                b"*1\r\n+x\r\n".to_vec(),
+                b"*1\r\n$1\r\nab\r\n".to_vec(),
+                b"*2\r\n$4\r\nECHO\r\n$4097\r\n".to_vec(),
+                b"PING \"a\r\n".to_vec(),
+            ]),
+        ]
+    }
+
+    /// What the adversarial client does in one round.
+    #[derive(Clone, Debug)]
+    struct Round {
+        /// Bytes it sends if the connection reads (0: none this round).
+        send: usize,
+        /// Reads through [`Connection::io`] rather than [`Connection::read_buf`].
+        io: bool,
+        /// Tells the connection its writes would block.
+        blocked: bool,
+        /// Runs the connection (a driver may read and write without running between).
+        run: bool,
+        /// Bytes of the output it takes.
+        take: usize,
+    }
+
+    fn size() -> impl Strategy<Value = usize> {
+        prop_oneof![
+            Just(0),
+            Just(1),
+            2..16usize,
+            16..600usize,
+            1000..9000usize,
+            Just(usize::MAX),
+        ]
+    }
+
+    fn round() -> impl Strategy<Value = Round> {
+        (
+            size(),
+            any::<bool>(),
+            prop::bool::weighted(0.3),
+            prop::bool::weighted(0.8),
+            size(),
+        )
+            .prop_map(|(send, io, blocked, run, take)| Round {
+                send,
+                io,
+                blocked,
+                run,
+                take,
+            })
+    }
+
+    /// The connection's bounds and the commands parsed ahead, which must point at what waits
+    /// in the input buffer.
+    fn holds(c: &Connection) {
+        assert!(c.start <= c.filled && c.filled <= c.input.len());
+        assert!(c.input.len() <= INPUT_BUSY.max(c.srv.resp.bounds.max_frame()));
+        assert!(
+            c.out.capacity() <= c.out_base() + c.out_reserved,
+            "capacity {} borrowed {}",
+            c.out.capacity(),
+            c.out_reserved
+        );
+        let waiting = &c.ahead.items[c.ahead.next.min(c.ahead.items.len())..];
+        if let Some(first) = waiting.first() {
+            assert_eq!(
+                first.start, c.start,
+                "the next command starts where input waits"
+            );
+        }
+        for w in waiting.windows(2) {
+            assert_eq!(w[0].end, w[1].start);
+        }
+        assert!(waiting.iter().all(|i| i.start < i.end && i.end <= c.filled));
+    }
+
+    /// A client that sends all it can and reads everything, from `at` of `input` on; `out`
+    /// is what it was answered so far.
+    fn perfect(c: &mut Connection, input: &[u8], mut at: usize, mut out: Vec<u8>) -> Vec<u8> {
+        for _ in 0..1_000_000 {
+            let step = c.run();
+            holds(c);
+            out.extend_from_slice(c.output());
+            let n = c.output().len();
+            c.wrote(n);
+            match step {
+                Step::Close => return out,
+                Step::Remote(_) => panic!("no Redis here"),
+                Step::Yield => continue,
+                Step::Wait if n > 0 => continue,
+                Step::Wait if at == input.len() => return out,
+                Step::Wait => {}
+            }
+            let buf = c.read_buf().expect("reads once its output is read");
+            let n = buf.len().min(input.len() - at);
+            buf[..n].copy_from_slice(&input[at..at + n]);
+            c.read(n);
+            at += n;
+        }
+        panic!("no end");
+    }
+
+    /// A client that does what `rounds` say, in turn, for a while, then finishes as the
+    /// perfect one.
+    fn adversary(c: &mut Connection, input: &[u8], rounds: &[Round]) -> Vec<u8> {
+        let (mut at, mut out) = (0, Vec::new());
+        for r in rounds.iter().cycle().take(4000) {
+            if r.send > 0 && at < input.len() {
+                let buf = if r.io { c.io().0 } else { c.read_buf() };
+                if let Some(buf) = buf {
+                    let n = buf.len().min(r.send).min(input.len() - at);
+                    buf[..n].copy_from_slice(&input[at..at + n]);
+                    c.read(n);
+                    at += n;
+                }
+                holds(c);
+            }
+            if r.blocked {
+                c.blocked();
+            }
+            let step = r.run.then(|| c.run());
+            holds(c);
+            let n = c.output().len().min(r.take);
+            out.extend_from_slice(&c.output()[..n]);
+            c.wrote(n);
+            holds(c);
+            match step {
+                Some(Step::Close) => {
+                    // The driver writes what is left, then closes.
+                    out.extend_from_slice(c.output());
+                    return out;
+                }
+                Some(Step::Remote(_)) => panic!("no Redis here"),
+                Some(Step::Wait) if at == input.len() && c.output().is_empty() => break,
+                _ => {}
+            }
+        }
+        perfect(c, input, at, out)
+    }
+
+    fn server(password: bool) -> Arc<Server> {
+        Server::detached(|a| {
+            // Never closed for its output: a client that reads slowly only slows it.
+            a.client_output_limit = 64 << 20;
+            if password {
+                a.requirepass = Some("pw".into());
+            }
+        })
+    }
+
+    /// Runs `input` on a fresh connection of a fresh server with `client`, and checks that
+    /// everything the connection held is given back when it goes.
+    fn answer(password: bool, client: impl FnOnce(&mut Connection) -> Vec<u8>) -> Vec<u8> {
+        let srv = server(password);
+        let mut c = Connection::new(srv.clone(), 1, None, None);
+        let out = client(&mut c);
+        drop(c);
+        let relaxed = std::sync::atomic::Ordering::Relaxed;
+        assert_eq!(
+            srv.buffers.deferred.load(relaxed),
+            0,
+            "the budget is given back"
+        );
+        assert_eq!(srv.buffers.bytes.load(relaxed), 0, "the gauge is back to 0");
+        out
+    }
+
+    proptest! {
+        #[test]
+        fn any_client_is_answered_as_a_perfect_one(
+            blocks in vec(block(), 1..150),
+            // With a password, `AUTH` comes after this many commands.
+            auth in proptest::option::of(0..3usize),
+            rounds in vec(round(), 1..40),
+        ) {
+            let mut blocks = blocks;
+            if let Some(i) = auth {
+                blocks.insert(i.min(blocks.len()), cmd(&[b"AUTH", b"pw"]));
+            }
+            let input = blocks.concat();
+            let want = answer(auth.is_some(), |c| perfect(c, &input, 0, Vec::new()));
+            let got = answer(auth.is_some(), |c| adversary(c, &input, &rounds));
+            if got != want {
+                let at = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(got.len().min(want.len()));
+                let around = |v: &[u8]| text(&v[at.saturating_sub(80)..(at + 80).min(v.len())]);
+                prop_assert!(false, "{} bytes answered, {} expected; first difference at {at}:\n got {:?}\nwant {:?}",
+                    got.len(), want.len(), around(&got), around(&want));
+            }
+        }
+    }
 }

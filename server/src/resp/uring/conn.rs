@@ -442,3 +442,6 @@ impl Worker {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
