@@ -6,6 +6,11 @@
 //! The ring and its buffers belong to the kernel from registration until
 //! [`BufRing::unregister`]: the worker keeps them alive until then, and leaks them (never frees
 //! them) if it could not unregister.
+//!
+//! The kernel takes buffers in ring order, and each is given back at the tail at once: a worker
+//! cycles through all of them, so after a burst every page of them is resident, however quiet
+//! the worker is since. [`BufRing::release`] gives the pages of the buffers the kernel cannot
+//! take now back to the system (they read as zeros, and are faulted in again when used).
 
 use io_uring::types::BufRingEntry;
 use io_uring::Submitter;
@@ -16,12 +21,17 @@ pub(super) struct BufRing {
     /// The ring of entries the kernel reads (page-aligned, from `mmap`).
     ring: *mut BufRingEntry,
     ring_bytes: usize,
-    /// The buffers, `count × size` bytes, never moved or resized while registered.
-    bufs: Box<[u8]>,
+    /// The buffers, `count × size` bytes (page-aligned, from `mmap`), never moved or resized
+    /// while registered.
+    bufs: *mut u8,
     size: usize,
     count: u16,
     /// The next tail to publish (buffers added so far, wrapping).
     tail: u16,
+    /// The buffer at each ring position (`position & (count - 1)`), as pushed.
+    order: Box<[u16]>,
+    /// Buffers taken by the kernel (and given back) since the last [`BufRing::release`].
+    taken: u32,
     group: u16,
     registered: bool,
 }
@@ -37,27 +47,24 @@ impl BufRing {
     ) -> std::io::Result<BufRing> {
         assert!(count.is_power_of_two() && size <= u32::MAX as usize);
         let ring_bytes = usize::from(count) * std::mem::size_of::<BufRingEntry>();
-        // SAFETY: an anonymous private mapping: no file, no address hint; the result is checked.
-        let ring = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                ring_bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
+        let ring = map(ring_bytes)?;
+        let bufs = match map(usize::from(count) * size) {
+            Ok(b) => b,
+            Err(e) => {
+                // SAFETY: the mapping just made, which nothing else refers to.
+                unsafe { libc::munmap(ring.cast(), ring_bytes) };
+                return Err(e);
+            }
         };
-        if ring == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
         let mut r = BufRing {
             ring: ring.cast(),
             ring_bytes,
-            bufs: vec![0u8; usize::from(count) * size].into_boxed_slice(),
+            bufs: bufs.cast(),
             size,
             count,
             tail: 0,
+            order: vec![0; usize::from(count)].into_boxed_slice(),
+            taken: 0,
             group,
             registered: false,
         };
@@ -79,13 +86,15 @@ impl BufRing {
 
     /// Bytes of buffers.
     pub(super) fn bytes(&self) -> usize {
-        self.bufs.len()
+        usize::from(self.count) * self.size
     }
 
     /// The first `len` bytes of buffer `bid`, which a completion just handed over.
     pub(super) fn data(&self, bid: u16, len: usize) -> &[u8] {
-        let at = usize::from(bid) * self.size;
-        &self.bufs[at..at + len.min(self.size)]
+        let at = usize::from(bid.min(self.count - 1)) * self.size;
+        // SAFETY: buffer `bid` lies within the mapping, which lives as long as `self`; the
+        // kernel wrote it before the completion and takes it again only once it is recycled.
+        unsafe { std::slice::from_raw_parts(self.bufs.add(at), len.min(self.size)) }
     }
 
     /// Gives buffer `bid` back to the kernel (once its data is copied out).
@@ -93,12 +102,56 @@ impl BufRing {
         if bid < self.count {
             self.push(bid);
             self.publish();
+            self.taken = self.taken.saturating_add(1);
+        }
+    }
+
+    /// Buffers the kernel took (and were given back) since the last [`BufRing::release`].
+    pub(super) fn taken(&self) -> u32 {
+        self.taken
+    }
+
+    /// Gives the pages of the buffers back to the system, but those of the next `pickable`
+    /// ring positions: at most that many receives are in flight, each takes the next buffer in
+    /// ring order, and every buffer taken before was given back (so the kernel's head is at
+    /// most `pickable` positions past `tail - count`). Called between two submissions, by the
+    /// worker that owns the ring: no receive is armed meanwhile. The pages read as zeros
+    /// after, and are faulted in again when the kernel writes them.
+    pub(super) fn release(&mut self, pickable: usize) {
+        self.taken = 0;
+        let count = usize::from(self.count);
+        let mut keep = vec![false; count];
+        let head = self.tail.wrapping_sub(self.count);
+        for k in 0..pickable.min(count) {
+            let pos = usize::from(head.wrapping_add(k as u16) & (self.count - 1));
+            keep[usize::from(self.order[pos])] = true;
+        }
+        let mut bid = 0;
+        while bid < count {
+            if keep[bid] {
+                bid += 1;
+                continue;
+            }
+            let from = bid;
+            while bid < count && !keep[bid] {
+                bid += 1;
+            }
+            // SAFETY: whole buffers of the private anonymous mapping, which none of the
+            // receives in flight can take (above); no reference to them is held.
+            unsafe {
+                libc::madvise(
+                    self.bufs.add(from * self.size).cast(),
+                    (bid - from) * self.size,
+                    libc::MADV_DONTNEED,
+                )
+            };
         }
     }
 
     fn push(&mut self, bid: u16) {
         let i = usize::from(self.tail & (self.count - 1));
-        let addr = self.bufs.as_ptr() as u64 + (usize::from(bid) * self.size) as u64;
+        self.order[i] = bid;
+        let addr = self.bufs as u64 + (usize::from(bid) * self.size) as u64;
         // SAFETY: `i < count`: within the mapping. The kernel reads entries only up to the tail
         // it was last given (`publish`), and this one is past it: no one reads it now.
         let e = unsafe { &mut *self.ring.add(i) };
@@ -128,11 +181,32 @@ impl BufRing {
 impl Drop for BufRing {
     fn drop(&mut self) {
         if self.registered {
-            // The kernel may still write into the buffers: never freed.
-            std::mem::forget(std::mem::take(&mut self.bufs));
+            // The kernel may still write into the buffers: never unmapped.
             return;
         }
-        // SAFETY: the mapping made in `new`, no longer registered: no one else uses it.
-        unsafe { libc::munmap(self.ring.cast(), self.ring_bytes) };
+        // SAFETY: the mappings made in `new`, no longer registered: no one else uses them.
+        unsafe {
+            libc::munmap(self.ring.cast(), self.ring_bytes);
+            libc::munmap(self.bufs.cast(), self.bytes());
+        }
     }
+}
+
+/// `len` bytes of an anonymous private mapping (page-aligned, zero, not yet resident).
+fn map(len: usize) -> std::io::Result<*mut libc::c_void> {
+    // SAFETY: an anonymous private mapping: no file, no address hint; the result is checked.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(p)
 }

@@ -258,7 +258,7 @@ impl Worker {
         );
         conn.set_fd(sock.as_raw_fd());
         self.gens = self.gens.wrapping_add(1);
-        let c = Conn {
+        let c = Box::new(Conn {
             conn,
             sock,
             gen: self.gens & 0xff_ffff,
@@ -277,7 +277,7 @@ impl Worker {
             dirty: false,
             more: false,
             accounted: 0,
-        };
+        });
         let i = match self.free.pop() {
             Some(i) => {
                 self.conns[i] = Some(c);
@@ -297,7 +297,7 @@ impl Worker {
     pub(super) fn received(&mut self, i: usize, gen: u32, res: i32, flags: u32) {
         let bid = cqueue::buffer_select(flags);
         let now = self.now;
-        let Some(c) = self.conns.get_mut(i).and_then(|c| c.as_mut()) else {
+        let Some(c) = self.conns.get_mut(i).and_then(|c| c.as_deref_mut()) else {
             if let Some(b) = bid {
                 self.bufs.recycle(b);
             }
@@ -329,7 +329,7 @@ impl Worker {
 
     pub(super) fn sent_done(&mut self, i: usize, gen: u32, res: i32) {
         let now = self.now;
-        let Some(c) = self.conns.get_mut(i).and_then(|c| c.as_mut()) else {
+        let Some(c) = self.conns.get_mut(i).and_then(|c| c.as_deref_mut()) else {
             return;
         };
         debug_assert_eq!(c.gen, gen);
@@ -356,14 +356,14 @@ impl Worker {
     /// Runs the connection on what it has, then queues its send and its next receive, or
     /// closes it.
     pub(super) fn pump(&mut self, i: usize) {
-        let Some(c) = self.conns[i].as_mut() else {
+        let Some(c) = self.conns[i].as_deref_mut() else {
             return;
         };
         if let Some(call) = c.run(self.now) {
             let gen = c.gen;
             self.call_remote(i, gen, call);
         }
-        let c = self.conns[i].as_mut().expect("checked");
+        let c = self.conns[i].as_deref_mut().expect("checked");
         if std::mem::take(&mut c.more) {
             self.later.push(i);
         }
@@ -422,7 +422,7 @@ impl Worker {
     /// Shutdown: what the client sent before it is answered too — what the socket already
     /// holds is read without waiting (at most [`DRAIN_ROUNDS`] receives), then it closes.
     pub(super) fn start_drain(&mut self, i: usize) {
-        let Some(c) = self.conns[i].as_mut() else {
+        let Some(c) = self.conns[i].as_deref_mut() else {
             return;
         };
         if c.state != State::Open || c.eof {

@@ -66,6 +66,8 @@ pub(crate) const BUF_SIZE: usize = 4096;
 pub(crate) const SEND_MAX: usize = 64 * 1024;
 /// A send copy's capacity kept after a burst.
 const SEND_KEEP: usize = 16 * 1024;
+/// How often a quiet worker gives the pages of its receive buffers back (`BufRing::release`).
+const RELEASE_EVERY: Duration = Duration::from_secs(1);
 /// How often the loop looks at the shutdown signal and the idle connections when nothing
 /// happens.
 const TICK: Duration = Duration::from_millis(100);
@@ -160,7 +162,12 @@ struct Worker {
     bufs: BufRing,
     listener: std::net::TcpListener,
     accepting: bool,
-    conns: Vec<Option<Conn>>,
+    /// The connections' slots. A slot is a pointer: the table never shrinks (slot numbers are
+    /// in the tokens of operations in flight), so after a burst it is 8 bytes per connection the
+    /// worker once held at a time, not a whole `Conn` (about 1 KiB: a few hundred
+    /// connections made a block of 512 KiB that stayed live, and kept the 4 MiB page of the
+    /// allocator it shared with the burst's buffers resident).
+    conns: Vec<Option<Box<Conn>>>,
     free: Vec<usize>,
     gens: u32,
     /// Connections to run and flush at the end of this iteration.
@@ -179,6 +186,9 @@ struct Worker {
     next_tick: Instant,
     /// Connections were released since the allocator was last asked to give memory back.
     trim: bool,
+    /// When the receive buffers are next looked at, and how many the kernel had taken then.
+    next_release: Instant,
+    taken_then: u32,
     stopping: Option<Instant>,
     /// The end: nothing is armed again.
     finishing: bool,
@@ -241,6 +251,8 @@ pub(crate) fn serve(
         now,
         next_tick: now + TICK,
         trim: false,
+        next_release: now + RELEASE_EVERY,
+        taken_then: 0,
         stopping: None,
         finishing: false,
         remote,
@@ -289,7 +301,7 @@ impl Worker {
             }
             let dirty = std::mem::take(&mut self.dirty);
             for &i in &dirty {
-                if let Some(c) = self.conns[i].as_mut() {
+                if let Some(c) = self.conns[i].as_deref_mut() {
                     c.dirty = false;
                 }
                 self.pump(i);
@@ -361,12 +373,12 @@ impl Worker {
     fn conn(&mut self, i: usize, gen: u32) -> Option<&mut Conn> {
         self.conns
             .get_mut(i)?
-            .as_mut()
+            .as_deref_mut()
             .filter(|c| c.gen & 0xff_ffff == gen)
     }
 
     fn mark(&mut self, i: usize) {
-        if let Some(c) = self.conns[i].as_mut() {
+        if let Some(c) = self.conns[i].as_deref_mut() {
             if !c.dirty {
                 c.dirty = true;
                 self.dirty.push(i);
@@ -445,6 +457,9 @@ impl Worker {
         if self.trim && self.dirty.is_empty() && crate::trim::idle() {
             self.trim = false;
         }
+        if self.now >= self.next_release && self.dirty.is_empty() {
+            self.release_buffers();
+        }
         if self.stopping.is_none() && *self.srv.shutdown.borrow() {
             self.stopping = Some(self.now);
             if self.accepting {
@@ -463,7 +478,7 @@ impl Worker {
         }
         let idle = self.srv.resp.idle_timeout;
         for i in 0..self.conns.len() {
-            let Some(c) = self.conns[i].as_mut() else {
+            let Some(c) = self.conns[i].as_deref_mut() else {
                 continue;
             };
             let over = match c.state {
@@ -482,6 +497,25 @@ impl Worker {
                 self.mark(i);
             }
         }
+    }
+
+    /// Once a [`RELEASE_EVERY`]: the pages of the receive buffers used since the last time go
+    /// back to the system, if fewer than [`BUFS`] were used in the last interval (a busy worker
+    /// would only fault them in again). After a burst the worker is back to the pages its
+    /// current traffic uses within a second or two.
+    fn release_buffers(&mut self) {
+        self.next_release = self.now + RELEASE_EVERY;
+        let taken = self.bufs.taken();
+        if taken == 0 {
+            return;
+        }
+        if taken - self.taken_then >= u32::from(BUFS) {
+            self.taken_then = taken;
+            return;
+        }
+        let receiving = self.conns.iter().flatten().filter(|c| c.recv).count();
+        self.bufs.release(receiving);
+        self.taken_then = 0;
     }
 
     /// The end: every operation still out is cancelled and its completion awaited, so that no
