@@ -82,3 +82,32 @@ pub fn run(cmd: LimitsCommand) -> Result<(), String> {
     failures.exit_if_any();
     Ok(())
 }
+
+/// The class `name` of the rules file `path`, or its only class: what `limits export` and
+/// `limits import` act on.
+fn pick_class<'a>(
+    rules: &'a Rules,
+    path: &dyn std::fmt::Display,
+    name: Option<&str>,
+) -> Result<&'a turnstile::rules::limits::LimitsClass, String> {
+    let names = || {
+        rules
+            .classes
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match (name, rules.classes.as_slice()) {
+        (_, []) => Err(format!("{path}: no limits class")),
+        (None, [one]) => Ok(one),
+        (None, _) => Err(format!(
+            "{path}: more than one limits class ({}): choose one with --class NAME",
+            names()
+        )),
+        (Some(n), all) => all
+            .iter()
+            .find(|c| c.name == n)
+            .ok_or_else(|| format!("{path}: no limits class `{n}`; the classes: {}", names())),
+    }
+}

@@ -43,32 +43,7 @@ pub struct ExportArgs {
 /// Runs `limits export`.
 pub fn run(a: ExportArgs) -> Result<(), String> {
     let rules = Rules::from_file(&a.rules).map_err(|e| e.to_string())?;
-    let names = || {
-        rules
-            .classes
-            .iter()
-            .map(|c| c.name.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let class = match (&a.class, rules.classes.as_slice()) {
-        (_, []) => return Err(format!("{}: no limits class to export", a.rules)),
-        (None, [one]) => one,
-        (None, _) => {
-            return Err(format!(
-                "{}: more than one limits class ({}): choose one with --class NAME",
-                a.rules,
-                names()
-            ))
-        }
-        (Some(n), all) => all.iter().find(|c| &c.name == n).ok_or_else(|| {
-            format!(
-                "{}: no limits class `{n}`; the classes: {}",
-                a.rules,
-                names()
-            )
-        })?,
-    };
+    let class = super::pick_class(&rules, &a.rules, a.class.as_deref())?;
     let key = key_text(class)?;
     // A class in Redis is read from there (every bucket, pipelined); any other from its file.
     let src: Box<dyn LimitsSource> = match &class.redis {

@@ -9,7 +9,7 @@ use redis::aio::MultiplexedConnection;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use turnstile::keyed::KeyHasher;
-use turnstile::rules::limits::{LimitsClass, LimitsSource, MemoryLimits};
+use turnstile::rules::limits::{LimitsSource, MemoryLimits};
 use turnstile::rules::Rules;
 use turnstile_redis::limits::{bucket_count, bucket_of, LimitsKeys};
 
@@ -40,7 +40,7 @@ pub struct ImportArgs {
 /// `file:line: message`, exit status 1, nothing written.
 pub fn run(a: ImportArgs) -> Result<(), String> {
     let rules = Rules::from_file(&a.rules).map_err(|e| e.to_string())?;
-    let class = pick(&rules, a.class.as_deref())?;
+    let class = super::pick_class(&rules, &a.rules.display(), a.class.as_deref())?;
     let url = a.redis_url.clone().or(class.redis.clone()).ok_or_else(|| {
         format!(
             "class `{}` says no `redis`: give --redis-url URL (or add redis = \"redis://...\" to \
@@ -115,29 +115,6 @@ pub fn run(a: ImportArgs) -> Result<(), String> {
         read.as_secs_f64()
     );
     Ok(())
-}
-
-/// The class named, or the only one.
-fn pick<'a>(rules: &'a Rules, name: Option<&str>) -> Result<&'a LimitsClass, String> {
-    let names = || {
-        rules
-            .classes
-            .iter()
-            .map(|c| c.name.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    match name {
-        Some(n) => rules.classes.iter().find(|c| c.name == n).ok_or_else(|| {
-            format!(
-                "no limits class `{n}` in the rules (they have: {})",
-                names()
-            )
-        }),
-        None if rules.classes.len() == 1 => Ok(&rules.classes[0]),
-        None if rules.classes.is_empty() => Err("the rules have no limits class".into()),
-        None => Err(format!("give --class NAME: one of {}", names())),
-    }
 }
 
 /// Where the pipeline starting at `i` ends: about `BATCH_ENTRIES` entries, whole buckets.
