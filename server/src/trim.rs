@@ -6,9 +6,14 @@
 //! uses (`turnstile` runs on mimalloc: `mi_collect`); each worker calls [`idle`] when it goes
 //! idle (a tokio worker parking, an io_uring worker's tick after connections closed), and the
 //! hook runs at most once per [`EVERY`] per thread — never on the path of a request.
+//!
+//! A tokio thread that parks less than [`EVERY`] after its last run of the hook leaves a timer
+//! behind ([`park`]), so that what it freed since is given back once the hook is due even if
+//! nothing else ever wakes it.
 
 use std::cell::Cell;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 static HOOK: OnceLock<fn()> = OnceLock::new();
@@ -18,6 +23,8 @@ pub const EVERY: Duration = Duration::from_secs(1);
 
 thread_local! {
     static LAST: Cell<Option<Instant>> = const { Cell::new(None) };
+    /// A timer left by [`park`] on this thread is still pending.
+    static ARMED: Arc<AtomicBool> = Arc::new(AtomicBool::new(false));
 }
 
 /// Sets the function that gives the allocator's unused memory back to the system (once; a
@@ -46,7 +53,76 @@ pub(crate) fn idle() -> bool {
     due
 }
 
-/// [`idle`] for a tokio runtime's `on_thread_park`.
+/// [`idle`] for a tokio runtime's `on_thread_park`. When the hook is not due yet, spawns a task
+/// that sleeps until it is (one at a time per thread): the runtime wakes then, and the thread
+/// that ran the task runs the hook as it parks again. On a current-thread runtime that is this
+/// thread; on a multi-thread one, the worker that ran the timer's task (a parked worker that
+/// nothing wakes keeps what it freed since its last run until its next wake-up).
 pub(crate) fn park() {
-    idle();
+    if idle() {
+        return;
+    }
+    let armed = ARMED.with(Arc::clone);
+    // Relaxed: the flag is only a bound on pending timers, it orders no other memory.
+    if armed.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        armed.store(false, Ordering::Relaxed);
+        return;
+    };
+    let wait = LAST
+        .with(|l| l.get())
+        .map_or(Duration::ZERO, |t| EVERY.saturating_sub(t.elapsed()));
+    // Cleared however the task ends, run or dropped with its runtime.
+    let disarm = Disarm(armed);
+    rt.spawn(async move {
+        let _disarm = disarm;
+        tokio::time::sleep(wait).await;
+    });
+}
+
+/// Clears a thread's [`ARMED`] flag when its timer task ends.
+struct Disarm(Arc<AtomicBool>);
+
+impl Drop for Disarm {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    thread_local! {
+        static RUNS: Cell<u32> = const { Cell::new(0) };
+    }
+
+    fn count() {
+        RUNS.with(|r| r.set(r.get() + 1));
+    }
+
+    /// A current-thread runtime whose only work is one long sleep parks once: without the timer
+    /// [`park`] leaves, the hook would run at that park only (and never again however long the
+    /// thread stays parked); with it, the runtime wakes each [`EVERY`] until then.
+    #[test]
+    fn a_parked_thread_runs_the_hook_when_it_is_due() {
+        set_hook(count);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .on_thread_park(park)
+            .build()
+            .expect("a runtime");
+        rt.block_on(async {
+            // The first run, at once; the timer is armed for a second later.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::time::sleep(EVERY * 2 + EVERY / 2).await;
+        });
+        let runs = RUNS.with(Cell::get);
+        assert!(
+            (3..=4).contains(&runs),
+            "the hook ran {runs} times in 2.55 s of a parked thread (each second expected)"
+        );
+    }
 }
