@@ -112,6 +112,8 @@ pub(crate) struct RespConfig {
     /// Zero: never.
     pub(crate) idle_timeout: Duration,
     pub(crate) output_limit: usize,
+    /// `--coalesce` (io_uring runtime); zero: off.
+    pub(crate) coalesce: Duration,
 }
 
 /// An HTTP listener's configuration.
@@ -207,6 +209,7 @@ pub(crate) fn from_args(a: &ServeArgs) -> Result<(RespConfig, HttpConfig), Serve
         max_connections: a.max_connections,
         idle_timeout: a.idle_timeout,
         output_limit: a.client_output_limit.max(4096),
+        coalesce: a.coalesce,
     };
     let http = HttpConfig {
         auth,

@@ -169,6 +169,9 @@ pub(crate) fn spawn(
     workers: usize,
 ) -> Result<(Bound, Vec<JoinHandle<()>>, RuntimeKind), ServeError> {
     let kind = effective(args);
+    if kind != RuntimeKind::Uring && !args.coalesce.is_zero() {
+        tracing::warn!("--coalesce is for the io_uring runtime only: RESP runs on tokio here");
+    }
     let per_core = kind != RuntimeKind::MultiThread;
     let (all, bound) = bind(args, workers, per_core)?;
     let mut threads = Vec::new();

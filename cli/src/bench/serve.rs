@@ -28,7 +28,8 @@ pub struct ServeArgs {
     /// The turnstile binary that serves (default: this one).
     #[arg(long, value_name = "PATH")]
     turnstile: Option<PathBuf>,
-    /// `turnstile serve --runtime` values, comma-separated: a row of each.
+    /// `turnstile serve --runtime` values, comma-separated: a row of each. `uring:200us` is
+    /// `--runtime uring --coalesce 200us`.
     #[arg(long, value_name = "LIST", default_value = "uring,per-core")]
     runtime: String,
     /// redis-cell's module (libredis_cell.so): its CL.THROTTLE on a redis-server of its own
@@ -344,7 +345,15 @@ pub(crate) fn run_serve(mut a: ServeArgs) -> crate::Result<()> {
     }
     let mut http = Vec::new();
     for rt in a.runtime.split(',').map(str::trim) {
-        let mut extra = vec!["--runtime".to_string(), rt.to_string()];
+        let mut extra = match rt.split_once(':') {
+            Some((kind, wait)) => vec![
+                "--runtime".to_string(),
+                kind.to_string(),
+                "--coalesce".to_string(),
+                wait.to_string(),
+            ],
+            None => vec!["--runtime".to_string(), rt.to_string()],
+        };
         extra.extend(["--rules".into(), a.rules.to_string_lossy().into_owned()]);
         let (t, port) = turnstile(r, &bin, format!("turnstile CL.THROTTLE ({rt})"), &extra)?;
         http.push((

@@ -66,6 +66,8 @@ pub(crate) const BUF_SIZE: usize = 4096;
 pub(crate) const SEND_MAX: usize = 64 * 1024;
 /// A send copy's capacity kept after a burst.
 const SEND_KEEP: usize = 16 * 1024;
+/// The most completions a coalescing wait asks for (`--coalesce`).
+const COALESCE_MAX: usize = 64;
 /// How often a quiet worker gives the pages of its receive buffers back (`BufRing::release`).
 const RELEASE_EVERY: Duration = Duration::from_secs(1);
 /// How often the loop looks at the shutdown signal and the idle connections when nothing
@@ -180,6 +182,8 @@ struct Worker {
     /// Operations in flight (a multishot one counts once, until its last completion).
     in_flight: usize,
     round: u64,
+    /// `--coalesce` in µs, if on and the kernel has io_uring's min_wait.
+    coalesce_us: Option<u32>,
     /// Sends submitted in the last round.
     sent: Vec<(usize, u32)>,
     now: Instant,
@@ -200,6 +204,22 @@ struct Worker {
     /// The eventfd's counter, read by the ring (boxed: it must not move while a read is out).
     wake_buf: Box<[u8; 8]>,
     wake_armed: bool,
+}
+
+/// `--coalesce` in µs for a ring whose kernel has min_wait (`supported`); `None` if off, or
+/// if the kernel cannot (said once per worker).
+fn coalescing(srv: &Server, supported: bool) -> Option<u32> {
+    let d = srv.resp.coalesce;
+    if d.is_zero() {
+        return None;
+    }
+    if !supported {
+        tracing::warn!(
+            "--coalesce {d:?} is off: this kernel's io_uring has no min_wait (Linux 6.12 or later)"
+        );
+        return None;
+    }
+    Some(d.as_micros().clamp(1, u128::from(u32::MAX)) as u32)
 }
 
 /// Serves RESP on `listener` until shutdown (the worker's thread; `remote` runs calls to
@@ -231,6 +251,7 @@ pub(crate) fn serve(
     }
     // SAFETY: a new descriptor that nothing else owns.
     let wake = Arc::new(unsafe { OwnedFd::from_raw_fd(efd) });
+    let coalesce_us = coalescing(&srv, ring.params().is_feature_min_timeout());
     let (replies_tx, replies) = mpsc::channel();
     let now = Instant::now();
     let mut w = Worker {
@@ -247,6 +268,7 @@ pub(crate) fn serve(
         sqes: Vec::new(),
         in_flight: 0,
         round: 0,
+        coalesce_us,
         sent: Vec::new(),
         now,
         next_tick: now + TICK,
@@ -272,8 +294,9 @@ impl Worker {
         self.arm_accept();
         self.arm_wake();
         let mut cqes: Vec<(u64, i32, u32)> = Vec::with_capacity(256);
+        let mut last = 0;
         loop {
-            self.submit(self.dirty.is_empty())?;
+            self.submit(self.dirty.is_empty(), last)?;
             self.round += 1;
             self.now = Instant::now();
             cqes.clear();
@@ -282,6 +305,7 @@ impl Worker {
                     .completion()
                     .map(|c| (c.user_data(), c.result(), c.flags())),
             );
+            last = cqes.len();
             for &(t, res, flags) in &cqes {
                 self.complete(t, res, flags);
             }
@@ -324,8 +348,10 @@ impl Worker {
     }
 
     /// Pushes the entries queued and enters the kernel: waits (at most a tick) for a
-    /// completion if `wait`.
-    fn submit(&mut self, wait: bool) -> io::Result<()> {
+    /// completion if `wait`. With `--coalesce` and `last` (the completions the last loop found)
+    /// at least 2, it waits for as many again (at most [`COALESCE_MAX`]), but no longer than
+    /// the coalescing time once one has come.
+    fn submit(&mut self, wait: bool, last: usize) -> io::Result<()> {
         let mut at = 0;
         while at < self.sqes.len() {
             {
@@ -347,8 +373,14 @@ impl Worker {
         self.sqes.clear();
         let r = if wait {
             let ts = types::Timespec::new().nsec(TICK.as_nanos() as u32);
-            let args = types::SubmitArgs::new().timespec(&ts);
-            self.ring.submitter().submit_with_args(1, &args)
+            let (want, min_wait) = match self.coalesce_us {
+                Some(us) if last >= 2 => (last.min(COALESCE_MAX), us),
+                _ => (1, 0),
+            };
+            let args = types::SubmitArgs::new()
+                .timespec(&ts)
+                .min_wait_usec(min_wait);
+            self.ring.submitter().submit_with_args(want, &args)
         } else {
             self.ring.submit()
         };
@@ -536,7 +568,7 @@ impl Worker {
         }
         let deadline = Instant::now() + CANCEL_WAIT;
         while self.in_flight > 0 && Instant::now() < deadline {
-            if self.submit(true).is_err() {
+            if self.submit(true, 0).is_err() {
                 break;
             }
             let cqes: Vec<_> = self
