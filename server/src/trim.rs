@@ -117,12 +117,14 @@ mod tests {
         rt.block_on(async {
             // The first run, at once; the timer is armed for a second later.
             tokio::time::sleep(Duration::from_millis(50)).await;
-            tokio::time::sleep(EVERY * 2 + EVERY / 2).await;
+            tokio::time::sleep(EVERY * 3 + EVERY / 2).await;
         });
+        // Without the timer 2 (the two parks); with it 4 (at 0, 1, 2 and 3 s), 3 on a machine
+        // that runs timers half a second late.
         let runs = RUNS.with(Cell::get);
         assert!(
-            (3..=4).contains(&runs),
-            "the hook ran {runs} times in 2.55 s of a parked thread (each second expected)"
+            (3..=5).contains(&runs),
+            "the hook ran {runs} times in 3.55 s of a parked thread (each second expected)"
         );
     }
 }
