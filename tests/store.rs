@@ -405,7 +405,8 @@ fn ipv4_mapped_clients_are_their_ipv4_keys() {
 /// order, and `check_batch_verdicts_at` answer their verdicts: batches shorter and longer than
 /// its pipeline (2 × 4 keys), empty ones, keys repeated inside a batch (a later check of a key
 /// sees the earlier one's update), new keys inserted mid-batch, and time moving between
-/// batches; packed and arena-backed limits, and a store small enough to fill.
+/// batches; packed and arena-backed limits, and a store small enough to fill; with the tags
+/// batched checks read (`batch_hints`) and without (batched checks then scan).
 #[test]
 fn check_batch_decides_as_sequential_checks() {
     use turnstile::{Decision, ManualClock, Verdict};
@@ -418,16 +419,17 @@ fn check_batch_decides_as_sequential_checks() {
         Limit::window_ring(6, Duration::from_secs(1), 4).unwrap(),
     ];
     for l in limits {
-        for capacity in [40u64, 4_000] {
-            let build = || {
+        for (capacity, hints) in [(40u64, true), (4_000, true), (40, false), (4_000, false)] {
+            let build = |hints| {
                 Store::builder(Limits::new(vec![l]).unwrap())
                     .capacity(capacity)
                     .seed(11)
                     .shards(2)
+                    .batch_hints(hints)
                     .build_with_clock(ManualClock::new(0))
                     .unwrap()
             };
-            let (batched, single, verdicts) = (build(), build(), build());
+            let (batched, single, verdicts) = (build(hints), build(true), build(hints));
             let mut x = 0x2545_f491_4f6c_dd1du64;
             let mut rnd = |n: u64| {
                 x ^= x << 13;
@@ -458,12 +460,12 @@ fn check_batch_decides_as_sequential_checks() {
                     let d = single.check_at(k, cost, now);
                     assert_eq!(
                         out[i], d,
-                        "{l:?}, capacity {capacity}, round {round}, key {k} at {i} of {len}"
+                        "{l:?}, capacity {capacity}, hints {hints}, round {round}, key {k} at {i} of {len}"
                     );
                     assert_eq!(
                         vs[i],
                         Verdict::from(&d),
-                        "verdict: {l:?}, capacity {capacity}, round {round}, key {k} at {i} of {len}"
+                        "verdict: {l:?}, capacity {capacity}, hints {hints}, round {round}, key {k} at {i} of {len}"
                     );
                 }
                 checks += len;

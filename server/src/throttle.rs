@@ -157,6 +157,9 @@ impl Throttles {
             .capacity(keys)
             .policy(FullPolicy::EvictStalest)
             .seed(seed)
+            // Checked one key at a time: a new key writes its slot's page and its bucket
+            // group's header, not a tag's page too (docs/service.md, the abuse soak).
+            .batch_hints(false)
             .build()
             .map_err(|e| format!("--throttle-keys {keys}: {e}"))?;
         Ok(Self { store, seed })

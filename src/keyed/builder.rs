@@ -247,6 +247,7 @@ pub struct StoreBuilder {
     policy: FullPolicy,
     seed: Option<u64>,
     ipv6_prefix: u8,
+    hints: bool,
     #[cfg(loom)]
     range: Option<usize>,
 }
@@ -283,6 +284,18 @@ impl StoreBuilder {
         self.ipv6_prefix = bits;
         self
     }
+    /// Whether a new key sets the tag byte that batched checks ([`Store::check_batch`],
+    /// [`Store::check_batch_verdicts`]) read to find it (default: on). A store checked one key
+    /// at a time can go without: a new key then writes one cache line less, in a table of its
+    /// own (a page of memory less for each key of a sparse store, as a service's first keys
+    /// are). Batched checks on such a store stay exact; they scan the key's buckets instead.
+    ///
+    /// [`Store::check_batch`]: super::Store::check_batch
+    /// [`Store::check_batch_verdicts`]: super::Store::check_batch_verdicts
+    pub fn batch_hints(mut self, on: bool) -> Self {
+        self.hints = on;
+        self
+    }
 
     /// Loom builds only: buckets in each of a key's two probe ranges (default 1 under loom), for
     /// models that probe past the home buckets and wrap around the table.
@@ -303,6 +316,7 @@ impl StoreBuilder {
             policy: FullPolicy::default(),
             seed: None,
             ipv6_prefix: 64,
+            hints: true,
             #[cfg(loom)]
             range: None,
         }
@@ -328,7 +342,7 @@ impl StoreBuilder {
         };
         let g = sizing.geometry()?;
         let shards = (0..g.shards)
-            .map(|_| Shard::new(g.buckets, g.arena).map(CachePadded::new))
+            .map(|_| Shard::new(g.buckets, g.arena, self.hints).map(CachePadded::new))
             .collect::<Option<Vec<_>>>()
             .ok_or_else(|| {
                 ConfigError::new(
@@ -456,7 +470,7 @@ mod tests {
                 more.bytes(s.overhead) > budget || more.estimate() > budget,
                 "{g:?}"
             );
-            let shard = Shard::new(g.buckets, g.arena).unwrap();
+            let shard = Shard::new(g.buckets, g.arena, true).unwrap();
             assert_eq!(shard.bytes(), Shard::bytes_for(g.buckets, g.arena));
         }
     }

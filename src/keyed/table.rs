@@ -48,7 +48,9 @@
 //!   take the scan until it dies.
 //!
 //! Shards checked only one key at a time (`check`) scan as before: a single check waits for
-//! its bucket's line anyway, and reading the tag word first would add a second access.
+//! its bucket's line anyway, and reading the tag word first would add a second access. A store
+//! built without hints (`StoreBuilder::batch_hints(false)`) never sets a tag: every tag word
+//! stays 0 and untouched, and batched lookups take the scan.
 //!
 //! # Bucket header (8 bytes per [`GROUP`] = 8 buckets)
 //!
@@ -352,6 +354,9 @@ pub(crate) struct Shard {
     tags: Box<[AtomicU64]>,
     /// One word per [`GROUP`] buckets.
     headers: Box<[AtomicU64]>,
+    /// Whether insertions set tags (`StoreBuilder::batch_hints`); without, every tag stays 0
+    /// (no tag: batched lookups scan).
+    hints: bool,
     arena: Option<Arena>,
     pub(crate) counters: CachePadded<Counters>,
     /// Loom builds: buckets per range, [`RANGE`] unless a model asks for more (`range`).
@@ -388,13 +393,18 @@ pub(crate) struct Ctx<'a> {
 impl Shard {
     /// A shard of `buckets` buckets (and an arena of `n` records of `w` words); `None` if the
     /// memory cannot be allocated. The builder keeps `buckets` within `2^PLACE_BITS`.
-    pub(crate) fn new(buckets: usize, arena_records: Option<(u32, usize)>) -> Option<Self> {
+    pub(crate) fn new(
+        buckets: usize,
+        arena_records: Option<(u32, usize)>,
+        hints: bool,
+    ) -> Option<Self> {
         // The builder's bound (2^24 buckets, `keyed::PLACE_BITS`) is far inside this one.
         debug_assert!(buckets.max(1) * BUCKET <= 1 << HDR_OFF_BITS);
         Some(Self {
             buckets: zeroed_buckets(buckets.max(1))?,
             tags: zeroed_u64(buckets.max(1))?,
             headers: zeroed_u64(buckets.max(1).div_ceil(GROUP))?,
+            hints,
             arena: match arena_records {
                 Some((n, w)) => Some(Arena::new(n, w)?),
                 None => None,
@@ -599,6 +609,9 @@ impl Shard {
     /// CAS (Release, then the publish by the owner or by a helper that acquired the header)
     /// orders it before the slot goes live, so Relaxed here.
     fn set_tag(&self, i: usize, tag: u8) {
+        if !self.hints {
+            return;
+        }
         let w = &self.tags[i / BUCKET];
         let sh = 8 * (i % BUCKET);
         // Relaxed: as above; the CAS validates the value read.
