@@ -90,3 +90,27 @@ fn a_panic_inside_a_record_section_wedges_nothing() {
         "the key's record was the one reclaimed"
     );
 }
+
+/// A store built with `batch_hints(false)` never writes a tag (its tag words stay zero pages),
+/// one with hints tags every live key; both decide the same.
+#[test]
+fn a_store_without_batch_hints_sets_no_tag() {
+    let limit = Limit::token_bucket(3, 1, Duration::from_secs(1)).unwrap();
+    let build = |hints| {
+        Store::builder(Limits::new(vec![limit]).unwrap())
+            .capacity(1_000)
+            .seed(5)
+            .batch_hints(hints)
+            .build_with_clock(ManualClock::new(0))
+            .unwrap()
+    };
+    let (tagged, plain) = (build(true), build(false));
+    for k in 0..500u64 {
+        for _ in 0..2 {
+            assert_eq!(tagged.check_at(&k, 1, 1_000), plain.check_at(&k, 1, 1_000));
+        }
+    }
+    let tags = |s: &Store<ManualClock>| s.shards.iter().map(|x| x.tagged_slots()).sum::<usize>();
+    assert_eq!(tags(&tagged), 500);
+    assert_eq!(tags(&plain), 0);
+}

@@ -1272,6 +1272,14 @@ impl Shard {
         })
     }
 
+    /// Tests: the slots whose tag byte is set.
+    #[cfg(test)]
+    pub(crate) fn tagged_slots(&self) -> usize {
+        (0..self.buckets.len() * BUCKET)
+            .filter(|&i| self.tag_of(i) != 0)
+            .count()
+    }
+
     /// Visits every live key id with the index of the bucket it is in (for tests and
     /// reports). Not linearizable.
     pub(crate) fn for_each_live_bucket(&self, mut f: impl FnMut(u64, usize)) {
