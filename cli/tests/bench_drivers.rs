@@ -87,6 +87,16 @@ fn wrong_options_are_refused_before_anything_starts() {
         (&["serve", "--pipeline", "0"][..], "--pipeline"),
         (&["serve", "--server-core", "1"][..], "two different cores"),
         (&["serve", "--rules", "/nonexistent.toml"][..], "--rules"),
+        (
+            &[
+                "serve",
+                "--http-seconds",
+                "0",
+                "--runtime",
+                "uring,uring:20ms",
+            ][..],
+            "`uring:20ms`: invalid value '20ms' for '--coalesce",
+        ),
         (&["ab", "/nonexistent/turnstile"][..], "no such build"),
     ] {
         let out = Command::new(BIN).arg("bench").args(args).output().unwrap();

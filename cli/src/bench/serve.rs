@@ -335,6 +335,13 @@ pub(crate) fn run_serve(mut a: ServeArgs) -> crate::Result<()> {
         None => std::env::current_exe()?,
     };
     let bin = bin.to_string_lossy().into_owned();
+    for (entry, wait) in a
+        .runtime
+        .split(',')
+        .filter_map(|e| Some((e, e.trim().split_once(':')?.1)))
+    {
+        coalesce_ok(entry.trim(), wait)?;
+    }
     load_warning();
     let mut targets = vec![r.redis(INCR, None, &["incr", "key:__rand_int__"])?];
     if let Some(so) = &a.cell_so {
@@ -346,12 +353,14 @@ pub(crate) fn run_serve(mut a: ServeArgs) -> crate::Result<()> {
     let mut http = Vec::new();
     for rt in a.runtime.split(',').map(str::trim) {
         let mut extra = match rt.split_once(':') {
-            Some((kind, wait)) => vec![
-                "--runtime".to_string(),
-                kind.to_string(),
-                "--coalesce".to_string(),
-                wait.to_string(),
-            ],
+            Some((kind, wait)) => {
+                vec![
+                    "--runtime".to_string(),
+                    kind.to_string(),
+                    "--coalesce".to_string(),
+                    wait.to_string(),
+                ]
+            }
             None => vec!["--runtime".to_string(), rt.to_string()],
         };
         extra.extend(["--rules".into(), a.rules.to_string_lossy().into_owned()]);
@@ -373,6 +382,26 @@ pub(crate) fn run_serve(mut a: ServeArgs) -> crate::Result<()> {
     drop(targets);
     progress_done();
     report(&rows, &[INCR, CELL], r.json, a.plot.as_deref())
+}
+
+/// `--runtime KIND:WAIT`'s wait, read by `turnstile serve`'s own `--coalesce` parser, so that a
+/// wrong one is refused with its reason before any server starts (a server that exits at once
+/// says nothing here: its stderr is discarded).
+fn coalesce_ok(entry: &str, wait: &str) -> crate::Result<()> {
+    use clap::FromArgMatches;
+    let cmd = turnstile_server::ServeArgs::augment_args(clap::Command::new("serve"));
+    cmd.try_get_matches_from(["serve", "--coalesce", wait])
+        .and_then(|m| turnstile_server::ServeArgs::from_arg_matches(&m))
+        .map(drop)
+        .map_err(|e| {
+            let why = e.to_string();
+            let why = why
+                .lines()
+                .next()
+                .unwrap_or("")
+                .trim_start_matches("error: ");
+            format!("option --runtime: `{entry}`: {why}").into()
+        })
 }
 
 /// The HTTP rows: wrk on POST /v1/check of each turnstile (`http`: the row's label, the
