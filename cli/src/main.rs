@@ -4,15 +4,15 @@
 //! and a message naming it.
 
 use clap::{CommandFactory, Parser, Subcommand};
-use mimalloc::MiMalloc;
 
 // mimalloc: the bench's per-thread allocations and the memory report's large tables; its
-// effect on the bench is measured in docs/performance.md. The core crate sets no allocator:
-// an embedder keeps its own.
+// effect on the bench is measured in docs/performance.md. `serve` also gives back the pages of
+// large freed blocks (`alloc`). The core crate sets no allocator: an embedder keeps its own.
 #[global_allocator]
-static GLOBAL: MiMalloc = MiMalloc;
+static GLOBAL: alloc::Alloc = alloc::Alloc;
 
 mod accuracy;
+mod alloc;
 mod args;
 mod bench;
 mod demo;
@@ -113,6 +113,7 @@ fn main() {
         Command::Accuracy(a) => accuracy::run(a),
         Command::Serve(a) => {
             no_huge_pages_for_a_service();
+            alloc::give_back_freed_pages();
             turnstile_server::trim::set_hook(give_memory_back);
             turnstile_server::run(*a).map_err(Error::from)
         }
