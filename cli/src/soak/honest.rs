@@ -5,8 +5,9 @@
 //! afterwards.
 //!
 //! Keys: each RESP client owns [`KEYS`] keys of one parameter set with a budget that does not
-//! refill during a soak ([`BURST`] + 1 requests, then one more every [`PERIOD`] s), and sends
-//! half its requests to its first key, a quarter to the second, and so on: at the default
+//! refill during a soak ([`BURST`] + 1 requests, then one more every [`PERIOD`] s), sends one
+//! request to each at its start, and then half its requests to its first key, a quarter to
+//! the second, and so on: at the default
 //! pace the first keys are spent and denied, the others partly used, so that both what was
 //! admitted and what was refused are checked. The HTTP clients check customer ids of their own
 //! (numbers from the run's id, not used by anything else).
@@ -133,10 +134,15 @@ impl Seen {
     }
 }
 
-/// Which of a client's keys its `i`-th request (from 1) goes to: half to the first, a quarter
-/// to the second, ...
+/// Which of a client's keys its `i`-th request (from 1) goes to: its first `keys` requests one
+/// to each key, so that the server holds every honest key from the quiet run's first moments
+/// and the idle RSS includes them (a key first sent minutes later would count as what the
+/// attack left); then half to the first, a quarter to the second, ...
 pub fn key_of(i: u64, keys: usize) -> usize {
-    (i.trailing_zeros() as usize).min(keys - 1)
+    match usize::try_from(i) {
+        Ok(n @ 1..) if n <= keys => n - 1,
+        _ => (i.saturating_sub(keys as u64).trailing_zeros() as usize).min(keys - 1),
+    }
 }
 
 /// The key names of RESP client `client` of run `run`.
@@ -475,8 +481,10 @@ mod tests {
 
     #[test]
     fn keys_halve() {
+        let first: Vec<usize> = (1..=KEYS as u64).map(|i| key_of(i, KEYS)).collect();
+        assert_eq!(first, (0..KEYS).collect::<Vec<_>>());
         let mut n = [0u64; KEYS];
-        for i in 1..=1024 {
+        for i in KEYS as u64 + 1..=KEYS as u64 + 1024 {
             n[key_of(i, KEYS)] += 1;
         }
         assert_eq!(&n[..4], &[512, 256, 128, 64]);
