@@ -153,7 +153,6 @@ fn no_huge_pages_for_a_service() {
 /// mimalloc frees what the thread no longer uses and returns its empty pages to the system,
 /// so that the memory of a burst of connections goes once they have.
 fn give_memory_back() {
-    alloc::give_back_waiting();
     // SAFETY: mi_collect takes no pointer; it works on the calling thread's own heap.
     unsafe { libmimalloc_sys::mi_collect(true) };
 }
