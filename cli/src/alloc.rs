@@ -10,14 +10,19 @@
 //! (`MADV_DONTNEED`: the next touch maps a zeroed page) before the block goes back to the
 //! allocator. The block's first page is kept: the allocator writes its free-list link there.
 //!
+//! The cost is one `madvise` per freed block of at least [`MIN`] bytes (a connection's buffers
+//! when it closes or after a frame that long, never a request of an open connection) and a
+//! fault on each of its pages when the block is used again. Measured by the abuse soak of
+//! docs/service.md (`--seconds 40 --settle 60`, two runs, and three shorter interleaved ones):
+//! RSS a minute after the attack +8.4 % of idle instead of +13 %, peak 94 MiB instead of
+//! 132-136; the honest clients' CL.THROTTLE p99 *during* the attack 5.7-6.4 ms instead of
+//! 3.7-4.5 (about a thousand `madvise` a second among 1 000 hostile connections, and the faults
+//! after them). Deferring the give-back to idle workers through a bounded queue (16 MiB) kept
+//! that p99 but caught only part of what the attackers' connections free as they all close:
+//! +9.6 % and +10.7 % a minute after, peak 144-154 MiB.
+//!
 //! No crate does this: allocators keep a freed block's pages for the next allocation, which is
-//! what a hot path wants and what a server that must shrink back after an attack does not. The
-//! cost is one `madvise` per freed block of at least [`MIN`] bytes (a connection's buffers when
-//! it closes or after a frame that long, never a request of an open connection) and a fault on
-//! each page when the block is used again. Measured by the abuse soak of docs/service.md, three
-//! interleaved runs of each: RSS a minute after the attack +8 % of idle instead of +13 %, peak
-//! 94 MiB instead of 132-136; the honest clients' CL.THROTTLE p99 *during* the attack 6.0-7.2 ms
-//! instead of 3.7-4.5 (about a thousand `madvise` a second among 1 000 hostile connections).
+//! what a hot path wants and what a server that must shrink back after an attack does not.
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
