@@ -139,6 +139,33 @@ mod tests {
         assert_eq!(inner_pages(usize::MAX - 10, 5, pg), None);
     }
 
+    /// Which pages of `[start, start + len)` are resident (`mincore` reads the page tables only).
+    fn resident(start: usize, len: usize) -> Vec<bool> {
+        let mut v = vec![0u8; len / 4096];
+        // SAFETY: `start` is page-aligned and `v` has a byte per page of the range; mincore
+        // writes only `v`.
+        let r = unsafe { libc::mincore(start as *mut libc::c_void, len, v.as_mut_ptr()) };
+        assert_eq!(r, 0, "mincore: {}", std::io::Error::last_os_error());
+        v.into_iter().map(|b| b & 1 == 1).collect()
+    }
+
+    #[test]
+    fn a_freed_block_leaves_no_inner_page_resident() {
+        give_back_freed_pages();
+        let l = Layout::from_size_align(64 * 1024, 4096).unwrap();
+        // SAFETY: a layout of non-zero size; the block is written within it and freed once.
+        unsafe {
+            let p = Alloc.alloc(l);
+            std::ptr::write_bytes(p, 1, l.size());
+            let (start, len) = inner_pages(p as usize, l.size(), 4096).unwrap();
+            assert_eq!(len, 15 * 4096);
+            assert!(resident(start, len).iter().all(|&r| r));
+            Alloc.dealloc(p, l);
+            // The allocator's own page stays mapped: asking about it touches nothing.
+            assert!(resident(start, len).iter().all(|&r| !r));
+        }
+    }
+
     #[test]
     fn a_freed_block_reads_back_as_new_memory_and_the_heap_stays_whole() {
         give_back_freed_pages();
