@@ -2,7 +2,7 @@
 //! events: accepted, received, sent, run and re-armed ([`Worker::pump`]), drained at shutdown,
 //! released.
 
-use super::{token, Op, Worker, BUF_SIZE, SEND_KEEP, SEND_MAX};
+use super::{token, Op, Worker, BUF_SIZE, MULTISHOT_LIMIT, SEND_KEEP, SEND_MAX};
 use crate::cmd::rules::RemoteCall;
 use crate::resp::connection::{Connection, Step};
 use crate::resp::serve::{Slot, DRAIN_ROUNDS, LAST_WRITE};
@@ -27,7 +27,8 @@ pub(super) struct Conn {
     /// The loop iteration whose submission carried the send.
     pub(super) send_round: u64,
     pub(super) send_buf: Vec<u8>,
-    /// Received input the connection could not take yet (at most one buffer).
+    /// Received input the connection could not take yet: less than [`MULTISHOT_LIMIT`] and one
+    /// buffer (a receive is armed only with an empty stash, and delivers no more).
     pub(super) stash: Vec<u8>,
     pub(super) stash_at: usize,
     /// The client closed its side.
@@ -64,9 +65,8 @@ impl Conn {
         &self.stash[self.stash_at..]
     }
 
-    /// Moves input into the connection from `data`, then from the stash; what does not fit is
-    /// kept (`data` is then at most one buffer and the stash was empty: a receive is armed only
-    /// with an empty stash).
+    /// Moves input into the connection from the stash, then from `data`; what does not fit is
+    /// kept (in order: `data` goes after what is already stashed).
     fn feed(&mut self, mut data: &[u8]) {
         while !self.stashed().is_empty() {
             let Some(buf) = self.conn.read_buf() else {
@@ -205,13 +205,16 @@ impl Conn {
     }
 
     /// The next receive of the connection in `slot` (into a buffer of `group`): only with an
-    /// empty stash, while the connection reads; in the shutdown drain, without waiting.
+    /// empty stash, while the connection reads; in the shutdown drain, one without waiting.
+    /// With `multishot` (the kernel ends one at a limit) it stays armed for the next
+    /// [`MULTISHOT_LIMIT`] bytes: one submission for many round trips instead of one each.
     fn recv_entry(
         &mut self,
         fd: types::Fd,
         slot: usize,
         stopping: bool,
         group: u16,
+        multishot: bool,
     ) -> Option<squeue::Entry> {
         if self.state != State::Open
             || self.recv
@@ -222,21 +225,39 @@ impl Conn {
         {
             return None;
         }
-        let mut flags = 0;
-        if stopping {
+        let e = if stopping {
             // The shutdown drain reads what the socket holds, without waiting.
-            flags = libc::MSG_DONTWAIT;
             self.drain -= 1;
-        }
-        let e = opcode::Recv::new(fd, std::ptr::null_mut(), BUF_SIZE as u32)
-            .buf_group(group)
-            .flags(flags)
-            .build()
-            .flags(squeue::Flags::BUFFER_SELECT)
-            .user_data(token(Op::Recv, slot, self.gen));
+            opcode::Recv::new(fd, std::ptr::null_mut(), BUF_SIZE as u32)
+                .buf_group(group)
+                .flags(libc::MSG_DONTWAIT)
+                .build()
+                .flags(squeue::Flags::BUFFER_SELECT)
+        } else if multishot {
+            limited(opcode::RecvMulti::new(fd, group).build(), MULTISHOT_LIMIT)
+        } else {
+            opcode::Recv::new(fd, std::ptr::null_mut(), BUF_SIZE as u32)
+                .buf_group(group)
+                .build()
+                .flags(squeue::Flags::BUFFER_SELECT)
+        };
         self.recv = true;
-        Some(e)
+        Some(e.user_data(token(Op::Recv, slot, self.gen)))
     }
+}
+
+/// A multishot receive `e` that ends once `bytes` have come (Linux 6.17: the limit is the
+/// entry's `optlen`, which the `io-uring` crate has no setter for; [`Worker::multishot_limit`]
+/// asks whether the kernel keeps it). The last receive may go past it by less than a buffer.
+pub(super) fn limited(e: squeue::Entry, bytes: u32) -> squeue::Entry {
+    /// `optlen` in the kernel's `struct io_uring_sqe` (the union with `file_index`).
+    const OPTLEN: usize = 44;
+    // SAFETY: `Entry` is `repr(C)` over the kernel's 64-byte `io_uring_sqe` (transmute checks
+    // the size); any bytes are a valid entry to hold, and the kernel checks what it reads.
+    let mut raw: [u8; 64] = unsafe { std::mem::transmute(e) };
+    raw[OPTLEN..OPTLEN + 4].copy_from_slice(&bytes.to_ne_bytes());
+    // SAFETY: as above.
+    unsafe { std::mem::transmute(raw) }
 }
 
 impl Worker {
@@ -304,7 +325,8 @@ impl Worker {
             return;
         };
         debug_assert_eq!(c.gen, gen);
-        c.recv = false;
+        // A multishot receive stays armed until a completion without `MORE`.
+        c.recv = cqueue::more(flags);
         if res > 0 {
             let n = res as usize;
             if let Some(b) = bid {
@@ -375,7 +397,7 @@ impl Worker {
         }
         let stopping = self.stopping.is_some();
         c.settle(self.now, stopping);
-        if let Some(e) = c.recv_entry(fd, i, stopping, self.bufs.group()) {
+        if let Some(e) = c.recv_entry(fd, i, stopping, self.bufs.group(), self.multishot) {
             self.sqes.push(e);
             self.in_flight += 1;
         }

@@ -7,9 +7,12 @@
 //!
 //! One command per round trip costs a server a read and a write system call per request and the
 //! event loop around them. Here one `io_uring_enter` per loop submits every reply produced since
-//! the last one and collects every completion since: a multishot accept, and receives into
-//! [`bufring`]'s provided buffers, re-armed in the same batch. A loop that finds fifty
-//! connections ready does one system call, not a hundred and one.
+//! the last one and collects every completion since: a multishot accept, and multishot
+//! receives into [`bufring`]'s provided buffers. A loop that finds fifty connections ready
+//! does one system call, not a hundred and one, and a connection's receive stays armed across
+//! its round trips: the kernel ends it after [`MULTISHOT_LIMIT`] bytes (Linux 6.17; the
+//! worker asks its ring at start), and the worker arms it again once the connection has
+//! taken them. On an older kernel each receive is armed once.
 //!
 //! # Who owns which memory
 //!
@@ -28,11 +31,12 @@
 //!
 //! # Bounds
 //!
-//! Those of [`Connection`], plus per connection at most one receive buffer of stashed input
-//! ([`BUF_SIZE`]) and a send copy of at most [`SEND_MAX`], both counted in the server's buffer
-//! gauge; per worker [`BUFS`] × [`BUF_SIZE`] of provided buffers. A connection reads (has a
-//! receive armed) only while it wants input and its stash is empty: a client that sends without
-//! reading is held back by TCP, as on tokio.
+//! Those of [`Connection`], plus per connection less than [`MULTISHOT_LIMIT`] + [`BUF_SIZE`]
+//! of stashed input (one receive's worth without the multishot limit) and a send copy of at
+//! most [`SEND_MAX`], both counted in the server's buffer gauge; per worker [`BUFS`] ×
+//! [`BUF_SIZE`] of provided buffers. A connection has a receive armed only while it wants
+//! input and its stash is empty, and a receive delivers no more than its limit: a client that
+//! sends without reading is held back by TCP, as on tokio.
 //!
 //! A rules command whose counts live in Redis ([`Step::Remote`]) is run on a tokio runtime
 //! (`remote`); its answer comes back over a channel and an eventfd the ring reads.
@@ -62,6 +66,9 @@ const ENTRIES: u32 = 1024;
 /// Provided receive buffers per worker, and their size.
 pub(crate) const BUFS: u16 = 512;
 pub(crate) const BUF_SIZE: usize = 4096;
+/// The bytes a multishot receive delivers before it ends and is armed again (the last
+/// receive may go past it by less than a buffer).
+pub(crate) const MULTISHOT_LIMIT: u32 = BUF_SIZE as u32;
 /// The most output one send carries.
 pub(crate) const SEND_MAX: usize = 64 * 1024;
 /// A send copy's capacity kept after a burst.
@@ -154,6 +161,68 @@ fn probe() -> Result<(), String> {
         .map_err(|e| format!("io_uring provided buffers (Linux 5.19): {e}"))
 }
 
+/// Whether the kernel ends a multishot receive at the limit [`conn::limited`] sets (Linux
+/// 6.17), asked of a worker's own ring before it serves: eight bytes wait on a socket pair,
+/// and a receive limited to four must end (no `MORE`) having read them. An older kernel
+/// refuses the field (`EINVAL`); one that ignored it would leave the receive armed, which is
+/// then cancelled. Without it, each receive is armed once.
+fn multishot_limit(ring: &mut IoUring, bufs: &mut BufRing) -> bool {
+    const PROBE: u64 = u64::MAX;
+    let Ok((a, mut b)) = std::os::unix::net::UnixStream::pair() else {
+        return false;
+    };
+    if io::Write::write_all(&mut b, &[0; 8]).is_err() {
+        return false;
+    }
+    let fd = types::Fd(a.as_raw_fd());
+    let e = conn::limited(opcode::RecvMulti::new(fd, bufs.group()).build(), 4);
+    let mut entries = vec![e.user_data(PROBE)];
+    let (mut ended, mut kept) = (false, None);
+    let deadline = Instant::now() + CANCEL_WAIT;
+    while !ended && Instant::now() < deadline {
+        for e in entries.drain(..) {
+            // SAFETY: the probe's receive names no buffer of ours but the provided ones,
+            // which live as long as the worker; `a` outlives the loop, which ends only
+            // with the receive's last completion (or leaks `a` below).
+            if unsafe { ring.submission().push(&e) }.is_err() {
+                return false;
+            }
+        }
+        let ts = types::Timespec::new().nsec(TICK.as_nanos() as u32);
+        let args = types::SubmitArgs::new().timespec(&ts);
+        let _ = ring.submitter().submit_with_args(1, &args);
+        let cqes: Vec<_> = ring
+            .completion()
+            .map(|c| (c.user_data(), c.result(), c.flags()))
+            .collect();
+        for (t, res, flags) in cqes {
+            if t != PROBE {
+                continue;
+            }
+            if let Some(bid) = cqueue::buffer_select(flags) {
+                bufs.recycle(bid);
+            }
+            if cqueue::more(flags) {
+                // The limit was not kept: the receive stays armed until cancelled.
+                kept = Some(false);
+                let cancel = opcode::AsyncCancel2::new(types::CancelBuilder::user_data(PROBE))
+                    .build()
+                    .user_data(token(Op::Cancel, 0, 0));
+                entries.push(cancel);
+            } else {
+                ended = true;
+                kept.get_or_insert(res > 0);
+            }
+        }
+    }
+    if !ended {
+        // The kernel may still receive into `a`'s buffers: keep the socket open.
+        std::mem::forget(a);
+        return false;
+    }
+    kept == Some(true)
+}
+
 /// An answer from Redis for the connection in `slot` (of generation `gen`).
 type Reply = (usize, u32, RemoteCall, Answer);
 
@@ -184,6 +253,8 @@ struct Worker {
     round: u64,
     /// `--coalesce` in µs, if on and the kernel has io_uring's min_wait.
     coalesce_us: Option<u32>,
+    /// Receives are multishot: the kernel ends one at [`MULTISHOT_LIMIT`] bytes.
+    multishot: bool,
     /// Sends submitted in the last round.
     sent: Vec<(usize, u32)>,
     now: Instant,
@@ -269,6 +340,7 @@ pub(crate) fn serve(
         in_flight: 0,
         round: 0,
         coalesce_us,
+        multishot: false,
         sent: Vec::new(),
         now,
         next_tick: now + TICK,
@@ -284,6 +356,12 @@ pub(crate) fn serve(
         wake_buf: Box::new([0; 8]),
         wake_armed: false,
     };
+    // `TURNSTILE_IO_URING=oneshot`: one receive armed at a time, as on a kernel without the
+    // multishot limit (the tests run that path on a newer one).
+    let oneshot =
+        std::env::var("TURNSTILE_IO_URING").is_ok_and(|v| v.eq_ignore_ascii_case("oneshot"));
+    w.multishot = !oneshot && multishot_limit(&mut w.ring, &mut w.bufs);
+    tracing::debug!(multishot = w.multishot, "io_uring receives");
     let r = w.run();
     w.finish();
     r
@@ -597,5 +675,47 @@ impl Worker {
         }
         self.srv.buffers.resized(self.bufs.bytes(), 0);
         self.bufs.unregister(&self.ring.submitter());
+    }
+}
+
+#[cfg(test)]
+mod probe_tests {
+    use super::*;
+
+    /// The kernel's version, `(major, minor)`, from uname(2).
+    fn kernel() -> (u32, u32) {
+        // SAFETY: uname(2) fills the zeroed struct it is given.
+        let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+        assert_eq!(unsafe { libc::uname(&mut u) }, 0);
+        // SAFETY: `release` is NUL-terminated by uname(2).
+        let release = unsafe { std::ffi::CStr::from_ptr(u.release.as_ptr()) };
+        let mut parts = release.to_str().unwrap().split(['.', '-']);
+        let mut next = || parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+        (next(), next())
+    }
+
+    /// The probe finds the multishot limit on a kernel that has it (6.17 or later), and not on
+    /// one before 6.0; either way the ring is left with nothing armed.
+    #[test]
+    fn the_multishot_limit_is_found_where_the_kernel_has_it() {
+        let Ok(mut ring) = IoUring::new(8) else {
+            eprintln!("no io_uring here: nothing to probe");
+            return;
+        };
+        let Ok(mut bufs) = BufRing::new(&ring.submitter(), 2, 64, 0) else {
+            eprintln!("no provided buffers here: nothing to probe");
+            return;
+        };
+        let found = multishot_limit(&mut ring, &mut bufs);
+        let version = kernel();
+        if version >= (6, 17) {
+            assert!(found, "kernel {version:?} has the multishot limit");
+        }
+        if version < (6, 0) {
+            assert!(!found, "kernel {version:?}");
+        }
+        // A second probe on the same ring answers the same: the first left nothing behind.
+        assert_eq!(multishot_limit(&mut ring, &mut bufs), found);
+        bufs.unregister(&ring.submitter());
     }
 }

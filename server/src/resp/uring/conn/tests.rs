@@ -1,5 +1,5 @@
-//! The driver's buffers against the connection: input received in buffers of any size and
-//! stashed when the connection does not read, and sends of a copy of the output that the
+//! The driver's buffers against the connection: input received in buffers of any size, by
+//! one receive at a time or a multishot one, and stashed when the connection does not read, and sends of a copy of the output that the
 //! kernel completes in part, later, while the connection runs on — the copy must not move
 //! while a send of it is out, and the client must get what a client that reads everything at
 //! once gets.
@@ -51,6 +51,7 @@ proptest! {
         // Per round: bytes a receive completes with (0: none completes), the share of the
         // send out that completes (0: none), whether the connection runs.
         rounds in vec((0..=BUF_SIZE, 0..=4u8, any::<bool>()), 1..30),
+        multishot in any::<bool>(),
     ) {
         let want = at_once(&input);
         let srv = Server::detached(|_| {});
@@ -78,6 +79,9 @@ proptest! {
             accounted: 0,
         };
         let (mut at, mut got, mut copy) = (0, Vec::new(), Vec::new());
+        // What the armed multishot receive may still deliver, and the stash it may leave.
+        let mut budget = 0;
+        let most = if multishot { MULTISHOT_LIMIT as usize + BUF_SIZE - 1 } else { BUF_SIZE };
         let now = Instant::now();
         for (i, &(recv, share, run)) in rounds.iter().cycle().take(20_000).enumerate() {
             // Past the drawn rounds, a client that keeps up.
@@ -87,16 +91,22 @@ proptest! {
                 let _ = c.run(now);
             }
             // A receive completes (armed only with an empty stash while the connection reads,
-            // as recv_entry arms it).
-            if c.recv && recv > 0 {
-                c.recv = false;
-                let n = recv.min(input.len() - at);
-                c.feed(&input[at..at + n]);
-                at += n;
-                prop_assert!(c.stashed().len() <= BUF_SIZE);
+            // as recv_entry arms it). A multishot one stays armed until it has delivered
+            // MULTISHOT_LIMIT bytes (its last receive may go past by less than a buffer), and
+            // may complete twice before the connection runs.
+            for _ in 0..if multishot { 2 } else { 1 } {
+                if c.recv && recv > 0 {
+                    let n = recv.min(input.len() - at);
+                    c.feed(&input[at..at + n]);
+                    at += n;
+                    budget -= n.min(budget);
+                    c.recv = multishot && budget > 0 && at < input.len();
+                    prop_assert!(c.stashed().len() <= most, "{} bytes stashed", c.stashed().len());
+                }
             }
             if !c.recv && c.stashed().is_empty() && c.conn.wants_read() && at < input.len() {
                 c.recv = true;
+                budget = MULTISHOT_LIMIT as usize;
             }
             // The send out completes with part of its copy, which must not have moved.
             if let (Some(len), true) = (c.send, share > 0) {
