@@ -335,13 +335,7 @@ pub(crate) fn run_serve(mut a: ServeArgs) -> crate::Result<()> {
         None => std::env::current_exe()?,
     };
     let bin = bin.to_string_lossy().into_owned();
-    for (entry, wait) in a
-        .runtime
-        .split(',')
-        .filter_map(|e| Some((e, e.trim().split_once(':')?.1)))
-    {
-        coalesce_ok(entry.trim(), wait)?;
-    }
+    let runtimes = runtimes(&a.runtime)?;
     load_warning();
     let mut targets = vec![r.redis(INCR, None, &["incr", "key:__rand_int__"])?];
     if let Some(so) = &a.cell_so {
@@ -351,18 +345,7 @@ pub(crate) fn run_serve(mut a: ServeArgs) -> crate::Result<()> {
         targets.push(r.redis(CELL, Some(so), &THROTTLE)?);
     }
     let mut http = Vec::new();
-    for rt in a.runtime.split(',').map(str::trim) {
-        let mut extra = match rt.split_once(':') {
-            Some((kind, wait)) => {
-                vec![
-                    "--runtime".to_string(),
-                    kind.to_string(),
-                    "--coalesce".to_string(),
-                    wait.to_string(),
-                ]
-            }
-            None => vec!["--runtime".to_string(), rt.to_string()],
-        };
+    for (rt, mut extra) in runtimes {
         extra.extend(["--rules".into(), a.rules.to_string_lossy().into_owned()]);
         let (t, port) = turnstile(r, &bin, format!("turnstile CL.THROTTLE ({rt})"), &extra)?;
         http.push((
@@ -382,6 +365,25 @@ pub(crate) fn run_serve(mut a: ServeArgs) -> crate::Result<()> {
     drop(targets);
     progress_done();
     report(&rows, &[INCR, CELL], r.json, a.plot.as_deref())
+}
+
+/// `--runtime`'s entries: each one's label and the `turnstile serve` flags it stands for
+/// (`uring:200us` is `--runtime uring --coalesce 200us`); a wrong wait is refused here.
+fn runtimes(list: &str) -> crate::Result<Vec<(String, Vec<String>)>> {
+    list.split(',')
+        .map(str::trim)
+        .map(|rt| {
+            let mut extra = vec!["--runtime".to_string()];
+            match rt.split_once(':') {
+                Some((kind, wait)) => {
+                    coalesce_ok(rt, wait)?;
+                    extra.extend([kind.into(), "--coalesce".into(), wait.into()]);
+                }
+                None => extra.push(rt.into()),
+            }
+            Ok((rt.to_string(), extra))
+        })
+        .collect()
 }
 
 /// `--runtime KIND:WAIT`'s wait, read by `turnstile serve`'s own `--coalesce` parser, so that a
