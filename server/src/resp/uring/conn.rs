@@ -247,7 +247,7 @@ impl Conn {
 }
 
 /// A multishot receive `e` that ends once `bytes` have come (Linux 6.17: the limit is the
-/// entry's `optlen`, which the `io-uring` crate has no setter for; [`Worker::multishot_limit`]
+/// entry's `optlen`, which the `io-uring` crate has no setter for; [`super::multishot_limit`]
 /// asks whether the kernel keeps it). The last receive may go past it by less than a buffer.
 pub(super) fn limited(e: squeue::Entry, bytes: u32) -> squeue::Entry {
     /// `optlen` in the kernel's `struct io_uring_sqe` (the union with `file_index`).

@@ -1,8 +1,8 @@
 //! The driver's buffers against the connection: input received in buffers of any size, by
-//! one receive at a time or a multishot one, and stashed when the connection does not read, and sends of a copy of the output that the
-//! kernel completes in part, later, while the connection runs on — the copy must not move
-//! while a send of it is out, and the client must get what a client that reads everything at
-//! once gets.
+//! one receive at a time or a multishot one, and stashed when the connection does not read,
+//! and sends of a copy of the output that the kernel completes in part, later, while the
+//! connection runs on — the copy must not move while a send of it is out, and the client must
+//! get what a client that reads everything at once gets.
 
 use super::*;
 use crate::resp::parse::tests::cmd;
