@@ -844,6 +844,59 @@ fn serve_says_a_redis_outage_in_its_log_and_recovers() {
     );
 }
 
+/// Long streams through one connection, as clients send them: `redis-cli --pipe` with 20 000
+/// CL.THROTTLE commands (about 1 MB in large writes), each answered and counted, and 200 ECHO
+/// frames of 4 000 bytes (800 KB of replies, within `--client-output-limit`) sent before the
+/// replies are read, each echoed byte for byte. On io_uring a receive ends every 4 KiB and is
+/// armed again and frames cross receive buffers; the replies outgrow what a send carries while
+/// the client does not read (.ci/run runs this again with one receive at a time and on tokio).
+#[test]
+fn long_streams_through_one_connection_are_answered_whole() {
+    let s = Server::start(&[]);
+    let n = 20_000;
+    let mut input = Vec::new();
+    for i in 0..n {
+        let key = format!("stream:{}", i % 1000);
+        let parts = ["CL.THROTTLE", key.as_str(), "100", "1", "3600"];
+        input.extend(format!("*{}\r\n", parts.len()).as_bytes());
+        for p in parts {
+            input.extend(format!("${}\r\n{p}\r\n", p.len()).as_bytes());
+        }
+    }
+    let mut cli = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &s.resp.to_string(), "--pipe"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("redis-cli runs (apt-get install redis-tools)");
+    cli.stdin.take().unwrap().write_all(&input).unwrap();
+    let o = cli.wait_with_output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}");
+    assert!(out.contains(&format!("errors: 0, replies: {n}")), "{out}");
+    assert_eq!(
+        s.metric("turnstile_throttle_total{result=\"allowed\"}"),
+        f64::from(n)
+    );
+
+    let c = s.connect();
+    let arg = "e".repeat(4000);
+    let frame = format!("*2\r\n$4\r\nECHO\r\n${}\r\n{arg}\r\n", arg.len());
+    let mut w = c.w.try_clone().unwrap();
+    let writer = std::thread::spawn(move || w.write_all(frame.repeat(200).as_bytes()));
+    let want = format!("${}\r\n{arg}\r\n", arg.len());
+    // Not read at first: the replies fill the socket's buffers and the sends come back short.
+    std::thread::sleep(Duration::from_millis(300));
+    let mut r = c.r;
+    for i in 0..200 {
+        let mut got = vec![0; want.len()];
+        r.read_exact(&mut got).unwrap();
+        assert!(got == want.as_bytes(), "reply {i} differs");
+    }
+    writer.join().unwrap().unwrap();
+    s.stop();
+}
+
 /// A client that sends half its request's headers and then nothing (slowloris) has its
 /// connection closed after `--header-timeout`, as has a keep-alive connection left idle; a
 /// whole request is still answered.
