@@ -8,8 +8,9 @@
 //! refill during a soak ([`BURST`] + 1 requests, then one more every [`PERIOD`] s), sends one
 //! request to each at its start, and then half its requests to its first key, a quarter to
 //! the second, and so on: at the default pace the first keys are spent and denied, the others
-//! partly used, so that both what was admitted and what was refused are checked. The HTTP clients check customer ids of their own
-//! (numbers from the run's id, not used by anything else).
+//! partly used, so that both what was admitted and what was refused are checked. The HTTP
+//! clients check customer ids of their own (numbers from the run's id, not used by anything
+//! else).
 
 use hdrhistogram::Histogram;
 use http_body_util::{BodyExt, Full};
