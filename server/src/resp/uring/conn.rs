@@ -225,19 +225,18 @@ impl Conn {
         {
             return None;
         }
-        let e = if stopping {
-            // The shutdown drain reads what the socket holds, without waiting.
-            self.drain -= 1;
-            opcode::Recv::new(fd, std::ptr::null_mut(), BUF_SIZE as u32)
-                .buf_group(group)
-                .flags(libc::MSG_DONTWAIT)
-                .build()
-                .flags(squeue::Flags::BUFFER_SELECT)
-        } else if multishot {
+        let e = if multishot && !stopping {
             limited(opcode::RecvMulti::new(fd, group).build(), MULTISHOT_LIMIT)
         } else {
+            let mut flags = 0;
+            if stopping {
+                // The shutdown drain reads what the socket holds, without waiting.
+                flags = libc::MSG_DONTWAIT;
+                self.drain -= 1;
+            }
             opcode::Recv::new(fd, std::ptr::null_mut(), BUF_SIZE as u32)
                 .buf_group(group)
+                .flags(flags)
                 .build()
                 .flags(squeue::Flags::BUFFER_SELECT)
         };

@@ -161,6 +161,12 @@ fn probe() -> Result<(), String> {
         .map_err(|e| format!("io_uring provided buffers (Linux 5.19): {e}"))
 }
 
+/// The completions the ring holds, taken off it: `(user_data, result, flags)`.
+fn completions(ring: &mut IoUring) -> impl Iterator<Item = (u64, i32, u32)> + '_ {
+    ring.completion()
+        .map(|c| (c.user_data(), c.result(), c.flags()))
+}
+
 /// Whether the kernel ends a multishot receive at the limit [`conn::limited`] sets (Linux
 /// 6.17), asked of a worker's own ring before it serves: eight bytes wait on a socket pair,
 /// and a receive limited to four must end (no `MORE`) having read them. An older kernel
@@ -191,11 +197,7 @@ fn multishot_limit(ring: &mut IoUring, bufs: &mut BufRing) -> bool {
         let ts = types::Timespec::new().nsec(TICK.as_nanos() as u32);
         let args = types::SubmitArgs::new().timespec(&ts);
         let _ = ring.submitter().submit_with_args(1, &args);
-        let cqes: Vec<_> = ring
-            .completion()
-            .map(|c| (c.user_data(), c.result(), c.flags()))
-            .collect();
-        for (t, res, flags) in cqes {
+        for (t, res, flags) in completions(ring) {
             if t != PROBE {
                 continue;
             }
@@ -378,11 +380,7 @@ impl Worker {
             self.round += 1;
             self.now = Instant::now();
             cqes.clear();
-            cqes.extend(
-                self.ring
-                    .completion()
-                    .map(|c| (c.user_data(), c.result(), c.flags())),
-            );
+            cqes.extend(completions(&mut self.ring));
             last = cqes.len();
             for &(t, res, flags) in &cqes {
                 self.complete(t, res, flags);
@@ -649,12 +647,7 @@ impl Worker {
             if self.submit(true, 0).is_err() {
                 break;
             }
-            let cqes: Vec<_> = self
-                .ring
-                .completion()
-                .map(|c| (c.user_data(), c.result(), c.flags()))
-                .collect();
-            for (t, res, flags) in cqes {
+            for (t, res, flags) in completions(&mut self.ring).collect::<Vec<_>>() {
                 self.complete(t, res, flags);
             }
             self.sqes.clear();
