@@ -935,24 +935,20 @@ fn a_client_that_trickles_its_headers_is_closed_after_the_header_timeout() {
 }
 
 /// RESP is served on io_uring where the kernel allows it, and on tokio where it does not: the
-/// fallback, forced with TURNSTILE_IO_URING=off, is said in one log line and answers the same.
+/// fallback, forced with TURNSTILE_IO_URING=off, is said in one log line and answers the same;
+/// a value it does not know is said to be ignored.
 /// `--coalesce` (here from its environment variable) is said to be for io_uring only on tokio.
 #[test]
 fn serve_says_which_runtime_serves_resp_and_falls_back_to_tokio() {
     let uring = turnstile_server::io_uring_available().is_ok();
-    for off in [true, false] {
-        let env: &[(&str, &str)] = if off {
-            &[
-                ("TURNSTILE_IO_URING", "off"),
-                ("TURNSTILE_COALESCE", "200us"),
-            ]
-        } else {
-            &[
-                ("TURNSTILE_IO_URING", "on"),
-                ("TURNSTILE_COALESCE", "200us"),
-            ]
-        };
-        let s = Server::start_env(&[], "info", env);
+    // "onshot": a misspelt value is said to be ignored, and the server runs as with "on".
+    for value in ["off", "on", "onshot"] {
+        let off = value == "off";
+        let env = [
+            ("TURNSTILE_IO_URING", value),
+            ("TURNSTILE_COALESCE", "200us"),
+        ];
+        let s = Server::start_env(&[], "info", &env);
         // Allowed twice (a burst of 1 and the one of the period), then refused.
         assert_eq!(s.throttle("fallback", 1, 1, 60)[..3], [0, 2, 1]);
         assert_eq!(s.throttle("fallback", 1, 1, 60)[..3], [0, 2, 0]);
@@ -960,6 +956,8 @@ fn serve_says_which_runtime_serves_resp_and_falls_back_to_tokio() {
         assert_eq!(c.call(&["CL.THROTTLE", "fallback", "1", "1", "60"])[0], 1);
         drop(c);
         let log = s.stop();
+        let ignored = format!("TURNSTILE_IO_URING=\"{value}\" is ignored: write off");
+        assert_eq!(log.contains(&ignored), value == "onshot", "{log}");
         let said = log.contains("io_uring is unavailable: RESP is served on tokio");
         let coalesce_off = log.contains("--coalesce is for the io_uring runtime only");
         assert_eq!(coalesce_off, said, "{log}");

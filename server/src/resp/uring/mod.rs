@@ -124,8 +124,16 @@ fn untoken(t: u64) -> (Option<Op>, usize, u32) {
 /// every thread that used it (a task-work "signal"), and a blocking read with a timeout on the
 /// caller's thread would fail with `EINTR`.
 pub(crate) fn available() -> Result<(), String> {
-    if std::env::var("TURNSTILE_IO_URING").is_ok_and(|v| v.eq_ignore_ascii_case("off")) {
-        return Err("turned off by TURNSTILE_IO_URING=off".into());
+    match std::env::var("TURNSTILE_IO_URING") {
+        Ok(v) if v.eq_ignore_ascii_case("off") => {
+            return Err("turned off by TURNSTILE_IO_URING=off".into());
+        }
+        Ok(v) if !["on", "oneshot"].iter().any(|k| v.eq_ignore_ascii_case(k)) => {
+            tracing::warn!(
+                "TURNSTILE_IO_URING={v:?} is ignored: write off (RESP on tokio), oneshot (one receive armed at a time) or on"
+            );
+        }
+        _ => {}
     }
     std::thread::Builder::new()
         .name("turnstile-probe".into())
