@@ -233,13 +233,24 @@ fn turnstile_check_over_rules() {
         a.runtime = turnstile_server::RuntimeKind::MultiThread;
     });
     let mut s = connect(r.resp);
+    let first = std::time::Instant::now();
     let mut req = Vec::new();
     req.extend(cmd(&["TURNSTILE.PEEK", "customer", "5"]));
     req.extend(cmd(&["TURNSTILE.CHECK", "customer", "5"]));
     req.extend(cmd(&["TURNSTILE.CHECK", "customer", "5", "1", "get"]));
-    let want = "*6\r\n:1\r\n:2\r\n:2\r\n:-1\r\n:0\r\n$-1\r\n*6\r\n:1\r\n:2\r\n:1\r\n:-1\r\n:1800000\r\n$-1\r\n*6\r\n:1\r\n:2\r\n:0\r\n:-1\r\n:3600000\r\n$-1\r\n";
-    let got = roundtrip(&mut s, &req, want.len());
-    assert_eq!(String::from_utf8_lossy(&got), want);
+    // The second check's reset is an hour after the first check: an hour less the time
+    // between the two (under a millisecond but on a loaded machine).
+    let want = |reset: u64| {
+        format!("*6\r\n:1\r\n:2\r\n:2\r\n:-1\r\n:0\r\n$-1\r\n*6\r\n:1\r\n:2\r\n:1\r\n:-1\r\n:1800000\r\n$-1\r\n*6\r\n:1\r\n:2\r\n:0\r\n:-1\r\n:{reset}\r\n$-1\r\n")
+    };
+    let got = roundtrip(&mut s, &req, want(3_600_000).len());
+    let since = first.elapsed().as_millis() as u64 + 1;
+    let got = String::from_utf8_lossy(&got).into_owned();
+    assert!(
+        (3_600_000 - since..=3_600_000).any(|reset| got == want(reset)),
+        "{got:?}: want {:?} with a reset at most {since} ms below",
+        want(3_600_000)
+    );
     // A tagged or zero-padded id is refused, never read as customer 5.
     for bad in ["user:5", "org:5", "05"] {
         let got = roundtrip(&mut s, &cmd(&["TURNSTILE.CHECK", "customer", bad]), 20);
@@ -264,9 +275,20 @@ fn turnstile_check_over_rules() {
     req.extend(cmd(&["TURNSTILE.REFUND", "customer", "5", "2", "get"]));
     req.extend(cmd(&["TURNSTILE.PEEK", "customer", "5"]));
     req.extend(cmd(&["TURNSTILE.REFUND", "api_key", "k"]));
-    let want = ":1\r\n*6\r\n:1\r\n:2\r\n:0\r\n:-1\r\n:3600000\r\n$-1\r\n:1\r\n*6\r\n:1\r\n:2\r\n:2\r\n:-1\r\n:0\r\n$-1\r\n:0\r\n";
-    let got = roundtrip(&mut s, &req, want.len());
-    assert_eq!(String::from_utf8_lossy(&got), want);
+    // The check after the refund takes the refunded request back: the bucket is empty again
+    // and full at the same instant as after the first two checks, an hour after them, so its
+    // reset is an hour less the time since (a loaded machine takes milliseconds here).
+    let want = |reset: u64| {
+        format!(":1\r\n*6\r\n:1\r\n:2\r\n:0\r\n:-1\r\n:{reset}\r\n$-1\r\n:1\r\n*6\r\n:1\r\n:2\r\n:2\r\n:-1\r\n:0\r\n$-1\r\n:0\r\n")
+    };
+    let got = roundtrip(&mut s, &req, want(3_600_000).len());
+    let since = first.elapsed().as_millis() as u64 + 1;
+    let got = String::from_utf8_lossy(&got).into_owned();
+    assert!(
+        (3_600_000 - since..=3_600_000).any(|reset| got == want(reset)),
+        "{got:?}: want {:?} with a reset at most {since} ms below",
+        want(3_600_000)
+    );
     let bad = [
         (
             vec!["TURNSTILE.REFUND", "customer"],
