@@ -2,7 +2,8 @@
 //! (`.cargo/config.toml` aliases `cargo xtask` to `cargo run --release -q -p xtask --`).
 //!
 //! * `cargo xtask test [ARGS...]`: installs what the tests need (`src/deps.rs`, the one table),
-//!   then runs `cargo test --release --workspace ARGS...` and exits with its status.
+//!   then runs `cargo test --release --workspace --features turnstile-tower/redis ARGS...` and
+//!   exits with its status.
 //! * `cargo xtask deps [--dry-run] [--path PATH] [--privilege root|sudo|none] [--pip SPEC]
 //!   [--npm SPEC]`: only the check and install; `--path ''` shows what a fresh machine gets.
 //! * `cargo xtask docs [--list] [--only TEXT] [--verbose]`: the docs test — runs the shell
@@ -23,8 +24,8 @@ const USAGE: &str = "\
 cargo xtask: the project's own tasks
 
 USAGE:
-    cargo xtask test [ARGS...]    install what the tests need, then
-                                  cargo test --release --workspace ARGS...
+    cargo xtask test [ARGS...]    install what the tests need, then cargo test --release
+                                  --workspace --features turnstile-tower/redis ARGS...
     cargo xtask deps [OPTIONS]    only check and install what the tests need
     cargo xtask docs [OPTIONS]    the docs test: run the sh fences of README.md and docs/*.md
 
@@ -78,23 +79,28 @@ fn main() -> ExitCode {
     }
 }
 
+/// `cargo xtask test`'s command: every crate's tests, turnstile-tower's `RedisLimit` (the
+/// `redis` feature, off by default) among them.
+const TEST_ARGS: [&str; 5] = [
+    "test",
+    "--release",
+    "--workspace",
+    "--features",
+    "turnstile-tower/redis",
+];
+
 /// Installs what the tests need, then runs them with the variables naming the clients.
 fn test(args: &[OsString]) -> Result<ExitCode, String> {
     let root = root();
     let env = install::ensure(&Options::detect(&root))?;
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
-    cmd.current_dir(&root)
-        .args(["test", "--release", "--workspace"])
-        .args(args);
+    cmd.current_dir(&root).args(TEST_ARGS).args(args);
     for (k, v) in &env {
         cmd.env(k, v);
     }
     let shown: Vec<String> = args.iter().map(|a| a.to_string_lossy().into()).collect();
-    eprintln!(
-        "xtask: cargo test --release --workspace {}",
-        shown.join(" ")
-    );
+    eprintln!("xtask: cargo {} {}", TEST_ARGS.join(" "), shown.join(" "));
     let status = cmd
         .status()
         .map_err(|e| format!("cannot run cargo test: {e}"))?;
