@@ -51,7 +51,35 @@ fn root() -> PathBuf {
     here.parent().map_or(here.clone(), |p| p.to_path_buf())
 }
 
+/// Removes what `cargo run` set for this process alone (`CARGO_MANIFEST_DIR`, `CARGO_PKG_*`,
+/// ...), so that the cargo commands it starts, and the docs' shells, see the environment a
+/// user's shell has. A build script that tracks one of them (ring's tracks
+/// `CARGO_MANIFEST_DIR`) would otherwise be rebuilt, with everything above it, by every cargo
+/// command after this one that runs from a shell: minutes each time.
+fn forget_cargo_run_env() {
+    let own = |k: &str| {
+        matches!(
+            k,
+            "CARGO_MANIFEST_DIR"
+                | "CARGO_MANIFEST_PATH"
+                | "CARGO_MANIFEST_LINKS"
+                | "CARGO_CRATE_NAME"
+                | "CARGO_BIN_NAME"
+                | "CARGO_PRIMARY_PACKAGE"
+        ) || k.starts_with("CARGO_PKG_")
+    };
+    let keys: Vec<OsString> = std::env::vars_os()
+        .map(|(k, _)| k)
+        .filter(|k| k.to_str().is_some_and(own))
+        .collect();
+    for k in keys {
+        // Single-threaded: nothing has been started yet.
+        std::env::remove_var(k);
+    }
+}
+
 fn main() -> ExitCode {
+    forget_cargo_run_env();
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
     let Some(cmd) = args.first().and_then(|a| a.to_str()) else {
         eprint!("{USAGE}");
