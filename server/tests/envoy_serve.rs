@@ -15,9 +15,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 use turnstile_server::{start, Running, ServeArgs};
 
-fn free_port() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
+/// `--grpc 127.0.0.1:0`: the server binds a free port and says which (`Running::grpc`). A port
+/// found free beforehand could be taken by a parallel test's listener before the server binds it.
+fn any_port() -> SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
 }
 
 fn args(grpc: Option<SocketAddr>, cfg: Option<std::path::PathBuf>) -> ServeArgs {
@@ -40,8 +41,8 @@ fn serve_answers_should_rate_limit() {
         "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: hour, requests_per_unit: 2}\n",
     )
     .unwrap();
-    let addr = free_port();
-    let running = start(args(Some(addr), Some(path))).unwrap();
+    let running = start(args(Some(any_port()), Some(path))).unwrap();
+    let addr = running.grpc.expect("the gRPC listener's address");
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -83,7 +84,7 @@ fn serve_refuses_bad_envoy_flags() {
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.yaml");
     std::fs::write(&bad, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n").unwrap();
-    let e = start(args(Some(free_port()), Some(bad)))
+    let e = start(args(Some(any_port()), Some(bad)))
         .err()
         .unwrap()
         .to_string();
@@ -91,7 +92,7 @@ fn serve_refuses_bad_envoy_flags() {
         e.contains("bad.yaml:4:") && e.contains("invalid rate limit unit 'fortnight'"),
         "{e}"
     );
-    let e = start(args(Some(free_port()), None))
+    let e = start(args(Some(any_port()), None))
         .err()
         .unwrap()
         .to_string();
