@@ -90,6 +90,12 @@ pub const APT: &[Apt] = &[
         why: "the CLI's serve and TLS tests and the docs test call the HTTP API with curl",
     },
     Apt {
+        package: "wrk",
+        probe: Probe::Program("wrk"),
+        scope: Scope::Tests,
+        why: "turnstile bench tower's HTTP load (cli/tests/bench_drivers.rs)",
+    },
+    Apt {
         package: "valgrind",
         probe: Probe::Program("valgrind"),
         scope: Scope::Docs,
