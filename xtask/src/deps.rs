@@ -26,6 +26,9 @@ pub struct Apt {
     pub package: &'static str,
     /// What shows it is there.
     pub probe: Probe,
+    /// The programs of the package the tests (or the docs) start: the only ones of it on
+    /// their `PATH` ([`crate::hermetic`]).
+    pub programs: &'static [&'static str],
     /// Who needs it.
     pub scope: Scope,
     /// Which tests need it.
@@ -74,30 +77,35 @@ pub const APT: &[Apt] = &[
     Apt {
         package: "redis-server",
         probe: Probe::Program("redis-server"),
+        programs: &["redis-server"],
         scope: Scope::Tests,
         why: "turnstile-redis, turnstile-tower (redis), turnstile serve's [backend] redis tests start their own redis-server",
     },
     Apt {
         package: "redis-tools",
         probe: Probe::Program("redis-cli"),
+        programs: &["redis-cli", "redis-benchmark"],
         scope: Scope::Tests,
         why: "the server's RESP tests talk to it with redis-cli (also over TLS, cli/tests/tls.rs); the Redis Cluster tests create their cluster with it",
     },
     Apt {
         package: "curl",
         probe: Probe::Program("curl"),
+        programs: &["curl"],
         scope: Scope::Tests,
         why: "the CLI's serve and TLS tests and the docs test call the HTTP API with curl",
     },
     Apt {
         package: "wrk",
         probe: Probe::Program("wrk"),
+        programs: &["wrk"],
         scope: Scope::Tests,
         why: "turnstile bench tower's HTTP load (cli/tests/bench_drivers.rs)",
     },
     Apt {
         package: "valgrind",
         probe: Probe::Program("valgrind"),
+        programs: &["valgrind", "valgrind.bin", "callgrind_annotate", "callgrind_control"],
         scope: Scope::Docs,
         why: "docs/performance.md's instruction counts (callgrind)",
     },
@@ -131,12 +139,14 @@ pub const PYTHON_APT: &[Apt] = &[
     Apt {
         package: "python3",
         probe: Probe::Program("python3"),
+        programs: &["python3"],
         scope: Scope::Tests,
         why: "the Python clients' virtualenv",
     },
     Apt {
         package: "python3-venv",
         probe: Probe::PythonModule("ensurepip"),
+        programs: &[],
         scope: Scope::Tests,
         why: "python3 -m venv (ensurepip)",
     },
@@ -147,13 +157,53 @@ pub const NODE_APT: &[Apt] = &[
     Apt {
         package: "nodejs",
         probe: Probe::Program("node"),
+        programs: &["node"],
         scope: Scope::Tests,
         why: "the Node clients",
     },
     Apt {
         package: "npm",
         probe: Probe::Program("npm"),
+        programs: &["npm"],
         scope: Scope::Tests,
         why: "npm install of the Node clients",
     },
+];
+
+/// The Rust toolchain: linked from the toolchain cargo runs with (`$CARGO`'s directory), not
+/// from `~/.cargo/bin`, whose rustup proxies would put that whole directory (and whatever
+/// `cargo install` put there) back on the `PATH` of everything they start.
+pub const RUST: &[&str] = &["cargo", "rustc", "rustdoc"];
+
+/// What builds the C parts of dependencies (mimalloc, ring) and links: the C compiler as
+/// rustc and the `cc` crate call it, the archiver the `cc` crate calls, and the assembler and
+/// linker gcc looks for on `PATH`.
+pub const C_TOOLCHAIN: &[&str] = &["cc", "c++", "ar", "as", "ld"];
+
+/// Programs of any Debian-like machine (coreutils, util-linux, procps, git) that the tests,
+/// the build scripts or the binary start: assumed present, but listed, so that a new one is a
+/// decision and not an accident.
+pub const BASE: &[(&str, &str)] = &[
+    ("sh", "build scripts, tests' shell lines"),
+    (
+        "bash",
+        "cargo xtask docs runs each fence with bash; tests that script a server's start",
+    ),
+    ("env", "scripts' #!/usr/bin/env lines"),
+    (
+        "kill",
+        "redis/tests/common: stops its redis-server by pid; xtask docs stops a fence's servers",
+    ),
+    (
+        "sleep",
+        "xtask's own tests of the docs runner: a fence that runs past its time",
+    ),
+    (
+        "taskset",
+        "turnstile bench's drivers pin the server and the load to cores (util-linux)",
+    ),
+    (
+        "git",
+        "cli/build.rs: the commit `turnstile --version` names; xtask docs restores files",
+    ),
 ];

@@ -122,6 +122,16 @@ impl Options {
         }
     }
 
+    /// Whether this run installs Python packages (and so declares `python3`).
+    pub fn uses_python(&self) -> bool {
+        !self.pip_specs().is_empty()
+    }
+
+    /// Whether this run installs Node packages (and so declares `node` and `npm`).
+    pub fn uses_node(&self) -> bool {
+        !self.npm_specs().is_empty()
+    }
+
     fn pip_specs(&self) -> Vec<String> {
         let mut v: Vec<String> = PIP.iter().map(|p| p.spec.to_string()).collect();
         v.extend(self.extra_pip.iter().cloned());
@@ -404,7 +414,7 @@ mod tests {
         );
         assert_eq!(
             cmds[1].join(" "),
-            "env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server redis-tools curl"
+            "env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server redis-tools curl wrk"
         );
     }
 
@@ -416,7 +426,7 @@ mod tests {
         for c in &cmds {
             assert_eq!(&c[..2], ["sudo", "-n"], "{c:?}");
         }
-        assert_eq!(cmds[1].last().map(String::as_str), Some("curl"));
+        assert_eq!(cmds[1].last().map(String::as_str), Some("wrk"));
     }
 
     #[test]
@@ -434,7 +444,7 @@ mod tests {
     fn no_apt_names_the_packages() {
         assert_eq!(
             plan_apt(&table(), Privilege::Root, false),
-            AptPlan::NoApt(vec!["redis-server", "redis-tools", "curl"])
+            AptPlan::NoApt(vec!["redis-server", "redis-tools", "curl", "wrk"])
         );
     }
 

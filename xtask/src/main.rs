@@ -2,8 +2,12 @@
 //! (`.cargo/config.toml` aliases `cargo xtask` to `cargo run --release -q -p xtask --`).
 //!
 //! * `cargo xtask test [ARGS...]`: installs what the tests need (`src/deps.rs`, the one table),
-//!   then runs `cargo test --release --workspace --features turnstile-tower/redis ARGS...` and
-//!   exits with its status.
+//!   then runs `cargo test --release --workspace ARGS...` with `PATH` limited to what that
+//!   table declares (`src/hermetic.rs`), and exits with its status; also 1 when the tests
+//!   started a program the table does not declare.
+//! * `cargo xtask fresh [--keep] [--only test|bench]`: the README's two commands in a fresh
+//!   clone of the repository with an empty target directory (`src/fresh.rs`).
+//! * `cargo xtask hermetic CMD [ARGS...]`: runs one command with the tests' `PATH`.
 //! * `cargo xtask deps [--dry-run] [--path PATH] [--privilege root|sudo|none] [--pip SPEC]
 //!   [--npm SPEC]`: only the check and install; `--path ''` shows what a fresh machine gets.
 //! * `cargo xtask docs [--list] [--only TEXT] [--verbose]`: the docs test — runs the shell
@@ -13,6 +17,8 @@
 
 mod deps;
 mod docs;
+mod fresh;
+mod hermetic;
 mod install;
 
 use install::{Options, Privilege};
@@ -25,7 +31,11 @@ cargo xtask: the project's own tasks
 
 USAGE:
     cargo xtask test [ARGS...]    install what the tests need, then cargo test --release
-                                  --workspace --features turnstile-tower/redis ARGS...
+                                  --workspace ARGS... with PATH limited to the programs
+                                  xtask/src/deps.rs declares
+    cargo xtask fresh [OPTIONS]   the README's two commands in a fresh clone with an empty
+                                  target directory, as on a fresh machine
+    cargo xtask hermetic CMD...   run CMD with the tests' PATH (what deps.rs declares)
     cargo xtask deps [OPTIONS]    only check and install what the tests need
     cargo xtask docs [OPTIONS]    the docs test: run the sh fences of README.md and docs/*.md
 
@@ -35,6 +45,10 @@ deps OPTIONS:
                                   (--path '' --dry-run: what a fresh machine gets)
     --privilege root|sudo|none    plan as if running with this privilege
     --pip SPEC, --npm SPEC        one more package (to try the mechanism)
+
+fresh OPTIONS:
+    --keep                        keep the clone and its target directory (printed)
+    --only test|bench             run only the README's test or bench command
 
 docs OPTIONS:
     --list                        list the fences and what would be done with each
@@ -90,12 +104,14 @@ fn main() -> ExitCode {
         "test" => test(rest),
         "deps" => deps(rest),
         "docs" => docs_test(rest),
+        "fresh" => fresh::run(&root(), rest),
+        "hermetic" => hermetic_run(rest),
         "help" | "--help" | "-h" => {
             print!("{USAGE}");
             Ok(ExitCode::SUCCESS)
         }
         other => Err(format!(
-            "unknown task `{other}`; expected test, deps or docs (cargo xtask help)"
+            "unknown task `{other}`; expected test, deps, docs, fresh or hermetic (cargo xtask help)"
         )),
     };
     match result {
@@ -107,36 +123,96 @@ fn main() -> ExitCode {
     }
 }
 
-/// `cargo xtask test`'s command: every crate's tests, turnstile-tower's `RedisLimit` (the
-/// `redis` feature, off by default) among them.
-const TEST_ARGS: [&str; 5] = [
-    "test",
-    "--release",
-    "--workspace",
-    "--features",
-    "turnstile-tower/redis",
-];
+/// `cargo xtask test`'s command: every crate's tests (turnstile-tower's `RedisLimit`, behind
+/// its `redis` feature, among them: the CLI turns that feature on).
+const TEST_ARGS: [&str; 3] = ["test", "--release", "--workspace"];
 
-/// Installs what the tests need, then runs them with the variables naming the clients.
+/// The hermetic `PATH` of `opts.scope`, for the packages `opts` installs.
+fn hermetic_path(opts: &Options) -> Result<hermetic::Hermetic, String> {
+    let declared = hermetic::declared(opts.scope, opts.uses_python(), opts.uses_node());
+    let toolchain = hermetic::toolchain_dir();
+    let h = hermetic::prepare(
+        &opts.target_dir,
+        &opts.search_path,
+        toolchain.as_deref(),
+        opts.scope,
+        &declared,
+    )?;
+    if !h.absent.is_empty() {
+        eprintln!(
+            "xtask: declared but not on this machine (a test that starts one fails): {}",
+            h.absent.join(", ")
+        );
+    }
+    Ok(h)
+}
+
+/// Runs `cmd` with the hermetic `PATH`; its exit code, or 1 if it started an undeclared
+/// program.
+fn run_hermetic(mut cmd: Command, h: &hermetic::Hermetic, what: &str) -> Result<ExitCode, String> {
+    let status = cmd
+        .env("PATH", h.path_var())
+        .status()
+        .map_err(|e| format!("cannot run {what}: {e}"))?;
+    let verdict = h.verdict();
+    if let Err(e) = &verdict {
+        eprintln!("xtask: {e}");
+    }
+    Ok(match status.code() {
+        Some(0) if verdict.is_ok() => ExitCode::SUCCESS,
+        Some(0) => ExitCode::FAILURE,
+        Some(c) => ExitCode::from(u8::try_from(c).unwrap_or(1)),
+        None => ExitCode::FAILURE,
+    })
+}
+
+/// The toolchain's cargo: `$CARGO` when cargo started this process, else `cargo` on `PATH`.
+fn cargo() -> OsString {
+    std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into())
+}
+
+/// Installs what the tests need, then runs them with the hermetic `PATH` and the variables
+/// naming the clients.
 fn test(args: &[OsString]) -> Result<ExitCode, String> {
     let root = root();
-    let env = install::ensure(&Options::detect(&root))?;
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut cmd = Command::new(cargo);
+    let opts = Options::detect(&root);
+    let env = install::ensure(&opts)?;
+    let h = hermetic_path(&opts)?;
+    let mut cmd = Command::new(cargo());
     cmd.current_dir(&root).args(TEST_ARGS).args(args);
     for (k, v) in &env {
         cmd.env(k, v);
     }
     let shown: Vec<String> = args.iter().map(|a| a.to_string_lossy().into()).collect();
-    eprintln!("xtask: cargo {} {}", TEST_ARGS.join(" "), shown.join(" "));
-    let status = cmd
-        .status()
-        .map_err(|e| format!("cannot run cargo test: {e}"))?;
-    Ok(match status.code() {
-        Some(0) => ExitCode::SUCCESS,
-        Some(c) => ExitCode::from(u8::try_from(c).unwrap_or(1)),
-        None => ExitCode::FAILURE,
-    })
+    eprintln!(
+        "xtask: cargo {} {} (PATH={})",
+        TEST_ARGS.join(" "),
+        shown.join(" "),
+        h.bin.display()
+    );
+    run_hermetic(cmd, &h, "cargo test")
+}
+
+/// `cargo xtask hermetic CMD [ARGS...]`: one command with the tests' `PATH` (installing
+/// what the tests need first).
+fn hermetic_run(args: &[OsString]) -> Result<ExitCode, String> {
+    let Some((program, rest)) = args.split_first() else {
+        return Err("hermetic: which command? cargo xtask hermetic CMD [ARGS...]".into());
+    };
+    let root = root();
+    let opts = Options::detect(&root);
+    let env = install::ensure(&opts)?;
+    let h = hermetic_path(&opts)?;
+    // The command itself is looked up on the hermetic PATH too.
+    let found = install::find_program(&h.path_var(), &program.to_string_lossy())
+        .map(PathBuf::into_os_string)
+        .unwrap_or_else(|| program.clone());
+    let mut cmd = Command::new(found);
+    cmd.args(rest);
+    for (k, v) in &env {
+        cmd.env(k, v);
+    }
+    run_hermetic(cmd, &h, &program.to_string_lossy())
 }
 
 /// `cargo xtask deps`: the check and install alone.
@@ -218,9 +294,9 @@ fn docs_test(args: &[OsString]) -> Result<ExitCode, String> {
     let mut opts = Options::detect(&root);
     opts.scope = deps::Scope::Docs;
     install::ensure(&opts)?;
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let h = hermetic_path(&opts)?;
     eprintln!("xtask: cargo build --release (the turnstile binary the docs run)");
-    let built = Command::new(&cargo)
+    let built = Command::new(cargo())
         .current_dir(&root)
         .args(["build", "--release", "--quiet"])
         .status()
@@ -230,11 +306,8 @@ fn docs_test(args: &[OsString]) -> Result<ExitCode, String> {
     }
     let release = opts.target_dir.join("release");
     docs::check_serve_defaults(&release.join("turnstile"))?;
-    let path = format!(
-        "{}:{}",
-        release.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
+    // The release binaries first, then only what xtask/src/deps.rs declares.
+    let path = format!("{}:{}", release.display(), h.bin.display());
     let t0 = std::time::Instant::now();
     let (mut ran, mut failed, mut skipped) = (0, Vec::new(), 0);
     for (f, k) in selected {
@@ -263,6 +336,9 @@ fn docs_test(args: &[OsString]) -> Result<ExitCode, String> {
                 }
             }
         }
+    }
+    if let Err(e) = h.verdict() {
+        failed.push(e);
     }
     if !issue_refs.is_empty() {
         failed.push(format!(
