@@ -52,9 +52,34 @@ impl Failures {
     }
 }
 
+/// `turnstile -V`: the version and the commit it was built from.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("TURNSTILE_COMMIT"),
+    ")"
+);
+
+/// `turnstile --version`: also the target, the CPU features the build assumes and what is
+/// compiled in.
+const LONG_VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    "\ncommit:   ",
+    env!("TURNSTILE_COMMIT"),
+    "\ntarget:   ",
+    env!("TURNSTILE_TARGET"),
+    "\nfeatures: ",
+    env!("TURNSTILE_FEATURES"),
+);
+
 /// A lock-free rate-limiting engine: benchmarks, reports and tools.
 #[derive(Parser)]
-#[command(name = "turnstile", version, propagate_version = true)]
+#[command(
+    name = "turnstile",
+    version = VERSION,
+    long_version = LONG_VERSION,
+    propagate_version = true
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
