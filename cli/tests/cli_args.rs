@@ -119,3 +119,29 @@ fn a_closed_output_pipe_is_no_panic() {
         }
     }
 }
+
+#[test]
+fn version_names_the_commit_the_target_and_the_features() {
+    // The commit of the checkout the test binary was built in (git is a declared tool).
+    let head = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .map(|o| text(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let short = turnstile(&["-V"]);
+    assert!(short.status.success());
+    let short = text(&short.stdout);
+    assert!(short.starts_with("turnstile 0."), "{short}");
+    assert!(short.contains(&format!("(commit {head})")), "{short}");
+    let long = text(&turnstile(&["--version"]).stdout);
+    for line in ["commit:   ", "target:   ", "features: rules"] {
+        assert!(long.contains(line), "{long}");
+    }
+    if cfg!(target_os = "linux") {
+        assert!(long.contains("io-uring"), "{long}");
+    }
+    if cfg!(target_feature = "cmpxchg16b") {
+        assert!(long.contains("cmpxchg16b"), "{long}");
+    }
+}
