@@ -98,7 +98,8 @@ pub struct ServeArgs {
     pub envoy_config: Option<PathBuf>,
     /// Snapshot file of every store (CL.THROTTLE's and the rules'): restored on start,
     /// written periodically and on graceful shutdown. A file that cannot be restored is moved
-    /// aside (FILE.corrupt-TIME), never overwritten.
+    /// aside (FILE.corrupt-TIME), never overwritten. A symbolic link at FILE is followed only
+    /// if this user or root owns it; none beside FILE is.
     #[arg(long)]
     pub snapshot: Option<PathBuf>,
     /// How often to write the snapshot ("0": only on shutdown).
