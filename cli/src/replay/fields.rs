@@ -201,6 +201,9 @@ impl Mapping {
                     }
                 }
             }
+            if strict && !m.refs[i].is_empty() {
+                continue;
+            }
             if let Some(r) = m.refs[i].first() {
                 let n = &names[r.var as usize];
                 let how = match r.part {
@@ -211,6 +214,11 @@ impl Mapping {
                 };
                 m.described.push(format!("{}=${n}{how}", t.name()));
             }
+        }
+        if strict {
+            m.described.push(
+                "other parts: the first of their usual names a line has (docs/replay.md)".into(),
+            );
         }
         if m.refs[Target::Time as usize].is_empty() {
             return Err(format!(
