@@ -205,3 +205,59 @@ mod tests {
         assert!(detect(b"hello world").is_err());
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    //! Every parser and the request built from its fields, on arbitrary bytes: an error or a
+    //! record, never a panic (the parsers are byte-level and index by hand).
+    use super::*;
+    use crate::replay::fields::Record;
+    use proptest::prelude::*;
+
+    /// Bytes that look like log lines often enough to reach deep into the parsers.
+    fn line() -> impl Strategy<Value = Vec<u8>> {
+        let piece = prop_oneof![
+            Just(b"203.0.113.9 - 42 [10/Oct/2000:13:55:36 -0700] \"GET /a?b HTTP/1.1\" 200 1 \"-\" \"x\"".to_vec()),
+            Just(b"[2016-04-15T20:17:00.310Z] \"POST /a HTTP/2\" 204 - 1 0 2 1 \"1.2.3.4\" \"x\" \"i\" \"h\" \"u\"".to_vec()),
+            Just(b"{\"start_time\":\"2000-10-10T20:55:36Z\",\"path\":\"/x\",\"ip\":\"::1\"}".to_vec()),
+            Just(b"\"".to_vec()),
+            Just(b" ".to_vec()),
+            Just(b",".to_vec()),
+            Just(b"\\".to_vec()),
+            Just(b"[".to_vec()),
+            proptest::collection::vec(any::<u8>(), 0..12),
+        ];
+        proptest::collection::vec(piece, 0..6).prop_map(|v| v.concat())
+    }
+
+    proptest! {
+        #[test]
+        fn no_line_panics(l in line(), cut in any::<prop::sample::Index>()) {
+            let l = &l[..cut.index(l.len() + 1)];
+            let _ = detect(l);
+            let given = vec![(crate::replay::fields::Target::Customer, "remote_user".to_string())];
+            for f in [Format::Combined, Format::Common, Format::Envoy, Format::Alb, Format::Jsonl] {
+                let g = if matches!(f, Format::Combined | Format::Common) {
+                    given.clone()
+                } else {
+                    vec![]
+                };
+                let (p, m) = Parser::new(f, None, &g, None).unwrap();
+                let mut spans: Spans = std::array::from_fn(|_| 0..0);
+                let mut scratch = Vec::new();
+                if p.parse(l, &mut spans, &mut scratch).is_ok() {
+                    let _ = Record::default().fill(&m, &spans, l, &scratch);
+                }
+            }
+            if let Ok((p, m)) = Parser::new(Format::Csv, None, &[], Some(b"time,ip,route,method")) {
+                let mut spans: Spans = std::array::from_fn(|_| 0..0);
+                let mut scratch = Vec::new();
+                if p.parse(l, &mut spans, &mut scratch).is_ok() {
+                    let _ = Record::default().fill(&m, &spans, l, &scratch);
+                }
+            }
+            let _ = crate::replay::time::parse(l);
+            let _ = crate::replay::fields::ip(l);
+        }
+    }
+}
