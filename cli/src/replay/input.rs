@@ -1,7 +1,8 @@
 //! Reading a log file line by line with bounded memory: one buffer per file (at least
 //! [`BUFFER`] bytes, twice the longest line accepted), lines handed out as ranges of it (no
 //! allocation per line), gzip recognised by its magic bytes and inflated on the fly
-//! (concatenated members too, as logrotate's `compress` and `cat a.gz b.gz` make them).
+//! (concatenated members too, as logrotate's `compress` and `cat a.gz b.gz` make them) on a
+//! thread of its own, so that inflating and replaying overlap ([`Inflater`]).
 
 use flate2::read::MultiGzDecoder;
 use std::fs::File;
@@ -61,8 +62,8 @@ impl Lines {
         let chained = Box::new(io::Cursor::new(head[..n].to_vec()).chain(src));
         let gzip = head[..n] == [0x1f, 0x8b];
         let src: Box<dyn Read + Send> = if gzip {
-            Box::new(MultiGzDecoder::new(io::BufReader::with_capacity(
-                BUFFER, chained,
+            Box::new(Inflater::spawn(MultiGzDecoder::new(
+                io::BufReader::with_capacity(BUFFER, chained),
             )))
         } else {
             chained
@@ -157,6 +158,91 @@ impl Lines {
     }
 }
 
+/// Chunks of inflated bytes handed from the inflating thread to the reader.
+const CHUNKS: usize = 4;
+
+/// A reader whose source is read on a thread of its own, [`BUFFER`]-byte chunks handed over a
+/// channel of [`CHUNKS`] and their buffers handed back: at most `CHUNKS + 2` buffers (6 MiB)
+/// exist at once. Inflating a gzip log took a third of a replay's CPU on the same thread
+/// (`zcat` alone: 4.8 s of 7.2 for a 10M-line log); on its own thread it overlaps the parse.
+/// The thread ends when the source does, or when the reader is dropped.
+struct Inflater {
+    rx: std::sync::mpsc::Receiver<io::Result<Vec<u8>>>,
+    back: std::sync::mpsc::SyncSender<Vec<u8>>,
+    cur: Vec<u8>,
+    pos: usize,
+    done: bool,
+}
+
+impl Inflater {
+    fn spawn(mut src: impl Read + Send + 'static) -> Inflater {
+        use std::sync::mpsc::sync_channel;
+        let (tx, rx) = sync_channel::<io::Result<Vec<u8>>>(CHUNKS);
+        let (back, spare) = sync_channel::<Vec<u8>>(CHUNKS);
+        std::thread::spawn(move || loop {
+            let mut b = spare.try_recv().unwrap_or_default();
+            b.resize(BUFFER, 0);
+            let mut n = 0;
+            let r = loop {
+                match src.read(&mut b[n..]) {
+                    Ok(0) => break Ok(()),
+                    Ok(k) => {
+                        n += k;
+                        if n == b.len() {
+                            break Ok(());
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => break Err(e),
+                }
+            };
+            b.truncate(n);
+            let last = n == 0 || r.is_err();
+            let sent = match r {
+                Err(e) => tx.send(Err(e)),
+                Ok(()) => tx.send(Ok(b)),
+            };
+            if last || sent.is_err() {
+                return;
+            }
+        });
+        Inflater {
+            rx,
+            back,
+            cur: Vec::new(),
+            pos: 0,
+            done: false,
+        }
+    }
+}
+
+impl Read for Inflater {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        while self.pos == self.cur.len() {
+            if self.done {
+                return Ok(0);
+            }
+            let spent = std::mem::take(&mut self.cur);
+            // The inflating thread may have ended: its buffer is then simply dropped.
+            let _ = self.back.try_send(spent);
+            self.pos = 0;
+            match self.rx.recv() {
+                Ok(Ok(b)) if b.is_empty() => self.done = true,
+                Ok(Ok(b)) => self.cur = b,
+                Ok(Err(e)) => {
+                    self.done = true;
+                    return Err(e);
+                }
+                Err(_) => self.done = true,
+            }
+        }
+        let n = out.len().min(self.cur.len() - self.pos);
+        out[..n].copy_from_slice(&self.cur[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,6 +273,23 @@ mod tests {
         let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
         gz.write_all(&text).unwrap();
         assert_eq!(all(gz.finish().unwrap(), 100), want);
+        // Several chunks of the inflating thread, lines across their edges.
+        let many: Vec<u8> = (0..400_000u32)
+            .flat_map(|i| format!("{i}\n").into_bytes())
+            .collect();
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(&many).unwrap();
+        let got = all(gz.finish().unwrap(), 100);
+        assert_eq!(got.len(), 400_000);
+        assert!(got
+            .iter()
+            .enumerate()
+            .all(|(i, l)| l.as_deref() == Ok(i.to_string().as_bytes())));
+        // A corrupt stream is an error, not a panic or a hang.
+        let mut bad = vec![0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3];
+        bad.extend(std::iter::repeat_n(0xff, 64));
+        let mut l = Lines::new(Box::new(io::Cursor::new(bad)), 100).unwrap();
+        assert!(l.next().is_err());
         // A line over the limit, within one buffer and across several.
         let mut big = b"x\n".to_vec();
         big.extend(std::iter::repeat_n(b'y', 3 * BUFFER + 5));
