@@ -123,21 +123,11 @@ pub fn run(a: ReplayArgs) -> crate::Result<()> {
     if a.rules.is_none() && !a.parse_only {
         return Err("--rules FILE is needed (or --parse-only to measure reading alone)".into());
     }
-    let load = |p: &PathBuf| Rules::from_file(p).map_err(crate::Error::from);
-    let mut base = a
-        .rules
-        .as_ref()
-        .map(load)
-        .transpose()?
-        .map(Tally::new)
-        .transpose()?;
-    let mut other = a
-        .compare
-        .as_ref()
-        .map(load)
-        .transpose()?
-        .map(Tally::new)
-        .transpose()?;
+    let tally = |p: Option<&PathBuf>| -> crate::Result<Option<Tally>> {
+        p.map(|p| Tally::new(Rules::from_file(p)?)).transpose()
+    };
+    let mut base = tally(a.rules.as_ref())?;
+    let mut other = tally(a.compare.as_ref())?;
     let custom = a
         .log_format
         .as_deref()
@@ -150,13 +140,48 @@ pub fn run(a: ReplayArgs) -> crate::Result<()> {
         given: a.keys.clone(),
         max_line: a.max_line,
     };
-    let (mut bad, mut counts) = (Bad::default(), Counts::default());
     let started = Instant::now();
+    let (mut run, sources) = open(&a.logs, &setup)?;
+    let mut diff = compare::Diff::default();
+    replay(&mut run, sources, base.as_mut(), other.as_mut(), &mut diff)?;
+    run.seconds = started.elapsed().as_secs_f64();
+    let name = |p: &Option<PathBuf>| {
+        p.as_ref()
+            .map_or(String::new(), |r| r.display().to_string())
+    };
+    let names = [name(&a.rules), name(&a.compare)];
+    if let (Some(p), Some(b)) = (&a.plot, &base) {
+        plot::draw(p, b, &names[0])
+            .map_err(|e| format!("cannot write the plot to {}: {e}", p.display()))?;
+    }
+    let other = other.as_ref().map(|o| (o, &diff));
+    if a.json {
+        let doc = report::document(&run, base.as_ref(), other);
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        report::print(&run, base.as_ref(), other, [&names[0], &names[1]]);
+        if let Some(p) = &a.plot {
+            println!("\nplot: {}", p.display());
+        }
+    }
+    Ok(())
+}
+
+/// Opens every log (its first record read): the run's figures so far and the files that
+/// have records.
+fn open(logs: &[PathBuf], setup: &Setup) -> crate::Result<(report::Run, Vec<Source>)> {
+    let mut run = report::Run {
+        files: Vec::new(),
+        mapping: Vec::new(),
+        counts: Counts::default(),
+        bad: Bad::default(),
+        seconds: 0.0,
+        first: None,
+        last: None,
+    };
     let mut sources = Vec::new();
-    let mut files = Vec::new();
-    let mut mapping = Vec::new();
-    for p in &a.logs {
-        let s = Source::open(p, &setup, &mut bad, &mut counts)?;
+    for p in logs {
+        let s = Source::open(p, setup, &mut run.bad, &mut run.counts)?;
         let fmt = s.as_ref().map_or("empty".to_string(), |s| {
             let f = match (&setup.custom, s.format) {
                 (Some(_), _) => "--log-format",
@@ -168,24 +193,34 @@ pub fn run(a: ReplayArgs) -> crate::Result<()> {
                 f.to_string()
             }
         });
-        files.push((p.display().to_string(), fmt));
+        run.files.push((p.display().to_string(), fmt));
         if let Some(s) = s {
-            if mapping.is_empty() {
-                mapping = s.mapping().to_vec();
+            if run.mapping.is_empty() {
+                run.mapping = s.mapping().to_vec();
             }
             sources.push(s);
         }
     }
+    Ok((run, sources))
+}
+
+/// The merged records, each checked by the base rules and the other rules (if any; neither
+/// with `--parse-only`), their changes counted in `diff`.
+fn replay(
+    run: &mut report::Run,
+    sources: Vec<Source>,
+    mut base: Option<&mut Tally>,
+    mut other: Option<&mut Tally>,
+    diff: &mut compare::Diff,
+) -> crate::Result<()> {
     let mut merge = Merge::new(sources);
-    let mut diff = compare::Diff::default();
-    let (mut first, mut last) = (None, None);
     while let Some(i) = merge.peek() {
         let s = &merge.sources[i];
         let now = s.time();
-        first.get_or_insert(now);
-        last = Some(now);
+        run.first.get_or_insert(now);
+        run.last = Some(now);
         let v = s.view();
-        match (&mut base, &mut other) {
+        match (base.as_deref_mut(), other.as_deref_mut()) {
             (Some(b), None) => {
                 b.check(&v, now);
             }
@@ -198,42 +233,7 @@ pub fn run(a: ReplayArgs) -> crate::Result<()> {
                 std::hint::black_box(&v);
             }
         }
-        merge.advance(i, &mut bad, &mut counts)?;
-    }
-    let run = report::Run {
-        files,
-        mapping,
-        counts,
-        bad,
-        seconds: started.elapsed().as_secs_f64(),
-        first,
-        last,
-    };
-    if let (Some(p), Some(b)) = (&a.plot, &base) {
-        let title = a
-            .rules
-            .as_ref()
-            .map_or(String::new(), |r| r.display().to_string());
-        plot::draw(p, b, &title)
-            .map_err(|e| format!("cannot write the plot to {}: {e}", p.display()))?;
-    }
-    let names = [
-        a.rules
-            .as_ref()
-            .map_or(String::new(), |r| r.display().to_string()),
-        a.compare
-            .as_ref()
-            .map_or(String::new(), |r| r.display().to_string()),
-    ];
-    let other = other.as_ref().map(|o| (o, &diff));
-    if a.json {
-        let doc = report::document(&run, base.as_ref(), other);
-        println!("{}", serde_json::to_string_pretty(&doc)?);
-    } else {
-        report::print(&run, base.as_ref(), other, [&names[0], &names[1]]);
-        if let Some(p) = &a.plot {
-            println!("\nplot: {}", p.display());
-        }
+        merge.advance(i, &mut run.bad, &mut run.counts)?;
     }
     Ok(())
 }
