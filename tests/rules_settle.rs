@@ -253,3 +253,28 @@ fn store_settle_over_every_limit() {
     assert!(store.check(&3u64, 4).allowed());
     assert!(!store.check(&3u64, 1).allowed());
 }
+
+/// A shadow rule is settled too: it keeps counting what an enforcing rule in its place would.
+#[test]
+fn shadow_rules_are_settled_too() {
+    let (e, _) = engine(
+        r#"
+[[rule]]
+name = "s"
+key = "customer"
+mode = "shadow"
+limits = [{ algorithm = "fixed_window", limit = 10, window = "1m" }]
+"#,
+    );
+    let req = Request::new().customer(5).cost(2);
+    assert!(e.check(&req).allowed());
+    // Actual 10: the shadow window is full, so the next request would be denied.
+    assert_eq!(e.settle(&req, 10), 1);
+    assert!(e.check(&Request::new().customer(5)).allowed());
+    assert_eq!(e.rule_stats("s").unwrap().would_deny, 1);
+    // Actual 0 after all: 10 back, and it would admit again.
+    let ten = Request::new().customer(5).cost(10);
+    e.settle(&ten, 0);
+    assert!(e.check(&Request::new().customer(5)).allowed());
+    assert_eq!(e.rule_stats("s").unwrap().would_deny, 1);
+}

@@ -496,3 +496,41 @@ fn compare_names_the_requests_and_keys_that_change() {
         .unwrap()
         .ends_with("(per-customer)"));
 }
+
+#[test]
+fn a_line_earlier_than_the_one_before_is_replayed_at_that_time_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    // One admission per 10 s window: the late line (00:00:05 after 00:00:12) is replayed at
+    // 00:00:12, in the second window, where it is denied; at its own time it would have been
+    // denied in the first window too, but the third line (00:00:21) is admitted either way.
+    let rules = file(
+        dir.path(),
+        "rules.toml",
+        br#"
+[[rule]]
+name = "g"
+key = "global"
+limits = [{ algorithm = "fixed_window", limit = 1, window = "10s" }]
+"#,
+    );
+    let line = |s: u64| {
+        format!(
+            "203.0.113.1 - - [{}] \"GET /x HTTP/1.1\" 200 1 \"-\" \"a\"\n",
+            clf(T0 + s)
+        )
+    };
+    let text = [line(1), line(12), line(5), line(21)].concat();
+    let log = file(dir.path(), "late.log", text.as_bytes());
+    let doc = replay(&[
+        "--rules".into(),
+        rules.display().to_string(),
+        log.display().to_string(),
+    ]);
+    assert_eq!(doc["late_lines"], 1, "{doc}");
+    assert_eq!(doc["max_late_seconds"], 7.0);
+    assert_eq!(doc["replay"]["denied"], 1);
+    assert_eq!(
+        doc["replay"]["rules"][0]["top_denied"][0]["first_denied"],
+        "2024-03-04T00:00:12.000Z"
+    );
+}
