@@ -18,8 +18,10 @@ impl<C: Clock> Engine<C> {
     /// * A charge is taken whatever the limits hold: past a limit the key owes it, and its
     ///   next checks are denied until it is paid (each algorithm's `charge` in
     ///   `docs/algorithms.md` says how far it can owe). Inside each rule, every limit of its
-    ///   store is settled in one atomic step; a charge cannot fail, so every matching rule is
-    ///   settled: all or nothing across rules too.
+    ///   store is settled in one atomic step. A charge does not depend on what the limits
+    ///   hold, so no rule refuses it and none needs to be rolled back: every matching rule is
+    ///   settled (the one exception: a key evicted since its check, in a full store with the
+    ///   `reject` policy, has no record to charge).
     /// * A give-back is [`Engine::refund`]'s, by mode: an elastic rule's extra pool first if
     ///   it holds a charge; shadow rules too, so that they keep counting what an enforcing
     ///   rule in their place would.
@@ -43,18 +45,18 @@ impl<C: Clock> Engine<C> {
             let Some((r, id, held)) = self.keyed(&c, req, cand, s) else {
                 continue;
             };
-            let now_cost = actual.saturating_mul(r.cost);
+            let actual_cost = actual.saturating_mul(r.cost);
             let t = r.target(id);
-            if now_cost < held {
-                let back = held - now_cost;
+            if actual_cost < held {
+                let back = held - actual_cost;
                 match &t.slot.pool {
                     Some(p) if charged(&p.store.peek_at(&id, now)) => {
                         p.store.refund_at(&id, back, now)
                     }
                     _ => t.refund_at(id, back, now),
                 }
-            } else if now_cost > held {
-                t.settle_at(id, held, now_cost, now);
+            } else if actual_cost > held {
+                t.settle_at(id, held, actual_cost, now);
             }
             n += 1;
         }
