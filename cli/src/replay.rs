@@ -21,6 +21,7 @@ mod generate;
 mod input;
 mod keys;
 mod plot;
+mod reorder;
 mod report;
 mod series;
 mod source;
@@ -81,9 +82,19 @@ pub struct ReplayArgs {
     /// The seed of --generate.
     #[arg(long, default_value_t = 1, requires = "generate")]
     seed: u64,
+    /// Puts each file's lines back in time order within this window (e.g. 30s), for logs
+    /// written when responses end (ALB, Envoy); default: file order, a late line replayed at
+    /// the time of the line before it.
+    #[arg(long, value_name = "DURATION", value_parser = parse_window)]
+    reorder: Option<u64>,
     /// The longest line read, bytes; longer ones are counted as malformed and skipped.
     #[arg(long, value_name = "BYTES", default_value_t = 65_536)]
     max_line: usize,
+}
+
+fn parse_window(s: &str) -> crate::Result<u64> {
+    let d = turnstile::rules::parse_duration(s).map_err(|e| format!("`{s}`: {e}"))?;
+    Ok(turnstile::clock::nanos(d))
 }
 
 fn parse_key(s: &str) -> crate::Result<(Target, String)> {
@@ -139,6 +150,7 @@ pub fn run(a: ReplayArgs) -> crate::Result<()> {
         custom,
         given: a.keys.clone(),
         max_line: a.max_line,
+        reorder: a.reorder.unwrap_or(0),
     };
     let started = Instant::now();
     let (mut run, sources) = open(&a.logs, &setup)?;

@@ -529,6 +529,32 @@ limits = [{ algorithm = "fixed_window", limit = 1, window = "10s" }]
     assert_eq!(doc["late_lines"], 1, "{doc}");
     assert_eq!(doc["max_late_seconds"], 7.0);
     assert_eq!(doc["replay"]["denied"], 1);
+    // With --reorder 10s the lines are replayed at their own times, in order (1, 5, 12, 21):
+    // 5 is denied in the first window, 12 and 21 admitted in theirs.
+    let doc = replay(&[
+        "--rules".into(),
+        rules.display().to_string(),
+        "--reorder=10s".into(),
+        log.display().to_string(),
+    ]);
+    assert_eq!(doc["late_lines"], 0, "{doc}");
+    assert_eq!(doc["records"], 4);
+    assert_eq!(doc["replay"]["denied"], 1);
+    let top = &doc["replay"]["rules"][0]["top_denied"][0];
+    assert_eq!(top["first_denied"], "2024-03-04T00:00:05.000Z", "{doc}");
+    assert_eq!(doc["last"], "2024-03-04T00:00:21.000Z");
+    // A window shorter than the lateness: 12 is released once 15 is read (2 s newer), and 5,
+    // read after it, is late by 7 s.
+    let text = [line(1), line(12), line(15), line(5), line(21)].concat();
+    let log = file(dir.path(), "later.log", text.as_bytes());
+    let doc = replay(&[
+        "--rules".into(),
+        rules.display().to_string(),
+        "--reorder=2s".into(),
+        log.display().to_string(),
+    ]);
+    assert_eq!(doc["late_lines"], 1, "{doc}");
+    assert_eq!(doc["max_late_seconds"], 7.0);
     assert_eq!(
         doc["replay"]["rules"][0]["top_denied"][0]["first_denied"],
         "2024-03-04T00:00:12.000Z"

@@ -1,13 +1,15 @@
 //! The files of a replay as one stream in time order: each file read line by line
-//! ([`Lines`]), parsed and checked into a [`Record`], its times made non-decreasing (a line
-//! earlier than one before it in the same file is replayed at that earlier line's time, and
-//! counted), and the files merged by a k-way merge on (time, file, line) — a binary heap of one
-//! entry per file. Lines that do not parse are counted, the first few kept as examples.
+//! ([`Lines`]), parsed and checked into a [`Record`], put back in time order within
+//! `--reorder`'s window ([`Reorder`]), its times made non-decreasing (a line earlier than one
+//! already replayed from the same file is replayed at that one's time, and counted), and the
+//! files merged by a k-way merge on (time, file, line) — a binary heap of one entry per file.
+//! Lines that do not parse are counted, the first few kept as examples.
 
 use super::fields::{slice, Mapping, Record, Target};
 use super::format::{self, Format, Parser};
 use super::input::{Line, Lines};
 use super::keys::View;
+use super::reorder::Reorder;
 use super::template::{Spans, Template};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -63,6 +65,8 @@ pub struct Setup {
     pub custom: Option<Template>,
     pub given: Vec<(Target, String)>,
     pub max_line: usize,
+    /// `--reorder`, ns (0: lines are taken in file order).
+    pub reorder: u64,
 }
 
 /// One file: its reader, parser and current record.
@@ -77,6 +81,11 @@ pub struct Source {
     rec: Record,
     last: u64,
     max_line: usize,
+    /// With `--reorder`: the held records, and the bytes of the current one.
+    hold: Option<Reorder>,
+    held_line: Vec<u8>,
+    held_scratch: Vec<u8>,
+    eof: bool,
     /// The format read.
     pub format: Format,
 }
@@ -143,10 +152,18 @@ impl Source {
             rec: Record::default(),
             last: 0,
             max_line: setup.max_line,
+            hold: (setup.reorder > 0).then(|| Reorder::new(setup.reorder)),
+            held_line: Vec::new(),
+            held_scratch: Vec::new(),
+            eof: false,
             format,
         };
-        if !is_header && s.take(first, bad, counts) {
-            return Ok(Some(s));
+        if !is_header && s.take(first.clone(), bad, counts) {
+            if s.hold.is_none() {
+                s.accept(first, counts);
+                return Ok(Some(s));
+            }
+            s.hold_current(first, counts);
         }
         Ok(s.advance(bad, counts)?.then_some(s))
     }
@@ -156,7 +173,7 @@ impl Source {
         &self.mapping.described
     }
 
-    /// Parses line `r`; whether it is a record.
+    /// Parses line `r` into the current record; whether it is one.
     #[inline]
     fn take(&mut self, r: Range<usize>, bad: &mut Bad, counts: &mut Counts) -> bool {
         let line = &self.lines.buf()[r.clone()];
@@ -171,6 +188,13 @@ impl Source {
             bad.add(&self.path, self.lines.line_no, why, line);
             return false;
         }
+        counts.records += 1;
+        true
+    }
+
+    /// Makes the record just taken from line `r` the current one, in file order.
+    #[inline]
+    fn accept(&mut self, r: Range<usize>, counts: &mut Counts) {
         if self.rec.time < self.last {
             counts.late += 1;
             counts.max_late_ns = counts.max_late_ns.max(self.last - self.rec.time);
@@ -178,18 +202,51 @@ impl Source {
         }
         self.last = self.rec.time;
         self.line = r;
-        counts.records += 1;
+    }
+
+    /// Holds the record just taken from line `r` for reordering.
+    fn hold_current(&mut self, r: Range<usize>, counts: &mut Counts) {
+        let Some(h) = self.hold.as_mut() else { return };
+        let line = &self.lines.buf()[r];
+        if let Some(late) = h.push(self.rec.clone(), line, &self.scratch) {
+            counts.late += 1;
+            counts.max_late_ns = counts.max_late_ns.max(late);
+        }
+    }
+
+    /// With `--reorder`: the next record released, made the current one.
+    fn release(&mut self) -> bool {
+        let Some(h) = self.hold.as_mut() else {
+            return false;
+        };
+        let Some(mut held) = h.pop(self.eof) else {
+            return false;
+        };
+        self.rec = held.rec.clone();
+        std::mem::swap(&mut self.held_line, &mut held.line);
+        std::mem::swap(&mut self.held_scratch, &mut held.scratch);
+        h.recycle(held.line, held.scratch);
         true
     }
 
     /// Reads up to the next record; `false` at the end of the file.
     pub fn advance(&mut self, bad: &mut Bad, counts: &mut Counts) -> crate::Result<bool> {
         loop {
+            if self.release() {
+                return Ok(true);
+            }
+            if self.eof {
+                return Ok(false);
+            }
             let next = self
                 .lines
                 .next()
                 .map_err(|e| format!("{}: {e}", self.path.display()))?;
             let r = match next {
+                None if self.hold.is_some() => {
+                    self.eof = true;
+                    continue;
+                }
                 None => return Ok(false),
                 Some(Line::TooLong(n)) => {
                     counts.lines += 1;
@@ -206,8 +263,12 @@ impl Source {
                 counts.skipped += 1;
                 continue;
             }
-            if self.take(r, bad, counts) {
-                return Ok(true);
+            if self.take(r.clone(), bad, counts) {
+                if self.hold.is_none() {
+                    self.accept(r, counts);
+                    return Ok(true);
+                }
+                self.hold_current(r, counts);
             }
         }
     }
@@ -221,15 +282,19 @@ impl Source {
     /// The current record as a request.
     #[inline]
     pub fn view(&self) -> View<'_> {
-        let line = &self.lines.buf()[self.line.clone()];
+        let (line, scratch) = match self.hold {
+            None => (&self.lines.buf()[self.line.clone()], &self.scratch[..]),
+            Some(_) => (&self.held_line[..], &self.held_scratch[..]),
+        };
         let s = |r: &Range<u32>| -> Option<&str> {
             if r.start == r.end {
                 return None;
             }
-            let b = slice(line, &self.scratch, r);
+            let b = slice(line, scratch, r);
             // SAFETY: `Record::fill` checked that this span of this line (or of the scratch
-            // buffer) is UTF-8, and neither has changed since: both change only in `advance`,
-            // which takes `&mut self` while this view borrows `self`. (Checking again cost a few
+            // buffer) is UTF-8, and neither has changed since (a held record's are copies of
+            // them): they change only in `advance`, which takes `&mut self` while this view
+            // borrows `self`. (Checking again cost a few
             // per cent of a replay, measured with perf.)
             Some(unsafe { std::str::from_utf8_unchecked(b) })
         };
