@@ -206,4 +206,15 @@ pub const BASE: &[(&str, &str)] = &[
         "git",
         "cli/build.rs: the commit `turnstile --version` names; xtask docs restores files",
     ),
+    (
+        "grep",
+        "the docs' fences pick lines of a reply (README, docs/*.md)",
+    ),
+    ("head", "docs/service.md: a password from /dev/urandom"),
+    ("base64", "docs/service.md: a password from /dev/urandom"),
+    ("seq", "README.md: ten requests in a loop"),
+    (
+        "perl",
+        "callgrind_annotate is a Perl script (docs/performance.md)",
+    ),
 ];

@@ -78,7 +78,8 @@ fn refuse_script(log: &Path) -> String {
         "#!/bin/sh\n\
          # Started through a link named after a program that xtask/src/deps.rs does not declare.\n\
          name=${{0##*/}}\n\
-         echo \"$name\" >> '{log}'\n\
+         parent=unknown; read -r parent < /proc/$PPID/comm 2>/dev/null\n\
+         printf '%s\\t%s\\n' \"$name\" \"$parent\" >> '{log}'\n\
          echo \"xtask: \\`$name\\` is not declared in xtask/src/deps.rs, so it is not on the tests' PATH \
          (cargo xtask runs them with PATH limited to what that table declares). Declare it there: in the \
          Debian package that brings it, or in the base tools. A fresh machine would not have it.\" >&2\n\
@@ -143,24 +144,40 @@ impl Hermetic {
     }
 
     /// What was refused since [`prepare`], with how many times.
+    #[cfg(test)]
     pub fn refused(&self) -> BTreeMap<String, usize> {
+        self.refused_by()
+            .into_iter()
+            .fold(BTreeMap::new(), |mut m, ((name, _), c)| {
+                *m.entry(name).or_insert(0) += c;
+                m
+            })
+    }
+
+    /// What was refused, by (program, the name of the process that started it), with how
+    /// many times: the parent says where to look (a fence's shell, a test binary, a script).
+    pub fn refused_by(&self) -> BTreeMap<(String, String), usize> {
         let text = std::fs::read_to_string(&self.refused_log).unwrap_or_default();
         let mut m = BTreeMap::new();
         for l in text.lines().filter(|l| !l.is_empty()) {
-            *m.entry(l.to_string()).or_insert(0) += 1;
+            let (name, parent) = l.split_once('\t').unwrap_or((l, "unknown"));
+            *m.entry((name.to_string(), parent.to_string())).or_insert(0) += 1;
         }
         m
     }
 
     /// The failure to report when anything was refused.
     pub fn verdict(&self) -> Result<(), String> {
-        let refused = self.refused();
+        let refused = self.refused_by();
         if refused.is_empty() {
             return Ok(());
         }
         let list: Vec<String> = refused
             .iter()
-            .map(|(n, c)| format!("  {n} ({c} time{})", if *c == 1 { "" } else { "s" }))
+            .map(|((n, parent), c)| {
+                let s = if *c == 1 { "" } else { "s" };
+                format!("  {n} ({c} time{s}, started by `{parent}`)")
+            })
             .collect();
         Err(format!(
             "programs were started that xtask/src/deps.rs does not declare (refused on the \
@@ -248,7 +265,8 @@ mod tests {
         assert_eq!(h.refused().get("other-tool"), Some(&2));
         let verdict = h.verdict().unwrap_err();
         assert!(
-            verdict.contains("other-tool (2 times)") && verdict.contains("xtask/src/deps.rs"),
+            verdict.contains("other-tool (1 time, started by `sh`)")
+                && verdict.contains("xtask/src/deps.rs"),
             "{verdict}"
         );
         // Neither on the machine nor declared: not found, as on a fresh machine.
