@@ -4,11 +4,11 @@
 //! buffer within the largest frame, the output waiting for the client within the output limit
 //! and one reply), and a client that reads its replies is answered as one that sends and reads
 //! everything at once (when no answer depends on the time). See
-//! `turnstile_server::resp::fuzz_connection`.
+//! `turnstile_server::fuzz_connection`.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    turnstile_server::resp::fuzz_connection(data);
+    turnstile_server::fuzz_connection(data);
 });

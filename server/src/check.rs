@@ -35,7 +35,8 @@ pub(crate) enum Answer {
 
 /// The rules engine and where its counts live.
 pub(crate) struct Checks {
-    pub(crate) engine: Option<RulesEngine>,
+    /// Shared with the work that runs beside a check (keys' own limits, on the blocking pool).
+    pub(crate) engine: Option<Arc<RulesEngine>>,
     pub(crate) backends: Backends,
 }
 

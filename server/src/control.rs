@@ -202,7 +202,7 @@ pub(crate) fn snapshot(s: &Server) -> Result<(), String> {
     };
     let _g = s.snapshot_lock.lock().unwrap_or_else(|e| e.into_inner());
     let t0 = std::time::Instant::now();
-    let snap = crate::snapshot::collect(&s.throttles, s.checks.engine.as_ref());
+    let snap = crate::snapshot::collect(&s.throttles, s.checks.engine.as_deref());
     let n: usize = snap.throttle.len()
         + snap
             .rules

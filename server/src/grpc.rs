@@ -7,7 +7,8 @@
 //!
 //! [`start`]: crate::start
 
-use crate::state::{stopped, Server};
+use crate::listen::stopped;
+use crate::state::Server;
 use crate::{envoy, ServeArgs, ServeError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -46,7 +47,7 @@ pub(crate) fn spawn(shared: &Arc<Server>, args: &ServeArgs) -> Result<Grpc, Serv
         return Ok((Vec::new(), None));
     };
     // Bound as the other listeners are (SO_REUSEADDR, a backlog of 1024).
-    let listener = crate::workers::listener("--grpc", addr, false)?;
+    let listener = crate::listen::listener("--grpc", addr, false)?;
     let bound = listener
         .local_addr()
         .map_err(|e| ServeError::Bind("--grpc", addr, e))?;

@@ -64,7 +64,7 @@ async fn metrics(State(s): State<Arc<Server>>) -> Response {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        crate::metrics::render(&s),
+        crate::exposition::render(&s),
     )
         .into_response()
 }

@@ -58,9 +58,12 @@ mod backend;
 mod check;
 mod cmd;
 mod config;
+mod conn;
 mod control;
 pub mod envoy;
 mod error;
+mod exposition;
+mod grpc;
 mod http;
 mod limits;
 mod listen;
@@ -85,6 +88,11 @@ pub use args::{RuntimeKind, ServeArgs};
 pub use error::ServeError;
 pub use http::RateLimitHeaders;
 pub use snapshot::SnapshotError;
+
+/// The RESP connection fuzz target's body (`fuzz/fuzz_targets/resp_connection.rs`). Not an
+/// API.
+#[doc(hidden)]
+pub use conn::fuzz::fuzz_connection;
 
 /// A server started by [`start`].
 pub struct Running {
@@ -129,7 +137,7 @@ impl Running {
 /// Linux, or a kernel (or seccomp profile) that refuses what it needs (Linux 5.19 or later).
 pub fn io_uring_available() -> Result<(), String> {
     #[cfg(target_os = "linux")]
-    return resp::uring::available();
+    return conn::uring::available();
     #[cfg(not(target_os = "linux"))]
     return Err("io_uring is Linux's".into());
 }
@@ -184,7 +192,7 @@ fn load(args: &ServeArgs) -> Result<Loaded, ServeError> {
         Some(r) => Some(backends.prepare(r).map_err(ServeError::Rules)?),
         None => None,
     };
-    let envoy = envoy::listener::envoy(args)?;
+    let envoy = grpc::envoy(args)?;
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(c), Some(k)) => Some(tls::Tls::load(c, k)?),
         _ => None,
@@ -218,7 +226,10 @@ fn load(args: &ServeArgs) -> Result<Loaded, ServeError> {
         resp,
         http,
         limits,
-        checks: check::Checks { engine, backends },
+        checks: check::Checks {
+            engine: engine.map(Arc::new),
+            backends,
+        },
         envoy,
         tls,
         throttles,
@@ -304,7 +315,7 @@ fn server(args: &ServeArgs, l: Loaded, workers: usize) -> Arc<Server> {
             watch_every: args.watch_every,
         },
         guard,
-        buffers: state::Buffers {
+        buffers: listen::Buffers {
             bytes: AtomicUsize::new(0),
             deferred: AtomicUsize::new(0),
             deferred_max: DEFERRED_BUDGET,
@@ -319,7 +330,7 @@ fn server(args: &ServeArgs, l: Loaded, workers: usize) -> Arc<Server> {
 }
 
 /// The server-wide budget of output and queued commands that RESP connections may hold
-/// beyond their own small allowance (resp::connection): 64 MiB.
+/// beyond their own small allowance (crate::conn): 64 MiB.
 const DEFERRED_BUDGET: usize = 64 << 20;
 
 /// Binds the listeners and starts the workers and the control thread.
@@ -332,7 +343,7 @@ fn listen(srv: Arc<Server>, args: &ServeArgs, workers: usize) -> Result<Running,
         .map_err(ServeError::Runtime)?;
     let (bound, mut threads, runtime) = workers::spawn(&srv, args, workers)?;
     let mut grpc = None;
-    let started = envoy::listener::spawn(&srv, args).and_then(|(t, g)| {
+    let started = grpc::spawn(&srv, args).and_then(|(t, g)| {
         threads.extend(t);
         grpc = g;
         control::spawn(&srv, prepared)

@@ -10,7 +10,7 @@
 //! answer), an HTTP request one; tokio's blocking pool runs at most 512 at once per runtime
 //! and queues the rest.
 
-use crate::state::Server;
+use crate::snapshot::RulesEngine;
 use axum::http::StatusCode;
 use std::sync::Arc;
 use turnstile::rules::limits::{KeyLimit, LimitsClass, Lookup};
@@ -76,9 +76,9 @@ fn refused(status: StatusCode, message: impl Into<String>) -> Refused {
 }
 
 /// Runs `req` on the runtime's blocking pool (the source may wait for the network) and
-/// answers when it is done.
-pub(crate) async fn run(srv: Arc<Server>, req: Request) -> Result<Done, Refused> {
-    match tokio::task::spawn_blocking(move || apply(&srv, &req)).await {
+/// answers when it is done; `engine`: the server's rules engine, if it was started with one.
+pub(crate) async fn run(engine: Option<Arc<RulesEngine>>, req: Request) -> Result<Done, Refused> {
+    match tokio::task::spawn_blocking(move || apply(engine.as_deref(), &req)).await {
         Ok(r) => r,
         Err(e) => Err(refused(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -88,8 +88,8 @@ pub(crate) async fn run(srv: Arc<Server>, req: Request) -> Result<Done, Refused>
 }
 
 /// Runs `req` here (it may block: see [`run`]).
-pub(crate) fn apply(srv: &Server, req: &Request) -> Result<Done, Refused> {
-    let Some(engine) = &srv.checks.engine else {
+pub(crate) fn apply(engine: Option<&RulesEngine>, req: &Request) -> Result<Done, Refused> {
+    let Some(engine) = engine else {
         return Err(refused(
             StatusCode::CONFLICT,
             "no limits classes: the server was started without --rules",

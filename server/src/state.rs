@@ -21,56 +21,6 @@ pub(crate) struct Files {
     pub(crate) watch_every: Duration,
 }
 
-/// Memory the RESP connections hold beyond their fixed part, and the budget of what they may
-/// defer (output their clients have not read, beyond [`crate::resp::connection::OUTPUT_PAUSE`],
-/// and queued `MULTI` commands, beyond [`crate::resp::connection::QUEUE_FREE`]).
-pub(crate) struct Buffers {
-    /// Bytes of every RESP connection's buffers (their capacities), now.
-    pub(crate) bytes: AtomicUsize,
-    /// Bytes of the deferred budget in use.
-    pub(crate) deferred: AtomicUsize,
-    /// The deferred budget.
-    pub(crate) deferred_max: usize,
-}
-
-impl Buffers {
-    /// Takes `n` bytes of the deferred budget, if there are.
-    pub(crate) fn reserve(&self, n: usize) -> bool {
-        // Relaxed: a counter of bytes; no other memory is published through it.
-        let before = self.deferred.fetch_add(n, Ordering::Relaxed);
-        if before + n <= self.deferred_max {
-            return true;
-        }
-        self.deferred.fetch_sub(n, Ordering::Relaxed);
-        false
-    }
-
-    /// Counts `n` bytes as borrowed whether or not the budget has them (memory already
-    /// held: the next [`Buffers::reserve`] is refused until it is given back).
-    pub(crate) fn force(&self, n: usize) {
-        // Relaxed: see `reserve`.
-        self.deferred.fetch_add(n, Ordering::Relaxed);
-    }
-
-    /// Gives back `n` bytes of the deferred budget.
-    pub(crate) fn release(&self, n: usize) {
-        if n > 0 {
-            // Relaxed: see `reserve`.
-            self.deferred.fetch_sub(n, Ordering::Relaxed);
-        }
-    }
-
-    /// A change of a connection's buffer capacities, from `old` to `new` bytes.
-    pub(crate) fn resized(&self, old: usize, new: usize) {
-        // Relaxed: a gauge.
-        if new > old {
-            self.bytes.fetch_add(new - old, Ordering::Relaxed);
-        } else if old > new {
-            self.bytes.fetch_sub(old - new, Ordering::Relaxed);
-        }
-    }
-}
-
 /// What every listener and worker shares.
 pub(crate) struct Server {
     /// The RESP listener's configuration.
@@ -89,7 +39,7 @@ pub(crate) struct Server {
     /// What every listener goes through: connections admitted per listener, deadlines,
     /// request bodies, failed passwords (crate::listen).
     pub(crate) guard: Arc<crate::listen::Guard>,
-    pub(crate) buffers: Buffers,
+    pub(crate) buffers: crate::listen::Buffers,
     pub(crate) shutdown: tokio::sync::watch::Sender<bool>,
     /// The rules file's modification time at the last reload; held while reloading (the
     /// engine's own lock keeps a reload atomic; this keeps the log and the mtime in order).
@@ -104,8 +54,6 @@ pub(crate) struct Server {
     pub(crate) workers_done: AtomicBool,
 }
 
-pub(crate) use crate::listen::stopped;
-
 static CONN_ID: AtomicU64 = AtomicU64::new(1);
 
 /// A new connection's id (RESP's `CLIENT ID`).
@@ -115,6 +63,19 @@ pub(crate) fn next_conn_id() -> u64 {
 }
 
 impl Server {
+    /// What a RESP command may use of the server ([`crate::cmd::Ctx`]).
+    #[inline]
+    pub(crate) fn ctx(&self) -> crate::cmd::Ctx<'_> {
+        crate::cmd::Ctx {
+            throttles: &self.throttles,
+            checks: &self.checks,
+            resp: &self.resp,
+            guard: &self.guard,
+            metrics: &self.metrics,
+            buffers: &self.buffers,
+        }
+    }
+
     /// A server with no listener, for the connection's tests and the fuzz target: the
     /// defaults of `turnstile serve`, with `edit` applied to its flags first, and small
     /// `CL.THROTTLE` stores.
@@ -145,7 +106,7 @@ impl Server {
                 watch_every: Duration::ZERO,
             },
             guard,
-            buffers: Buffers {
+            buffers: crate::listen::Buffers {
                 bytes: AtomicUsize::new(0),
                 deferred: AtomicUsize::new(0),
                 deferred_max: 1 << 20,

@@ -9,40 +9,18 @@
 //! The first listener is bound before the others, so that a port 0 becomes one real port that
 //! the others join.
 //!
-//! On io_uring, worker i runs the RESP listener i on its own ring (resp::uring); the HTTP
+//! On io_uring, worker i runs the RESP listener i on its own ring (conn::uring); the HTTP
 //! listeners (and --admin) are served by one multi-thread tokio runtime of as many threads,
 //! which also runs the RESP rules commands whose counts live in Redis.
 
+use crate::conn::serve::{accept, Peer};
 use crate::listen::accept::{accept_loop, Accepted};
-use crate::listen::{Kind, Refusal, Ticket};
-use crate::resp::serve::{accept, Peer};
+use crate::listen::{listener, Kind, Refusal, Ticket};
 use crate::state::{next_conn_id, Server};
 use crate::{http, RuntimeKind, ServeArgs, ServeError};
-use socket2::{Domain, Protocol, Socket, Type};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-
-/// A listening socket on `addr`, with `SO_REUSEPORT` if `reuse_port`.
-pub(crate) fn listener(
-    flag: &'static str,
-    addr: SocketAddr,
-    reuse_port: bool,
-) -> Result<std::net::TcpListener, ServeError> {
-    let bind = |addr| -> std::io::Result<std::net::TcpListener> {
-        let s = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
-        s.set_reuse_address(true)?;
-        #[cfg(unix)]
-        if reuse_port {
-            s.set_reuse_port(true)?;
-        }
-        s.set_nonblocking(true)?;
-        s.bind(&addr.into())?;
-        s.listen(1024)?;
-        Ok(s.into())
-    };
-    bind(addr).map_err(|e| ServeError::Bind(flag, addr, e))
-}
 
 /// Accepts RESP connections until shutdown.
 async fn accept_resp(srv: Arc<Server>, l: tokio::net::TcpListener) {
@@ -66,16 +44,7 @@ impl Accepted for RespListener {
     }
 
     fn refused(&mut self, s: tokio::net::TcpStream, _: Refusal) {
-        refuse_resp(&self.0, &s);
-    }
-}
-
-/// Tells a refused RESP client why, as Redis does: one write to a new socket, whose send
-/// buffer is empty (plaintext only: a TLS client would read it as a broken handshake).
-pub(crate) fn refuse_resp(srv: &Server, s: &impl std::os::fd::AsFd) {
-    srv.metrics.add(crate::metrics::C::RejectedConnections, 1);
-    if srv.tls.is_none() {
-        let _ = socket2::SockRef::from(s).send(b"-ERR max number of clients reached\r\n");
+        crate::conn::refuse(&self.0, &s);
     }
 }
 
@@ -153,7 +122,7 @@ fn effective(args: &ServeArgs) -> RuntimeKind {
         return RuntimeKind::PerCore;
     }
     #[cfg(target_os = "linux")]
-    let why = match crate::resp::uring::available() {
+    let why = match crate::conn::uring::available() {
         Ok(()) => return RuntimeKind::Uring,
         Err(why) => why,
     };
@@ -299,7 +268,7 @@ fn uring_worker(shared: Arc<Server>, resp: std::net::TcpListener, remote: tokio:
             return;
         }
     };
-    let Err(e) = crate::resp::uring::serve(shared.clone(), ring_side, remote) else {
+    let Err(e) = crate::conn::uring::serve(shared.clone(), ring_side, remote) else {
         return;
     };
     if *shared.shutdown.borrow() {

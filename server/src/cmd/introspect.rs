@@ -3,7 +3,6 @@
 
 use super::{ArgCursor, CmdError, Kind, Spec, COMMANDS};
 use crate::resp::Out;
-use crate::state::Server;
 use std::sync::atomic::Ordering;
 
 /// The Redis version whose protocol the server speaks, for `INFO` (clients read it to pick
@@ -63,7 +62,7 @@ impl<'a> Introspect<'a> {
         })
     }
 
-    pub(crate) fn apply(self, srv: &Server, o: &mut Out<'_>) {
+    pub(crate) fn apply(self, ctx: &super::Ctx<'_>, o: &mut Out<'_>) {
         match self {
             Introspect::Count => o.int(COMMANDS.len() as i64),
             Introspect::List => {
@@ -104,7 +103,7 @@ impl<'a> Introspect<'a> {
                     command_docs(s, o);
                 }
             }
-            Introspect::Server(sections) => o.verbatim(info(srv, sections).as_bytes()),
+            Introspect::Server(sections) => o.verbatim(info(ctx, sections).as_bytes()),
             Introspect::ConfigGet(name) => {
                 // redis-benchmark asks `save` and `appendonly` on start: nothing is persisted the
                 // Redis way, so as Redis without persistence answers; other names are unknown.
@@ -234,7 +233,7 @@ const SECTIONS: [&str; 6] = [
 ];
 
 /// `INFO` text of the sections asked (none, `default`, `all` or `everything`: every one).
-fn info(srv: &Server, mut asked: ArgCursor<'_>) -> String {
+fn info(ctx: &super::Ctx<'_>, mut asked: ArgCursor<'_>) -> String {
     let mut want = [false; SECTIONS.len()];
     let mut any = false;
     while let Some(a) = asked.next() {
@@ -249,7 +248,7 @@ fn info(srv: &Server, mut asked: ArgCursor<'_>) -> String {
     if !any {
         want = [true; SECTIONS.len()];
     }
-    let m = &srv.metrics;
+    let m = ctx.metrics;
     let mut t = String::new();
     use std::fmt::Write;
     for (i, s) in SECTIONS.iter().enumerate() {
@@ -271,13 +270,13 @@ fn info(srv: &Server, mut asked: ArgCursor<'_>) -> String {
             "clients" => write!(
                 t,
                 "# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\n",
-                srv.guard.open(crate::listen::Kind::Resp),
-                srv.resp.max_connections
+                ctx.guard.open(crate::listen::Kind::Resp),
+                ctx.resp.max_connections
             ),
             "memory" => write!(
                 t,
                 "# Memory\r\nclient_buffers_bytes:{}\r\n",
-                srv.buffers.bytes.load(Ordering::Relaxed)
+                ctx.buffers.bytes.load(Ordering::Relaxed)
             ),
             "persistence" => write!(t, "# Persistence\r\nloading:0\r\n"),
             "stats" => write!(

@@ -11,8 +11,9 @@
 //! * `session`: `AUTH`, `HELLO`, `CLIENT`, `SELECT`, `PING`, `ECHO`, `QUIT`, `RESET`.
 //! * `introspect`: `COMMAND`, `INFO`, `CONFIG`.
 //! * `MULTI`, `EXEC`, `DISCARD`, `WATCH`, `UNWATCH` are the connection's own
-//!   ([`crate::resp::connection`]).
+//!   ([`crate::conn`]).
 
+pub(crate) mod client;
 pub(crate) mod introspect;
 pub(crate) mod limits;
 pub(crate) mod rules;
@@ -344,6 +345,19 @@ pub(crate) fn lookup(name: &[u8]) -> Option<&'static Spec> {
     COMMANDS.iter().find(|s| named(name, s.name))
 }
 
+/// What a command may use of the server: the `CL.THROTTLE` stores, the rules and where their
+/// counts live, the RESP listener's settings, the guard (passwords), the counters and the
+/// buffers' gauge. The connection makes one from the server's state for each turn; a command
+/// sees nothing else of it.
+pub(crate) struct Ctx<'a> {
+    pub(crate) throttles: &'a crate::throttle::Throttles,
+    pub(crate) checks: &'a crate::check::Checks,
+    pub(crate) resp: &'a crate::config::RespConfig,
+    pub(crate) guard: &'a crate::listen::Guard,
+    pub(crate) metrics: &'a crate::metrics::Metrics,
+    pub(crate) buffers: &'a crate::listen::Buffers,
+}
+
 /// A command parsed from its arguments.
 pub(crate) enum Command<'a> {
     Throttle(throttle::Throttle<'a>),
@@ -400,6 +414,45 @@ impl<'a> Command<'a> {
             Kind::Watch => Command::Watch,
             Kind::Unwatch => Command::Unwatch,
         })
+    }
+}
+
+impl Command<'_> {
+    /// Runs a parsed command (not `MULTI`, `EXEC`, `DISCARD`: the connection's own), its reply
+    /// into `o`; returns the call to await when its answer is elsewhere (Redis, a blocking
+    /// thread), and what it asks of the connection.
+    pub(crate) fn apply(
+        self,
+        ctx: &Ctx<'_>,
+        s: &mut client::Session,
+        o: &mut crate::resp::Out<'_>,
+    ) -> (Option<rules::RemoteCall>, session::Effect) {
+        use session::Effect;
+        match self {
+            Command::Throttle(t) => t.apply(ctx.throttles, s, None, o),
+            Command::Rules(r) => return (r.apply(ctx, o), Effect::None),
+            Command::Limits(l) => {
+                let call = l.apply(s.access, o).map(rules::RemoteCall::Limits);
+                return (call, Effect::None);
+            }
+            Command::Session(sc) => {
+                let gate = session::Gate {
+                    auth: &ctx.resp.auth,
+                    trusted: ctx.resp.trusted,
+                    guard: ctx.guard,
+                };
+                return (None, sc.apply(gate, s, o));
+            }
+            Command::Introspect(i) => i.apply(ctx, o),
+            Command::Watch => o.error(
+                "ERR WATCH is not supported: there are no keys to watch; each command is atomic on its own (docs/service.md)",
+            ),
+            Command::Unwatch => o.simple("OK"),
+            Command::Multi | Command::Exec | Command::Discard => {
+                debug_assert!(false, "handled by the connection");
+            }
+        }
+        (None, Effect::None)
     }
 }
 

@@ -5,11 +5,12 @@
 //! await, and [`RemoteCall::reply`] writes its answer.
 
 use super::{ArgCursor, CmdError, Kind};
+use crate::check::Checks;
 use crate::check::{self, count, ms_up, Answer, Op};
+use crate::cmd::client::Session;
+use crate::metrics::Metrics;
 use crate::metrics::C;
-use crate::resp::connection::Session;
 use crate::resp::Out;
-use crate::state::Server;
 use turnstile::rules::{Priority, Request};
 use turnstile::Decision;
 
@@ -72,8 +73,8 @@ impl<'a> RulesCommand<'a> {
 
     /// Answers it with the counts in memory, or returns the call to await when they are in
     /// Redis.
-    pub(crate) fn apply(&self, srv: &Server, o: &mut Out<'_>) -> Option<RemoteCall> {
-        if srv.checks.engine.is_none() {
+    pub(crate) fn apply(&self, ctx: &super::Ctx<'_>, o: &mut Out<'_>) -> Option<RemoteCall> {
+        if ctx.checks.engine.is_none() {
             o.error_fmt(format_args!("ERR {}", check::NO_RULES));
             return None;
         }
@@ -84,7 +85,7 @@ impl<'a> RulesCommand<'a> {
                 return None;
             }
         };
-        if srv.checks.redis().is_some() {
+        if ctx.checks.redis().is_some() {
             return Some(RemoteCall::Rules(RulesCall {
                 op: self.op,
                 class: self.class.to_owned(),
@@ -93,10 +94,10 @@ impl<'a> RulesCommand<'a> {
                 priority: self.priority,
             }));
         }
-        let t0 = srv.metrics.now();
-        let a = srv.checks.local(self.op, &req);
-        srv.metrics.latency(srv.metrics.now().saturating_sub(t0));
-        reply(srv, self.op, a, o);
+        let t0 = ctx.metrics.now();
+        let a = ctx.checks.local(self.op, &req);
+        ctx.metrics.latency(ctx.metrics.now().saturating_sub(t0));
+        reply(ctx.metrics, self.op, a, o);
         None
     }
 }
@@ -113,21 +114,21 @@ pub(crate) enum RemoteCall {
 
 impl RemoteCall {
     /// Awaits the answer (Redis's timeout and failure policy bound a rules call's wait).
-    pub(crate) async fn run(&self, srv: &std::sync::Arc<Server>) -> Answer {
+    pub(crate) async fn run(&self, checks: &Checks, metrics: &Metrics) -> Answer {
         match self {
-            RemoteCall::Rules(r) => r.run(srv).await,
+            RemoteCall::Rules(r) => r.run(checks, metrics).await,
             RemoteCall::Limits(l) => {
-                Answer::Limits(crate::limits::run(srv.clone(), l.0.clone()).await)
+                Answer::Limits(crate::limits::run(checks.engine.clone(), l.0.clone()).await)
             }
         }
     }
 
     /// Writes the answer of [`RemoteCall::run`].
-    pub(crate) fn reply(&self, srv: &Server, a: Answer, o: &mut Out<'_>, _s: &mut Session) {
+    pub(crate) fn reply(&self, metrics: &Metrics, a: Answer, o: &mut Out<'_>, _s: &mut Session) {
         match (self, a) {
             (_, Answer::Limits(r)) => super::limits::reply(r, o),
-            (RemoteCall::Rules(r), a) => reply(srv, r.op, a, o),
-            (RemoteCall::Limits(_), a) => reply(srv, Op::Peek, a, o),
+            (RemoteCall::Rules(r), a) => reply(metrics, r.op, a, o),
+            (RemoteCall::Limits(_), a) => reply(metrics, Op::Peek, a, o),
         }
     }
 }
@@ -143,14 +144,14 @@ pub(crate) struct RulesCall {
 
 impl RulesCall {
     /// Awaits Redis (its timeout and failure policy bound the wait).
-    async fn run(&self, srv: &Server) -> Answer {
-        let Some(redis) = srv.checks.redis() else {
+    async fn run(&self, checks: &Checks, metrics: &Metrics) -> Answer {
+        let Some(redis) = checks.redis() else {
             // The backend went back to memory while this waited: answered there.
             return match check::request(&self.class, &self.key) {
                 Ok(mut req) => {
                     req.cost = self.cost;
                     req.priority = self.priority;
-                    srv.checks.local(self.op, &req)
+                    checks.local(self.op, &req)
                 }
                 Err(m) => Answer::Failed(format!("ERR {m}")),
             };
@@ -161,27 +162,27 @@ impl RulesCall {
         };
         req.cost = self.cost;
         req.priority = self.priority;
-        let t0 = srv.metrics.now();
-        let a = srv.checks.remote(&redis, self.op, &req).await;
-        srv.metrics.latency(srv.metrics.now().saturating_sub(t0));
+        let t0 = metrics.now();
+        let a = checks.remote(&redis, self.op, &req).await;
+        metrics.latency(metrics.now().saturating_sub(t0));
         a
     }
 }
 
 /// An answer's reply: `[allowed, limit, remaining, retry_after_ms, reset_after_ms, rule]`
 /// for a check or peek, the number of limits refunded for a refund.
-fn reply(srv: &Server, op: Op, a: Answer, o: &mut Out<'_>) {
+fn reply(metrics: &Metrics, op: Op, a: Answer, o: &mut Out<'_>) {
     match a {
         Answer::Failed(m) => o.error(&m),
         Answer::Limits(r) => super::limits::reply(r, o),
         Answer::Refunded(n) => {
-            srv.metrics.add(C::Refunds, 1);
+            metrics.add(C::Refunds, 1);
             o.int(i64::from(n));
         }
         Answer::Verdict(v) => {
             let d: &Decision = &v.decision;
             if op != Op::Peek {
-                srv.metrics.add(
+                metrics.add(
                     if d.allowed() {
                         C::CheckAllowed
                     } else {

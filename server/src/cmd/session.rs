@@ -2,9 +2,9 @@
 //! `RESET`, answered as Redis 7 answers them.
 
 use super::{ArgCursor, CmdError, Kind};
+use crate::cmd::client::Session;
 use crate::config::{Access, Auth};
 use crate::listen::Guard;
-use crate::resp::connection::Session;
 use crate::resp::{Out, Proto};
 
 /// What a password is checked against: the passwords, whether the listener grants admin

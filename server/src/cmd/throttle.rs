@@ -2,8 +2,8 @@
 //! [`crate::throttle`].
 
 use super::{ArgCursor, CmdError};
+use crate::cmd::client::Session;
 use crate::metrics::C;
-use crate::resp::connection::Session;
 use crate::resp::Out;
 use crate::throttle::{ArgError, Params, Throttles};
 

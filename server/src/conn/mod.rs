@@ -3,7 +3,7 @@
 //! calls [`Connection::run`], writes [`Connection::output`] and reports it with
 //! [`Connection::wrote`]; a rules command whose counts live in Redis comes back as
 //! [`Step::Remote`], which the driver awaits and hands back with [`Connection::resume`].
-//! `tokio_conn` drives it over a socket; the tests and the fuzz target drive it with bytes.
+//! [`serve`] drives it over a tokio socket, [`uring`] many over io_uring (Linux); the tests and the fuzz target drive it with bytes.
 //!
 //! # Bounds
 //!
@@ -50,15 +50,19 @@ use std::sync::Arc;
 use std::time::Instant;
 
 mod ahead;
+#[doc(hidden)]
+pub mod fuzz;
 mod multi;
 mod output;
-mod session;
+pub(crate) mod serve;
+#[cfg(target_os = "linux")]
+pub(crate) mod uring;
 
+pub(crate) use crate::cmd::client::{BufferStats, Session};
 use ahead::Ahead;
 #[cfg(test)]
 use multi::RANGE;
 use multi::{queue, runs_in_multi, Queue};
-pub(crate) use session::{BufferStats, Session};
 
 /// Output waiting for the client past which the connection stops reading and running
 /// commands (unless the deferred budget lends it room).
@@ -475,7 +479,7 @@ impl Connection {
                         omem: o.buf.capacity(),
                     };
                 }
-                let (call, effect) = apply(srv, s, other, &mut o);
+                let (call, effect) = other.apply(&srv.ctx(), s, &mut o);
                 self.effect(effect);
                 call
             }
@@ -488,7 +492,7 @@ impl Connection {
             buf: &mut self.out,
             proto: self.session.proto,
         };
-        call.reply(&self.srv, answer, &mut o, &mut self.session);
+        call.reply(&self.srv.metrics, answer, &mut o, &mut self.session);
         self.parked = false;
     }
 
@@ -550,40 +554,13 @@ fn allowed_unauthenticated(name: &[u8]) -> bool {
         .any(|n| cmd::named(name, n))
 }
 
-/// Runs a parsed command (not `MULTI`, `EXEC`, `DISCARD`).
-fn apply(
-    srv: &Server,
-    s: &mut crate::resp::connection::Session,
-    c: Command<'_>,
-    o: &mut Out<'_>,
-) -> (Option<RemoteCall>, Effect) {
-    match c {
-        Command::Throttle(t) => {
-            t.apply(&srv.throttles, s, None, o);
-        }
-        Command::Rules(r) => return (r.apply(srv, o), Effect::None),
-        Command::Limits(l) => {
-            let call = l.apply(s.access, o).map(RemoteCall::Limits);
-            return (call, Effect::None);
-        }
-        Command::Session(sc) => {
-            let gate = crate::cmd::session::Gate {
-                auth: &srv.resp.auth,
-                trusted: srv.resp.trusted,
-                guard: &srv.guard,
-            };
-            return (None, sc.apply(gate, s, o));
-        }
-        Command::Introspect(i) => i.apply(srv, o),
-        Command::Watch => o.error(
-            "ERR WATCH is not supported: there are no keys to watch; each command is atomic on its own (docs/service.md)",
-        ),
-        Command::Unwatch => o.simple("OK"),
-        Command::Multi | Command::Exec | Command::Discard => {
-            debug_assert!(false, "handled by the connection");
-        }
+/// Tells a refused RESP client why, as Redis does: one write to a new socket, whose send
+/// buffer is empty (plaintext only: a TLS client would read it as a broken handshake).
+pub(crate) fn refuse(srv: &Server, s: &impl std::os::fd::AsFd) {
+    srv.metrics.add(crate::metrics::C::RejectedConnections, 1);
+    if srv.tls.is_none() {
+        let _ = socket2::SockRef::from(s).send(b"-ERR max number of clients reached\r\n");
     }
-    (None, Effect::None)
 }
 
 #[cfg(test)]

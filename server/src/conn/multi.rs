@@ -1,7 +1,7 @@
 //! Transactions: an open `MULTI`'s queue, bounded, and `EXEC` running it one command at a
 //! time.
 
-use super::{apply, Connection, BUDGET_STEP, MAX_QUEUED, QUEUE_FREE};
+use super::{Connection, BUDGET_STEP, MAX_QUEUED, QUEUE_FREE};
 use crate::cmd::rules::RemoteCall;
 use crate::cmd::session::Effect;
 use crate::cmd::{self, Args, CmdError, Command};
@@ -72,7 +72,7 @@ impl Connection {
                 None
             }
             Ok(c) => {
-                let (call, effect) = apply(srv, s, c, &mut o);
+                let (call, effect) = c.apply(&srv.ctx(), s, &mut o);
                 // QUIT and RESET run at once, never queued; nothing else has an effect.
                 debug_assert_eq!(effect, Effect::None);
                 call

@@ -9,7 +9,7 @@
 //! shutdown, what the socket already holds is read without waiting and answered (at most
 //! [`DRAIN_ROUNDS`] reads), then the connection closes.
 
-use super::connection::{Connection, Step};
+use super::{Connection, Step};
 use crate::listen::Ticket;
 use crate::metrics::C;
 use crate::state::Server;
@@ -101,7 +101,7 @@ where
     loop {
         match conn.run() {
             Step::Remote(call) => {
-                let answer = call.run(&srv).await;
+                let answer = call.run(&srv.checks, &srv.metrics).await;
                 conn.resume(call, answer);
                 continue;
             }

@@ -446,8 +446,8 @@ fn commands_after_reset_are_parsed_for_the_new_session() {
 #[test]
 fn the_fuzz_seed_of_a_slow_reader_holds() {
     let seed =
-        include_bytes!("../../../../fuzz/corpus/resp_connection/slow-reader-commands-parsed-ahead");
-    crate::resp::fuzz_connection(seed);
+        include_bytes!("../../../fuzz/corpus/resp_connection/slow-reader-commands-parsed-ahead");
+    crate::conn::fuzz::fuzz_connection(seed);
 }
 
 /// The connection against itself: any pipeline of deterministic commands, fed by a client

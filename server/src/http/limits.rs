@@ -78,7 +78,7 @@ async fn answer(s: &Server, class: &str, key: &str, srv: Arc<Server>, op: Op) ->
         key: key.to_string(),
         op,
     };
-    match crate::limits::run(srv, req).await {
+    match crate::limits::run(srv.checks.engine.clone(), req).await {
         Err(e) => error(s, e.status, e.message),
         Ok(Done::Set(entry)) => {
             Json(json!({ "class": class, "key": key, "entry": entry })).into_response()

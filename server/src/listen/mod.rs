@@ -31,7 +31,9 @@
 pub(crate) mod accept;
 mod auth;
 mod backoff;
+mod bind;
 pub(crate) mod body;
+mod buffers;
 mod conn;
 mod guard;
 pub(crate) mod hyper;
@@ -41,6 +43,8 @@ pub(crate) mod sweep;
 
 pub(crate) use auth::{AuthThrottle, MAX_FAILURES as MAX_AUTH_FAILURES};
 pub(crate) use backoff::Backoff;
+pub(crate) use bind::listener;
+pub(crate) use buffers::Buffers;
 pub(crate) use conn::{Busy, Conn, Expired};
 pub(crate) use guard::{Guard, Refusal, Ticket};
 pub(crate) use limits::{Limits, PRE_AUTH_BODY};

@@ -4,9 +4,9 @@
 
 use super::{token, Op, Worker, BUF_SIZE, MULTISHOT_LIMIT, SEND_KEEP, SEND_MAX};
 use crate::cmd::rules::RemoteCall;
+use crate::conn::serve::{DRAIN_ROUNDS, LAST_WRITE};
+use crate::conn::{Connection, Step};
 use crate::listen::Ticket;
-use crate::resp::connection::{Connection, Step};
-use crate::resp::serve::{DRAIN_ROUNDS, LAST_WRITE};
 use crate::state::Server;
 use io_uring::{cqueue, opcode, squeue, types};
 use std::net::TcpStream;
@@ -45,7 +45,7 @@ pub(super) struct Conn {
     pub(super) drain: u32,
     /// In the dirty list.
     pub(super) dirty: bool,
-    /// Its last run stopped at [`RUN_MAX`](super::super::connection::RUN_MAX) commands with more
+    /// Its last run stopped at [`RUN_MAX`](super::super::RUN_MAX) commands with more
     /// to run: it runs again next round, after the others.
     pub(super) more: bool,
     /// Buffer capacity reported to the server's gauge.
@@ -266,12 +266,12 @@ impl Worker {
     pub(super) fn accepted(&mut self, sock: TcpStream) {
         let ticket = match self.srv.guard.admit(crate::listen::Kind::Resp) {
             Ok(t) => t,
-            Err(_) => return crate::workers::refuse_resp(&self.srv, &sock),
+            Err(_) => return crate::conn::refuse(&self.srv, &sock),
         };
         self.srv.metrics.add(crate::metrics::C::Connections, 1);
         let _ = sock.set_nodelay(true);
-        // The kernel's queue of unread replies bounded as on tokio (resp::serve).
-        let _ = socket2::SockRef::from(&sock).set_send_buffer_size(crate::resp::serve::SEND_BUFFER);
+        // The kernel's queue of unread replies bounded as on tokio (conn::serve).
+        let _ = socket2::SockRef::from(&sock).set_send_buffer_size(crate::conn::serve::SEND_BUFFER);
         let id = crate::state::next_conn_id();
         let mut conn = Connection::new(
             self.srv.clone(),
@@ -423,7 +423,7 @@ impl Worker {
     fn call_remote(&self, i: usize, gen: u32, call: RemoteCall) {
         let (tx, srv, wake) = (self.replies_tx.clone(), self.srv.clone(), self.wake.clone());
         self.remote.spawn(async move {
-            let answer = call.run(&srv).await;
+            let answer = call.run(&srv.checks, &srv.metrics).await;
             let _ = tx.send((i, gen, call, answer));
             let one = 1u64.to_ne_bytes();
             // SAFETY: an 8-byte write from a live buffer to the eventfd, which the Arc keeps

@@ -41,8 +41,8 @@
 //! A rules command whose counts live in Redis ([`Step::Remote`]) is run on a tokio runtime
 //! (`remote`); its answer comes back over a channel and an eventfd the ring reads.
 //!
-//! [`Connection`]: super::connection::Connection
-//! [`Step::Remote`]: super::connection::Step::Remote
+//! [`Connection`]: super::Connection
+//! [`Step::Remote`]: super::Step::Remote
 
 mod bufring;
 mod conn;
