@@ -3,45 +3,13 @@
 //! the numbers, unit-tested apart from the table).
 
 use super::key::KeyHasher;
+use super::policy::FullPolicy;
 use super::store::Store;
 use super::table::{Shard, BUCKET, GROUP};
-use crate::algo::Limits;
+use crate::algo::{Limit, Limits};
 use crate::clock::{Clock, DefaultClock};
 use crate::decision::ConfigError;
 use crossbeam_utils::CachePadded;
-
-/// What to do with a new key when its probe range is full of live keys.
-///
-/// The default is `AllowUntracked`, chosen by measurement (`docs/memory.md`, "A key flood";
-/// `tests/store_flood.rs`): under a flood of ten times the capacity in one-shot keys, `Reject`
-/// refused 45 % of honest users' requests for a window limit, `EvictStalest` reset every
-/// abuser being limited (a window limit's records all become idle at the same instant, so
-/// "closest to idle" cannot tell an abuser from a one-shot key), and `AllowUntracked` refused
-/// no honest user and kept every abuser it already tracked limited: only keys new while the
-/// range is full go untracked, until it has room again.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-#[non_exhaustive]
-pub enum FullPolicy {
-    /// Refuse it: the check answers [`Outcome::StoreFull`](crate::Outcome::StoreFull) (fail closed), with a retry hint.
-    Reject,
-    /// Admit it without tracking: [`Outcome::Untracked`](crate::Outcome::Untracked) (fail open).
-    #[default]
-    AllowUntracked,
-    /// Evict the record closest to idle in the probe range and track the new key.
-    EvictStalest,
-}
-
-impl std::str::FromStr for FullPolicy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "reject" => Ok(FullPolicy::Reject),
-            "allow" | "allow_untracked" => Ok(FullPolicy::AllowUntracked),
-            "evict" | "evict_stalest" => Ok(FullPolicy::EvictStalest),
-            _ => Err(format!("unknown full-store policy `{s}`; expected reject, allow_untracked or evict_stalest")),
-        }
-    }
-}
 
 /// Slots filled per slot allocated, at capacity. Measured: see `docs/memory.md`.
 pub const LOAD_FACTOR: f64 = 0.87;
@@ -234,6 +202,20 @@ impl Geometry {
                 .saturating_add(arena)
                 .saturating_add(512),
         )
+    }
+}
+
+impl Store<DefaultClock> {
+    /// A builder for a store applying `limits` (all-or-nothing) to every key.
+    pub fn builder(limits: Limits) -> StoreBuilder {
+        StoreBuilder::new(limits)
+    }
+
+    /// A store of one limit with room for `keys` keys.
+    pub fn with_capacity(limit: Limit, keys: u64) -> Result<Self, ConfigError> {
+        Self::builder(Limits::new(vec![limit])?)
+            .capacity(keys)
+            .build()
     }
 }
 

@@ -18,7 +18,8 @@
 //! | module | what |
 //! |---|---|
 //! | `store` | [`Store`]: checks, peeks, refunds of one key, statistics |
-//! | `builder` | [`StoreBuilder`] and the sizing of a store (`Geometry`) |
+//! | `builder` | [`Store::builder`], [`StoreBuilder`] and the sizing of a store (`Geometry`) |
+//! | `policy` | [`FullPolicy`]: a new key when its probe range is full |
 //! | `batch` | [`Store::check_batch`], [`Store::check_batch_verdicts`] |
 //! | `snapshot` | [`Store::export_records`], [`Store::import_record`] |
 //! | `per_check` | [`Store::check_with`]: limits given with each check, one record per key |
@@ -34,12 +35,14 @@ pub mod key;
 mod ops;
 mod per_check;
 mod permit;
+mod policy;
 mod snapshot;
 mod store;
 pub(crate) mod table;
 
-pub use builder::{max_keys_per_shard, FullPolicy, StoreBuilder, LOAD_FACTOR, PLACE_BITS};
+pub use builder::{max_keys_per_shard, StoreBuilder, LOAD_FACTOR, PLACE_BITS};
 pub use key::{parse_key, Key, KeyError, KeyHasher, ParsedKey};
 pub use per_check::LimitMismatch;
 pub use permit::StorePermit;
+pub use policy::FullPolicy;
 pub use store::{Store, StoreStats};

@@ -6,13 +6,13 @@
 //! [`Shard::with_key`] (`keyed::ops`). Batches are in `keyed::batch`, snapshots in
 //! `keyed::snapshot`, concurrency permits in `keyed::permit`.
 
-use super::builder::{FullPolicy, StoreBuilder};
 use super::key::{Key, KeyHasher};
+use super::policy::FullPolicy;
 use super::ops::{Check, Decides, Evaluate, Refund, Settle};
 use super::table::{Ctx, Loc, Op, Shard, BUCKET};
 use crate::algo::{with_packed, Algorithm, Limit, Limits, Packed, PackedFn};
 use crate::clock::{Clock, DefaultClock, Nanos};
-use crate::decision::{ConfigError, Decision};
+use crate::decision::Decision;
 use crate::sync::Ordering;
 use crossbeam_utils::CachePadded;
 // std's `Arc`, not the sync shim's: it is the receiver of `acquire_owned` (public API), and
@@ -52,20 +52,6 @@ pub struct Store<C: Clock = DefaultClock> {
     pub(crate) policy: FullPolicy,
     pub(crate) clock: C,
     pub(crate) capacity: u64,
-}
-
-impl Store<DefaultClock> {
-    /// A builder for a store applying `limits` (all-or-nothing) to every key.
-    pub fn builder(limits: Limits) -> StoreBuilder {
-        StoreBuilder::new(limits)
-    }
-
-    /// A store of one limit with room for `keys` keys.
-    pub fn with_capacity(limit: Limit, keys: u64) -> Result<Self, ConfigError> {
-        Self::builder(Limits::new(vec![limit])?)
-            .capacity(keys)
-            .build()
-    }
 }
 
 impl<C: Clock> Store<C> {

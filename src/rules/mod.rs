@@ -42,6 +42,7 @@
 
 mod compile;
 mod engine;
+mod keys;
 pub mod limits;
 mod load;
 mod matcher;
@@ -64,7 +65,7 @@ pub use model::{
 pub use parse::parse_duration;
 pub use plan::{Plan, PlanStep, StepOutcome};
 pub use request::{Priority, Request, METHODS};
-pub use validate::parse_customer;
+pub use keys::parse_customer;
 
 use crate::algo::Limit;
 use crate::ConfigError;

@@ -12,14 +12,22 @@
 //!   [--npm SPEC]`: only the check and install; `--path ''` shows what a fresh machine gets.
 //! * `cargo xtask docs [--list] [--only TEXT] [--verbose]`: the docs test — runs the shell
 //!   commands of README.md and docs/*.md (the fence convention: `src/docs.rs`).
+//! * `cargo xtask cycles [--crate NAME]...`: fails on an import cycle between sibling modules
+//!   (`src/cycles.rs`).
+//! * `cargo xtask size [--crate NAME]...`: fails on a product function over 80 lines, or on
+//!   files over 600 lines past the few allowed with their reason (`src/size.rs`).
 //!
 //! No dependencies: it must build on a fresh machine before anything is installed.
 
+mod cycles;
 mod deps;
 mod docs;
 mod fresh;
 mod hermetic;
 mod install;
+mod modtree;
+mod scan;
+mod size;
 
 use install::{Options, Privilege};
 use std::ffi::OsString;
@@ -38,6 +46,12 @@ USAGE:
     cargo xtask hermetic CMD...   run CMD with the tests' PATH (what deps.rs declares)
     cargo xtask deps [OPTIONS]    only check and install what the tests need
     cargo xtask docs [OPTIONS]    the docs test: run the sh fences of README.md and docs/*.md
+    cargo xtask cycles [--crate NAME]...
+                                  fail on an import cycle between sibling modules, listing
+                                  each with its files and the imports that close it
+    cargo xtask size [--crate NAME]...
+                                  fail on a product function over 80 lines or a file over
+                                  600 lines without its reason (at most 2 such files)
 
 deps OPTIONS:
     --dry-run                     print the commands instead of running them
@@ -106,12 +120,14 @@ fn main() -> ExitCode {
         "docs" => docs_test(rest),
         "fresh" => fresh::run(&root(), rest),
         "hermetic" => hermetic_run(rest),
+        "cycles" => structure(rest, Structure::Cycles),
+        "size" => structure(rest, Structure::Size),
         "help" | "--help" | "-h" => {
             print!("{USAGE}");
             Ok(ExitCode::SUCCESS)
         }
         other => Err(format!(
-            "unknown task `{other}`; expected test, deps, docs, fresh or hermetic (cargo xtask help)"
+            "unknown task `{other}`; expected test, deps, docs, fresh, hermetic, cycles or size (cargo xtask help)"
         )),
     };
     match result {
@@ -213,6 +229,58 @@ fn hermetic_run(args: &[OsString]) -> Result<ExitCode, String> {
         cmd.env(k, v);
     }
     run_hermetic(cmd, &h, &program.to_string_lossy())
+}
+
+/// The two checks of the code's shape.
+enum Structure {
+    Cycles,
+    Size,
+}
+
+/// `cargo xtask cycles` and `cargo xtask size`, over the whole workspace or the crates named
+/// with `--crate`.
+fn structure(args: &[OsString], what: Structure) -> Result<ExitCode, String> {
+    let mut only = Vec::new();
+    let mut it = args.iter().map(|a| a.to_string_lossy().into_owned());
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--crate" => only.push(it.next().ok_or("--crate needs a package name")?),
+            other => return Err(format!("unknown option `{other}` (cargo xtask help)")),
+        }
+    }
+    let root = root();
+    let crates = modtree::workspace(&root)?;
+    for name in &only {
+        if !crates.iter().any(|c| &c.name == name) {
+            return Err(format!(
+                "no crate `{name}` in the workspace (its package name, e.g. turnstile-cli)"
+            ));
+        }
+    }
+    let chosen: Vec<&modtree::Crate> = crates
+        .iter()
+        .filter(|c| only.is_empty() || only.contains(&c.name))
+        .collect();
+    let failed = match what {
+        Structure::Cycles => {
+            let (text, n) = cycles::report(&root, &chosen);
+            print!("{text}");
+            n > 0
+        }
+        Structure::Size => {
+            let (text, problems) = size::report(&root, &chosen);
+            print!("{text}");
+            for p in &problems {
+                eprintln!("xtask: {p}");
+            }
+            !problems.is_empty()
+        }
+    };
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 /// `cargo xtask deps`: the check and install alone.

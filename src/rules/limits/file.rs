@@ -20,7 +20,7 @@
 
 use super::super::model::{KeyClass, OverrideKey};
 use super::super::raw::parse_duration;
-use super::super::validate::resolve;
+use super::super::keys::resolve;
 use super::entry::LimitsClass;
 use super::LimitsError;
 use crate::algo::LimitSpec;

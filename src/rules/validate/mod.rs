@@ -4,15 +4,13 @@
 //! at fault with a [`Loc`]; the TOML front end (`parse`) turns it into a line and column, the
 //! builder into a field path (`rule \`api\`, limits[1].window`). The same limit compilation
 //! ([`compile_limits`]: soft scaling, the elastic pool) and override key resolution
-//! ([`resolve`]) are used by the engine, so what validates is what runs.
+//! (`rules::keys::resolve`) are used by the engine, so what validates is what runs.
 
-mod keys;
 mod modes;
 
-pub use keys::parse_customer;
-pub(crate) use keys::{resolve, KeyValues};
 pub(crate) use modes::{compile_limits, effective};
 
+use super::keys::{resolve, KeyValues};
 use super::limits::LimitsClass;
 use super::model::{
     Backend, BackendPolicy, KeyClass, Mode, RedisBackend, RedisNodes, Rule, Shedding, MAX_CAPACITY,
