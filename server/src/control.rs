@@ -140,7 +140,7 @@ fn reload_envoy(s: &Server, why: &str) -> Option<Result<usize, String>> {
     let mut st = s.envoy_stamp.lock().unwrap_or_else(|e| e.into_inner());
     // The stamp is taken before reading, so that a change made during the read is seen by the
     // next look at the files.
-    *st = stamp(path);
+    *st = crate::envoy::stamp(path);
     let r = crate::envoy::load_with(path, envoy.settings().load_options())
         .map_err(|e| e.to_string())
         .and_then(|cfg| {
@@ -163,36 +163,6 @@ fn reload_envoy(s: &Server, why: &str) -> Option<Result<usize, String>> {
             Err(e)
         }
     })
-}
-
-/// What the Envoy configuration's files look like: name, modification time and length of the
-/// file, or of each `*.yaml`/`*.yml` file of the directory (what `envoy::load` reads).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Stamp(Vec<(std::path::PathBuf, Option<std::time::SystemTime>, u64)>);
-
-/// The [`Stamp`] of `path` now.
-pub(crate) fn stamp(path: &std::path::Path) -> Stamp {
-    let one = |p: &std::path::Path| {
-        let m = std::fs::metadata(p).ok();
-        (
-            p.to_path_buf(),
-            m.as_ref().and_then(|m| m.modified().ok()),
-            m.map_or(0, |m| m.len()),
-        )
-    };
-    if !path.is_dir() {
-        return Stamp(vec![one(path)]);
-    }
-    let mut v: Vec<_> = std::fs::read_dir(path)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
-        .map(|p| one(&p))
-        .collect();
-    v.sort();
-    Stamp(v)
 }
 
 /// Writes the snapshot if one is configured.
@@ -358,7 +328,7 @@ fn watch_file(s: &Server) {
         refresh_limits(s, "file changed");
     }
     if let Some(path) = &s.files.envoy_config {
-        let now = stamp(path);
+        let now = crate::envoy::stamp(path);
         let changed = *s.envoy_stamp.lock().unwrap_or_else(|e| e.into_inner()) != now;
         if changed {
             let _ = reload_envoy(s, "file changed");

@@ -50,7 +50,7 @@ fn busy(shared: &Server) -> Response {
     let mut r = error(
         shared,
         StatusCode::SERVICE_UNAVAILABLE,
-        crate::listen::body::BodyBudget.to_string(),
+        crate::listen::budget::BodyBudget.to_string(),
     );
     r.headers_mut()
         .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));

@@ -163,7 +163,7 @@ struct Loaded {
     tls: Option<tls::Tls>,
     throttles: throttle::Throttles,
     rules_mtime: Option<std::time::SystemTime>,
-    envoy_stamp: control::Stamp,
+    envoy_stamp: envoy::Stamp,
 }
 
 /// Reads and checks the flags and every file, in the order a mistake is likeliest, and
@@ -183,7 +183,7 @@ fn load(args: &ServeArgs) -> Result<Loaded, ServeError> {
     let envoy_stamp = args
         .envoy_config
         .as_deref()
-        .map(control::stamp)
+        .map(envoy::stamp)
         .unwrap_or_default();
     // A Redis backend is connected before anything listens: a Redis that cannot be reached
     // is said at the [backend] line, as a refused rules file is.
@@ -339,7 +339,8 @@ fn listen(srv: Arc<Server>, args: &ServeArgs, workers: usize) -> Result<Running,
     let prepared = control::prepare()?;
     // The sweeper of the tokio connections' deadlines: detached, it ends within a second of
     // the shutdown signal (or of the server's end).
-    listen::sweep::Sweeper::spawn(&srv.guard, srv.shutdown.subscribe())
+    srv.guard
+        .spawn_sweeper(srv.shutdown.subscribe())
         .map_err(ServeError::Runtime)?;
     let (bound, mut threads, runtime) = workers::spawn(&srv, args, workers)?;
     let mut grpc = None;

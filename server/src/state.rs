@@ -4,7 +4,7 @@
 
 use crate::check::Checks;
 use crate::config::{HttpConfig, RespConfig};
-use crate::{control, envoy, metrics, throttle};
+use crate::{envoy, metrics, throttle};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -45,7 +45,7 @@ pub(crate) struct Server {
     /// engine's own lock keeps a reload atomic; this keeps the log and the mtime in order).
     pub(crate) rules_mtime: Mutex<Option<std::time::SystemTime>>,
     /// The same for the Envoy configuration: what its files looked like at the last reload.
-    pub(crate) envoy_stamp: Mutex<control::Stamp>,
+    pub(crate) envoy_stamp: Mutex<envoy::Stamp>,
     /// Each limits class's last refusal by the file poll, logged and counted once.
     pub(crate) limits_refused: Mutex<std::collections::HashMap<String, String>>,
     /// Serializes snapshot writes (timer and shutdown).
@@ -113,7 +113,7 @@ impl Server {
             },
             shutdown: tx,
             rules_mtime: Mutex::new(None),
-            envoy_stamp: Mutex::new(control::Stamp::default()),
+            envoy_stamp: Mutex::new(envoy::Stamp::default()),
             limits_refused: Mutex::default(),
             snapshot_lock: Mutex::new(()),
             workers_done: AtomicBool::new(false),

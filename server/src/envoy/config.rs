@@ -43,6 +43,23 @@ use turnstile::Algorithm;
 mod metadata;
 mod parse;
 
+/// Where the YAML being read came from, for its errors' positions (shared by `parse` and
+/// `metadata`).
+struct Ctx<'a> {
+    origin: &'a str,
+}
+
+impl Ctx<'_> {
+    fn err(&self, pos: Pos, message: impl Into<String>) -> ConfigError {
+        ConfigError {
+            origin: self.origin.to_string(),
+            line: pos.line,
+            column: pos.column,
+            message: message.into(),
+        }
+    }
+}
+
 /// Keys upstream accepts anywhere in a file, plus `unit_multiplier` and our `algorithm`.
 pub const VALID_KEYS: &[&str] = &[
     "domain",

@@ -18,8 +18,8 @@
 //! `requests_per_unit`, and the store decides.
 
 use super::config::{RateLimit, Unit};
-use super::engine::{CODE_OK, CODE_OVER_LIMIT};
 use super::metrics::Counters;
+use super::response::{CODE_OK, CODE_OVER_LIMIT};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     DescriptorStatus, RateLimit as PbRateLimit,
 };

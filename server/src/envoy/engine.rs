@@ -29,10 +29,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use turnstile::clock::{Clock, Nanos};
 
-/// `RateLimitResponse.Code`.
-pub const CODE_OK: i32 = 1;
-/// `RateLimitResponse.Code`.
-pub const CODE_OVER_LIMIT: i32 = 2;
+pub use super::response::{CODE_OK, CODE_OVER_LIMIT};
 
 struct Compiled {
     matcher: Matcher,

@@ -28,6 +28,7 @@ pub mod matcher;
 pub mod metrics;
 mod response;
 mod settings;
+mod stamp;
 mod yaml;
 
 pub use config::{load, load_with, ConfigError, EnvoyConfig, LoadOptions};
@@ -37,3 +38,4 @@ pub use import::import_to_rules;
 pub use json::json_router;
 pub use limits::InvalidRequest;
 pub use settings::{Settings, UnixClock};
+pub(crate) use stamp::{stamp, Stamp};

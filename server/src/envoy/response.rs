@@ -2,7 +2,6 @@
 //! `shouldRateLimitWorker`): the overall code with quota mode, the RateLimit headers, and the
 //! dynamic metadata.
 
-use super::engine::{CODE_OK, CODE_OVER_LIMIT};
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as PbUnit;
@@ -10,6 +9,11 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Descrip
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::google::protobuf::value::Kind as V;
 use envoy_types::pb::google::protobuf::{ListValue, Struct, Value};
+
+/// `RateLimitResponse.Code`.
+pub const CODE_OK: i32 = 1;
+/// `RateLimitResponse.Code`.
+pub const CODE_OVER_LIMIT: i32 = 2;
 
 /// What the statuses add up to.
 #[derive(Debug, Default, PartialEq, Eq)]

@@ -1,105 +1,17 @@
 //! Request bodies: [`Metered`] wraps every HTTP and gRPC request body, tells its connection's
 //! [`Conn`] how it progresses (the body deadline and rate), and holds what it has received
-//! against the server-wide [`Budget`] (`--body-memory`) until it is dropped; past the budget
+//! against the server-wide [`Budget`](super::budget::Budget) (`--body-memory`) until it is dropped; past the budget
 //! the body fails with [`BodyBudget`] and the request is answered 503. Per request a body
 //! stays within `--max-body` (the handlers' limits), per connection within `--max-streams`
 //! of them.
 
+use super::budget::BodyBudget;
 use super::conn::Conn;
 use bytes::Buf;
 use http_body::{Body, Frame, SizeHint};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-
-/// Bytes held by many, against one bound.
-pub(crate) struct Budget {
-    used: AtomicUsize,
-    max: usize,
-}
-
-impl Budget {
-    pub(crate) fn new(max: usize) -> Self {
-        Self {
-            used: AtomicUsize::new(0),
-            max,
-        }
-    }
-
-    /// Takes `n` bytes, if there are.
-    pub(crate) fn reserve(&self, n: usize) -> bool {
-        // Relaxed: a count of bytes; no other memory is published through it.
-        let before = self.used.fetch_add(n, Ordering::Relaxed);
-        if before + n <= self.max {
-            return true;
-        }
-        self.used.fetch_sub(n, Ordering::Relaxed);
-        false
-    }
-
-    /// Gives back `n` bytes.
-    pub(crate) fn release(&self, n: usize) {
-        if n > 0 {
-            // Relaxed: see `reserve`.
-            self.used.fetch_sub(n, Ordering::Relaxed);
-        }
-    }
-
-    /// Bytes taken now.
-    pub(crate) fn used(&self) -> usize {
-        self.used.load(Ordering::Relaxed)
-    }
-
-    /// The bound.
-    pub(crate) fn max(&self) -> usize {
-        self.max
-    }
-}
-
-/// The server-wide budget of request bodies, and its refusals.
-pub(crate) struct Bodies {
-    pub(crate) budget: Budget,
-    refused: std::sync::atomic::AtomicU64,
-}
-
-impl Bodies {
-    pub(crate) fn new(max: usize) -> Self {
-        Self {
-            budget: Budget::new(max),
-            refused: Default::default(),
-        }
-    }
-
-    /// Bodies refused for the budget.
-    pub(crate) fn refused(&self) -> u64 {
-        self.refused.load(Ordering::Relaxed)
-    }
-}
-
-/// A body refused because the server holds `--body-memory` of bodies already.
-#[derive(Debug)]
-pub(crate) struct BodyBudget;
-
-impl std::fmt::Display for BodyBudget {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("the server holds as many request bodies as it may (--body-memory): retry")
-    }
-}
-
-impl std::error::Error for BodyBudget {}
-
-/// Whether `e` (or what caused it) is a [`BodyBudget`] refusal.
-pub(crate) fn is_budget(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cur = Some(e);
-    while let Some(e) = cur {
-        if e.is::<BodyBudget>() {
-            return true;
-        }
-        cur = e.source();
-    }
-    false
-}
 
 pin_project_lite::pin_project! {
     /// A request body, metered: see the module doc.
@@ -165,7 +77,7 @@ where
                     this.conn.body_bytes(n);
                     if !this.conn.budget.budget.reserve(n) {
                         // Relaxed: a count.
-                        this.conn.budget.refused.fetch_add(1, Ordering::Relaxed);
+                        this.conn.budget.refuse();
                         end(this.counting, this.conn);
                         return Poll::Ready(Some(Err(Box::new(BodyBudget))));
                     }
@@ -200,6 +112,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::listen::budget::is_budget;
     use crate::listen::guard::tests::limits;
     use crate::listen::{Guard, Kind};
     use http_body_util::{BodyExt, Full};

@@ -7,40 +7,6 @@ use super::limits::Seen;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// Why a connection was closed by the guard.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Expired {
-    /// Not authenticated within `--auth-timeout`.
-    Auth,
-    /// No request in progress for `--header-timeout` (a head trickled, a silent connection,
-    /// an idle keep-alive).
-    Idle,
-    /// A body not finished within `--body-timeout`.
-    Body,
-    /// A body slower than `--min-body-rate`.
-    BodyRate,
-}
-
-impl Expired {
-    /// Every reason, in the order of their counters.
-    pub(crate) const ALL: [Expired; 4] = [
-        Expired::Auth,
-        Expired::Idle,
-        Expired::Body,
-        Expired::BodyRate,
-    ];
-
-    /// The reason's name in logs and metrics.
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Expired::Auth => "auth",
-            Expired::Idle => "idle",
-            Expired::Body => "body",
-            Expired::BodyRate => "body_rate",
-        }
-    }
-}
-
 /// One connection's state, shared by the connection and the sweeper.
 pub(crate) struct Conn {
     /// Its listener.
@@ -50,7 +16,7 @@ pub(crate) struct Conn {
     /// The guard's clock (whole seconds, advanced by the sweeper).
     clock: Arc<AtomicU64>,
     /// The server-wide budget its request bodies are held against.
-    pub(crate) budget: Arc<super::body::Bodies>,
+    pub(crate) budget: Arc<super::budget::Bodies>,
     /// The second it was admitted.
     started: u64,
     authed: AtomicBool,
@@ -74,7 +40,7 @@ impl Conn {
     pub(crate) fn new(
         kind: super::Kind,
         clock: Arc<AtomicU64>,
-        budget: Arc<super::body::Bodies>,
+        budget: Arc<super::budget::Bodies>,
         authed: bool,
     ) -> Self {
         let now = clock.load(Ordering::Relaxed);
@@ -184,7 +150,7 @@ mod tests {
     #[test]
     fn requests_and_bodies_are_seen_as_they_happen() {
         let clock = Arc::new(AtomicU64::new(100));
-        let bodies = Arc::new(super::super::body::Bodies::new(1 << 20));
+        let bodies = Arc::new(super::super::budget::Bodies::new(1 << 20));
         let c = Arc::new(Conn::new(
             super::super::Kind::Http,
             clock.clone(),

@@ -1,8 +1,9 @@
 //! [`Guard`]: admission (connections per listener, descriptors), the sweeper of the tokio
 //! connections, the authentication throttle, the request-body budget, and their counters.
 
-use super::body::Bodies;
-use super::conn::{Conn, Expired};
+use super::budget::Bodies;
+use super::conn::Conn;
+use super::limits::Expired;
 use super::limits::{Limits, FD_RESERVE};
 use super::sweep::Sweeper;
 use super::{AuthThrottle, Kind};
@@ -102,6 +103,32 @@ impl Guard {
     /// Connections of `kind` open now.
     pub(crate) fn open(&self, kind: Kind) -> usize {
         self.open[kind as usize].load(Ordering::Relaxed)
+    }
+
+    /// Advances the guard's clock to second `now` and closes the connections past a deadline;
+    /// how many.
+    pub(crate) fn sweep_at(&self, now: u64) -> usize {
+        self.sweeper
+            .sweep_at(now, &self.limits, |kind, why| self.expired(kind, why))
+    }
+
+    /// Sweeps once a second, on a thread of its own, until the guard is gone or `stop` reads
+    /// `true`.
+    pub(crate) fn spawn_sweeper(
+        self: &Arc<Self>,
+        stop: tokio::sync::watch::Receiver<bool>,
+    ) -> std::io::Result<std::thread::JoinHandle<()>> {
+        let guard: std::sync::Weak<Guard> = Arc::downgrade(self);
+        std::thread::Builder::new()
+            .name("turnstile-guard".into())
+            .spawn(move || loop {
+                std::thread::sleep(std::time::Duration::from_secs(1));
+                let Some(g) = guard.upgrade() else { return };
+                if *stop.borrow() {
+                    return;
+                }
+                g.sweep_at(g.sweeper.now());
+            })
     }
 
     /// A connection of `kind` closed for `why`.

@@ -11,10 +11,10 @@
 //! the head within `--max-header-bytes` and `--max-headers`; no per-request timer (the
 //! sweeper's deadlines instead, see [`super::sweep`]).
 
+use super::guarded::Guarded;
 use super::limits::{
     Limits, H2_CONN_WINDOW, H2_KEEPALIVE, H2_KEEPALIVE_TIMEOUT, H2_SEND_BUF, H2_STREAM_WINDOW,
 };
-use super::sweep::Guarded;
 use super::Ticket;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;

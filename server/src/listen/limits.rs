@@ -1,7 +1,6 @@
 //! [`Limits`]: every listener's bounds, from the flags, and the one function that says when a
 //! connection has overstayed ([`Limits::expired`]).
 
-use super::conn::Expired;
 use super::Kind;
 use std::time::Duration;
 
@@ -58,6 +57,40 @@ pub(crate) struct Limits {
     pub(crate) max_streams: u32,
     /// `--body-memory`: request bodies read and not yet answered, every connection's.
     pub(crate) body_memory: usize,
+}
+
+/// Why a connection was closed by the guard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Expired {
+    /// Not authenticated within `--auth-timeout`.
+    Auth,
+    /// No request in progress for `--header-timeout` (a head trickled, a silent connection,
+    /// an idle keep-alive).
+    Idle,
+    /// A body not finished within `--body-timeout`.
+    Body,
+    /// A body slower than `--min-body-rate`.
+    BodyRate,
+}
+
+impl Expired {
+    /// Every reason, in the order of their counters.
+    pub(crate) const ALL: [Expired; 4] = [
+        Expired::Auth,
+        Expired::Idle,
+        Expired::Body,
+        Expired::BodyRate,
+    ];
+
+    /// The reason's name in logs and metrics.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Expired::Auth => "auth",
+            Expired::Idle => "idle",
+            Expired::Body => "body",
+            Expired::BodyRate => "body_rate",
+        }
+    }
 }
 
 /// What the sweeper reads of a connection (whole seconds of the guard's clock).

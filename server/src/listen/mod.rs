@@ -33,9 +33,11 @@ mod auth;
 mod backoff;
 mod bind;
 pub(crate) mod body;
+pub(crate) mod budget;
 mod buffers;
 mod conn;
 mod guard;
+pub(crate) mod guarded;
 pub(crate) mod hyper;
 mod limits;
 mod rlimit;
@@ -45,9 +47,9 @@ pub(crate) use auth::{AuthThrottle, MAX_FAILURES as MAX_AUTH_FAILURES};
 pub(crate) use backoff::Backoff;
 pub(crate) use bind::listener;
 pub(crate) use buffers::Buffers;
-pub(crate) use conn::{Busy, Conn, Expired};
+pub(crate) use conn::{Busy, Conn};
 pub(crate) use guard::{Guard, Refusal, Ticket};
-pub(crate) use limits::{Limits, PRE_AUTH_BODY};
+pub(crate) use limits::{Expired, Limits, PRE_AUTH_BODY};
 pub(crate) use rlimit::raise_nofile;
 
 /// The listeners, each with its own bound on connections: a flood on one does not lock out

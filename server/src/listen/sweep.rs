@@ -7,23 +7,21 @@
 //! every request: measured under callgrind with wrk on `POST /v1/check`, +1 670 instructions
 //! per request (7.5 %). It has nothing for bodies' rates or authentication.
 //!
-//! A connection's socket is registered by wrapping it in [`Guarded`], which deregisters it
+//! A connection's socket is registered by wrapping it in
+//! [`Guarded`](super::guarded::Guarded), which deregisters it
 //! before it closes the socket (its first field is dropped first): the sweeper shuts a
 //! descriptor down only under the registry's lock, so it never touches a number the kernel
 //! has given to another file — without holding a duplicate of every socket (which cost a
 //! second descriptor per connection).
 
 use super::conn::Conn;
-use super::guard::{Guard, Ticket};
+use super::limits::{Expired, Limits};
 use super::Kind;
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, RawFd};
-use std::pin::Pin;
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
-use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 struct Entry {
     conn: Arc<Conn>,
@@ -57,13 +55,24 @@ impl Sweeper {
         self.clock.clone()
     }
 
-    fn register(self: &Arc<Self>, t: &Ticket, fd: RawFd) -> Registration {
+    /// Whole seconds since the sweeper was made.
+    pub(crate) fn now(&self) -> u64 {
+        self.start.elapsed().as_secs()
+    }
+
+    /// Watches socket `fd` of connection `conn` until the registration is dropped.
+    pub(crate) fn register(
+        self: &Arc<Self>,
+        conn: Arc<Conn>,
+        kind: Kind,
+        fd: RawFd,
+    ) -> Registration {
         // Relaxed: a unique number.
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let entry = Entry {
-            conn: t.conn().clone(),
+            conn,
             fd,
-            kind: t.kind(),
+            kind,
             shut: false,
         };
         self.lock().insert(id, entry);
@@ -83,16 +92,21 @@ impl Sweeper {
         self.lock().len()
     }
 
-    /// Advances the clock to second `now` and shuts down what has expired; how many it shut
-    /// down (each counted once, in `guard`).
-    pub(crate) fn sweep_at(&self, now: u64, guard: &Guard) -> usize {
+    /// Advances the clock to second `now` and shuts down what `limits` says has expired; how
+    /// many it shut down (each told once to `expired`).
+    pub(crate) fn sweep_at(
+        &self,
+        now: u64,
+        limits: &Limits,
+        mut expired: impl FnMut(Kind, Expired),
+    ) -> usize {
         // Relaxed: see `Conn`.
         self.clock.store(now, Ordering::Relaxed);
         let mut conns = self.lock();
         let mut closed = 0;
         for e in conns.values_mut() {
             if !e.shut {
-                let Some(why) = guard.limits.expired(&e.conn.seen(now)) else {
+                let Some(why) = limits.expired(&e.conn.seen(now)) else {
                     continue;
                 };
                 tracing::debug!(
@@ -100,7 +114,7 @@ impl Sweeper {
                     deadline = why.name(),
                     "connection past its deadline; closing"
                 );
-                guard.expired(e.kind, why);
+                expired(e.kind, why);
                 e.shut = true;
                 closed += 1;
             }
@@ -113,25 +127,6 @@ impl Sweeper {
             let _ = socket2::SockRef::from(&sock).shutdown(std::net::Shutdown::Both);
         }
         closed
-    }
-
-    /// Sweeps once a second until `guard` is gone or `stop` reads `true`.
-    pub(crate) fn spawn(
-        guard: &Arc<Guard>,
-        stop: tokio::sync::watch::Receiver<bool>,
-    ) -> std::io::Result<std::thread::JoinHandle<()>> {
-        let guard: Weak<Guard> = Arc::downgrade(guard);
-        std::thread::Builder::new()
-            .name("turnstile-guard".into())
-            .spawn(move || loop {
-                std::thread::sleep(Duration::from_secs(1));
-                let Some(g) = guard.upgrade() else { return };
-                if *stop.borrow() {
-                    return;
-                }
-                let now = g.sweeper.start.elapsed().as_secs();
-                g.sweeper.sweep_at(now, &g);
-            })
     }
 }
 
@@ -147,79 +142,15 @@ impl Drop for Registration {
     }
 }
 
-/// A connection's socket (or its TLS stream), watched by the sweeper and counted by its
-/// ticket until it is dropped: deregistered first, then closed, then uncounted.
-pub(crate) struct Guarded<S> {
-    // Field order is drop order: see the module doc.
-    _reg: Registration,
-    io: S,
-    _ticket: Ticket,
-}
-
-impl<S: AsRawFd> Guarded<S> {
-    /// `io` watched under `ticket`.
-    pub(crate) fn new(ticket: Ticket, io: S) -> Self {
-        let reg = ticket.guard().sweeper.register(&ticket, io.as_raw_fd());
-        Self {
-            _reg: reg,
-            io,
-            _ticket: ticket,
-        }
-    }
-}
-
-impl<S: AsRawFd> AsRawFd for Guarded<S> {
-    fn as_raw_fd(&self) -> RawFd {
-        self.io.as_raw_fd()
-    }
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Guarded<S> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Guarded<S> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::listen::guard::tests::limits;
+    use crate::listen::guarded::Guarded;
+    use crate::listen::Guard;
     use std::io::Read;
     use std::net::{TcpListener, TcpStream};
+    use std::time::Duration;
 
     /// A connection is shut down only past a deadline, counted once; its client reads the
     /// end; one that ended leaves the registry.
@@ -234,11 +165,11 @@ mod tests {
         let watched = Guarded::new(t, server);
         assert_eq!(g.sweeper.watched(), 1);
         let busy = conn.begin();
-        assert_eq!(g.sweeper.sweep_at(100, &g), 0, "a request in progress");
+        assert_eq!(g.sweep_at(100), 0, "a request in progress");
         drop(busy); // idle since 100
-        assert_eq!(g.sweeper.sweep_at(160, &g), 0, "at the timeout");
-        assert_eq!(g.sweeper.sweep_at(161, &g), 1, "past it");
-        assert_eq!(g.sweeper.sweep_at(162, &g), 0, "counted once");
+        assert_eq!(g.sweep_at(160), 0, "at the timeout");
+        assert_eq!(g.sweep_at(161), 1, "past it");
+        assert_eq!(g.sweep_at(162), 0, "counted once");
         client
             .set_read_timeout(Some(Duration::from_secs(10)))
             .unwrap();

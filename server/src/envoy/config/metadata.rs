@@ -7,8 +7,7 @@
 //! `0x`, `0o` and `0b` forms and `_` separators) and decimals are numbers (a `Struct` number is
 //! a double); anything else, and every quoted scalar, is a string. Keys are read as text.
 
-use super::parse::Ctx;
-use super::ConfigError;
+use super::{ConfigError, Ctx};
 use crate::envoy::yaml::{Kind, Node};
 use envoy_types::pb::google::protobuf::value::Kind as V;
 use envoy_types::pb::google::protobuf::{ListValue, NullValue, Struct, Value};

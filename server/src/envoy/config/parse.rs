@@ -1,26 +1,14 @@
 //! One file's YAML tree into a [`Domain`], with upstream's checks and positions for errors.
 
 use super::{
-    metadata, ConfigError, Descriptor, Domain, Origin, RateLimit, Unit, MAX_WINDOW_SECS, VALID_KEYS,
+    metadata, ConfigError, Ctx, Descriptor, Domain, Origin, RateLimit, Unit, MAX_WINDOW_SECS,
+    VALID_KEYS,
 };
 use crate::envoy::yaml::{self, Kind, Node, Pos};
 use std::collections::HashMap;
 use turnstile::{Algorithm, LimitSpec};
 
-pub(super) struct Ctx<'a> {
-    origin: &'a str,
-}
-
 impl Ctx<'_> {
-    pub(super) fn err(&self, pos: Pos, message: impl Into<String>) -> ConfigError {
-        ConfigError {
-            origin: self.origin.to_string(),
-            line: pos.line,
-            column: pos.column,
-            message: message.into(),
-        }
-    }
-
     /// Upstream's key check over the whole tree: string keys from the valid set; lists of maps.
     fn check_keys(&self, n: &Node) -> Result<(), ConfigError> {
         match &n.kind {
