@@ -32,12 +32,13 @@ mod row;
 mod run;
 mod serve;
 mod suite;
+mod text;
 mod tower;
 mod wrk;
 
 pub use options::BenchArgs;
 use options::{BenchCommand, Engines, Options};
-use report::progress_done;
+use text::progress_done;
 
 /// An error from Redis as the commands report it: what failed, where, what to do.
 pub(crate) fn redis_error(url: &str, e: turnstile_redis::Error) -> String {
@@ -76,7 +77,7 @@ pub fn run(mut args: BenchArgs) -> crate::Result<()> {
         _ => {}
     }
     let o = Options::parse(&args)?;
-    report::quiet(o.json);
+    text::quiet(o.json);
     if args.clocks {
         return clocks::run(&o.clock_options());
     }

@@ -11,8 +11,8 @@
 //! size): one dependent miss at a time, against reads-then-CAS at independent addresses, which
 //! the core overlaps although each CAS is a locked instruction.
 
-use super::report::{fmt_count, progress};
 use super::run::thread_cpu_ns;
+use super::text::{fmt_count, progress};
 use portable_atomic::{AtomicU128, AtomicU64, Ordering};
 use std::hint::black_box;
 

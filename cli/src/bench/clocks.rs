@@ -9,9 +9,10 @@
 
 use super::keys::{self, Distribution};
 use super::limits::{governor_quota, store_capacity, throughput_limit};
-use super::report::{fmt_count, fmt_ns, fmt_rate, load_warning, progress};
+use super::options::ClockOptions;
 use super::run::{self, Mode, Timer, TurnstileDirect, TurnstileKeyed};
 use super::suite::{sequences, SEQ_LEN};
+use super::text::{fmt_count, fmt_ns, fmt_rate, load_warning, progress};
 use governor::clock::Clock as _;
 use serde::Serialize;
 use std::hint::black_box;
@@ -22,14 +23,6 @@ use turnstile::keyed::Store;
 use turnstile::{
     Algorithm, Clock, CoarseClock, Limit, Limiter, Limits, MonotonicClock, Nanos, TscClock,
 };
-
-/// Options of `--clocks`.
-pub struct ClockOptions {
-    pub algorithm: Algorithm,
-    pub keys: u64,
-    pub seconds: f64,
-    pub json: bool,
-}
 
 /// A clock read from an `AtomicU64` that a background thread refreshes every 100 µs.
 #[derive(Clone)]

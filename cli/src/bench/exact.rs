@@ -4,7 +4,7 @@
 //! real one.
 
 use super::keys;
-use super::report::progress;
+use super::text::progress;
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

@@ -1,6 +1,5 @@
 //! `turnstile bench`'s options: the clap arguments and their validation into [`Options`].
 
-use super::clocks::ClockOptions;
 use super::keys::Distribution;
 use super::limits::throughput_limit;
 use super::run;
@@ -226,4 +225,12 @@ impl Options {
             json: self.json,
         }
     }
+}
+
+/// Options of `--clocks`.
+pub struct ClockOptions {
+    pub algorithm: Algorithm,
+    pub keys: u64,
+    pub seconds: f64,
+    pub json: bool,
 }

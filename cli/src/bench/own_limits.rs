@@ -11,8 +11,8 @@
 //! throughput rows' 1e9 per second, so every check is admitted and does the whole work.
 
 use super::keys::{self, Distribution};
-use super::report::progress;
 use super::run::{measure, Checker, Mode, Timer};
+use super::text::progress;
 use std::io::Write;
 use std::time::{Duration, Instant};
 use turnstile::rules::{Engine, Request, Rules};

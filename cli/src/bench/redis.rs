@@ -311,10 +311,10 @@ pub fn run(url: &str, requests: u64, json: bool) -> crate::Result<()> {
             "option --redis-requests: {requests}; give at least 64 (one per client at concurrency 64)"
         ).into());
     }
-    let load = super::report::load_average();
+    let load = super::text::load_average();
     if !json {
-        super::report::load_warning();
-        super::report::progress(format!(
+        super::text::load_warning();
+        super::text::progress(format!(
             "redis at {url}: {requests} calls per row, concurrency 1 and 64"
         ));
     }
@@ -338,7 +338,7 @@ pub fn run(url: &str, requests: u64, json: bool) -> crate::Result<()> {
             name: r.name,
         });
     }
-    super::report::progress_done();
+    super::text::progress_done();
     if json {
         let doc = Report {
             engine: "redis",

@@ -2,8 +2,8 @@
 //! repeats folded into their medians, and each keyed row set against its floor.
 
 use super::floor::FloorRow;
-use super::report::fmt_count;
 use super::run::{Measured, Mode};
+use super::text::fmt_count;
 use serde::Serialize;
 
 /// One row of results (one JSON object of `results`).

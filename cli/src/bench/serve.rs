@@ -14,8 +14,8 @@
 //! what limits requests/s.
 
 use super::drive::{self, Scratch, Server};
-use super::report::{fmt_rate, load_warning, progress, progress_done};
 use super::row::median;
+use super::text::{fmt_rate, load_warning, progress, progress_done};
 use super::wrk::{self, Load};
 use crate::args::parse_count;
 use clap::Args;
@@ -524,13 +524,13 @@ fn report(
     plot: Option<&std::path::Path>,
 ) -> crate::Result<()> {
     if let Some(f) = plot {
-        super::plot::bars(f, rows)
+        bars::bars(f, rows)
             .map_err(|e| format!("cannot write the plot to {}: {e}", f.display()))?;
         progress(format!("wrote {}", f.display()));
     }
     if json {
         let doc =
-            serde_json::json!({ "results": rows, "load_average": super::report::load_average() });
+            serde_json::json!({ "results": rows, "load_average": super::text::load_average() });
         println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(());
     }
@@ -593,6 +593,8 @@ fn ratios(rows: &[ServiceRow], peers: &[&str]) -> Vec<String> {
     }
     out
 }
+
+mod bars;
 
 #[cfg(test)]
 mod tests;

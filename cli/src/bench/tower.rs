@@ -12,8 +12,8 @@
 //!   (callgrind's counters zeroed after a warm-up); kernel time is not in it.
 
 use super::drive::{self, Scratch, Server};
-use super::report::{load_average, progress, progress_done};
 use super::row::median;
+use super::text::{load_average, progress, progress_done};
 use super::wrk;
 use crate::args::parse_count;
 use clap::{Args, Subcommand, ValueEnum};
