@@ -34,4 +34,3 @@ impl std::str::FromStr for FullPolicy {
         }
     }
 }
-

@@ -7,8 +7,8 @@
 //! `keyed::snapshot`, concurrency permits in `keyed::permit`.
 
 use super::key::{Key, KeyHasher};
-use super::policy::FullPolicy;
 use super::ops::{Check, Decides, Evaluate, Refund, Settle};
+use super::policy::FullPolicy;
 use super::table::{Ctx, Loc, Op, Shard, BUCKET};
 use crate::algo::{with_packed, Algorithm, Limit, Limits, Packed, PackedFn};
 use crate::clock::{Clock, DefaultClock, Nanos};

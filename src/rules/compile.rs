@@ -12,11 +12,11 @@
 //! the swap still update one state. Otherwise the part starts fresh. Counters are kept per rule
 //! name.
 
+use super::keys::resolve;
 use super::limits::{LimitsSource, Lookup};
 use super::load::LoadConfig;
 use super::matcher::{key_id, KeyPlan, RouteTable};
 use super::model::{KeyClass, Mode, Shedding};
-use super::keys::resolve;
 use super::validate::{compile_limits, effective, Loc, Of, Rf};
 use super::{Rules, RulesError};
 use crate::algo::{Limit, Limits};

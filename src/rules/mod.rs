@@ -57,6 +57,7 @@ pub use engine::{
     Engine, EngineBuilder, InFlight, LocalEngine, OwnedInFlight, Refusal, ReloadReport,
     RuleOutcome, RuleStats, Verdict, UNLIMITED,
 };
+pub use keys::parse_customer;
 pub use model::{
     redact_url, Backend, BackendPolicy, KeyClass, KeyPart, LoadSettings, Match, Mode, Override,
     OverrideKey, RedisBackend, RedisNodes, Rule, Settings, Shedding, Threshold, DEFAULT_CAPACITY,
@@ -65,7 +66,6 @@ pub use model::{
 pub use parse::parse_duration;
 pub use plan::{Plan, PlanStep, StepOutcome};
 pub use request::{Priority, Request, METHODS};
-pub use keys::parse_customer;
 
 use crate::algo::Limit;
 use crate::ConfigError;

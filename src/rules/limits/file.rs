@@ -18,9 +18,9 @@
 //! are read as the class's key class reads them (a customer id, an address, an API key).
 //! Every line is checked: the first bad one refuses the file with `file:line: message`.
 
+use super::super::keys::resolve;
 use super::super::model::{KeyClass, OverrideKey};
 use super::super::raw::parse_duration;
-use super::super::keys::resolve;
 use super::entry::LimitsClass;
 use super::LimitsError;
 use crate::algo::LimitSpec;
