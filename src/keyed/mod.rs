@@ -24,6 +24,7 @@
 //! | `per_check` | [`Store::check_with`]: limits given with each check, one record per key |
 //! | `permit` | [`Store::acquire_owned`], [`StorePermit`] |
 //! | `ops` | each operation on a record, as the table runs it |
+//! | `records` | [`Records`]: the same table for records of the caller's own kind |
 //! | `table`, `arena`, `alloc` | the lock-free table, the arena of larger records, their memory |
 
 pub(crate) mod alloc;
@@ -34,6 +35,7 @@ pub mod key;
 mod ops;
 mod per_check;
 mod permit;
+mod records;
 mod snapshot;
 mod store;
 pub(crate) mod table;
@@ -42,4 +44,5 @@ pub use builder::{max_keys_per_shard, FullPolicy, StoreBuilder, LOAD_FACTOR, PLA
 pub use key::{parse_key, Key, KeyError, KeyHasher, ParsedKey};
 pub use per_check::LimitMismatch;
 pub use permit::StorePermit;
+pub use records::{RecordKind, RecordOp, Records};
 pub use store::{Store, StoreStats};
