@@ -52,6 +52,7 @@
 
 #![warn(missing_docs)]
 
+mod builder;
 mod call;
 mod conn;
 mod deny;
@@ -66,11 +67,13 @@ pub mod rules;
 mod script;
 mod store;
 
+pub use builder::RedisStoreBuilder;
 pub use conn::Conn;
+pub use lease::{LeaseMode, LeaseStats, Leases};
 pub use limits::{RedisLimits, RedisLimitsStats};
 pub use permit::RedisPermit;
 pub use plain::PLAIN_CLOCK_SLACK_MS;
 pub use policy::{FailurePolicy, FailureStats};
 pub use rules::RedisRules;
 pub use script::{MAX_DURATION_NS, MAX_ZSET_DURATION_NS};
-pub use store::{Error, RedisStore, RedisStoreBuilder, EXPLICIT_NOW_TTL_SLACK_MS};
+pub use store::{Error, RedisStore, EXPLICIT_NOW_TTL_SLACK_MS};

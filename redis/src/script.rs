@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 use turnstile::{ConfigError, Limit, Limits};
 
 /// The parts, in the order the library needs them (each uses only those before it).
-const PARTS: [&str; 15] = [
+const PARTS: [&str; 16] = [
     include_str!("../lua/prelude.lua"),
     include_str!("../lua/record.lua"),
     include_str!("../lua/fixed_window.lua"),
@@ -27,6 +27,7 @@ const PARTS: [&str; 15] = [
     include_str!("../lua/limits.lua"),
     include_str!("../lua/spec.lua"),
     include_str!("../lua/fast.lua"),
+    include_str!("../lua/lease.lua"),
     include_str!("../lua/store.lua"),
     include_str!("../lua/rules.lua"),
     include_str!("../lua/plain.lua"),
