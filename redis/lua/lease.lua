@@ -23,8 +23,11 @@
 --   <flushed> <end_1> ... <end_n> " then reply6 of the decision (an admission of g, or the
 --   request's denial). end_i, per limit, ns from now: a window's lease end (the window's end if final);
 --   a bucket's TAT after the call.
--- "g" (give back): `amount` back to each bucket limit, and to each window limit whose window
---   holds both the lease's epoch and now (never to a later window, where it was not taken).
+-- "g" (give back): `amount` back to each window limit whose window holds both the lease's
+--   epoch and now (never to a later window, where it was not taken), and to each bucket limit
+--   whose TAT is still the one the grant left (args [6..]: per limit, ns after the epoch):
+--   a TAT is one number, and tokens go back from its end only, so only a node whose tokens
+--   are the bucket's last gives them back (others' lapse).
 --   Reply: amount if every limit took it back, else 0.
 local LEASE = {E12 = 1000000000000}
 
@@ -103,17 +106,22 @@ function LEASE.grant(b, s, n, cost, rate, share, pending)
   return out .. ' ' .. reply6(d)
 end
 
-function LEASE.give(b, s, n, m, epoch)
+function LEASE.give(b, s, n, m, epoch, args)
   local es, en = t_parse(epoch)
   local all = true
   for i = 1, #b do
     local alg, r, p = b[i][1], b[i][2], b[i][3]
-    local same = true
+    local same
     if LEASE.window(alg) then
       local w = p[2]
       local s1, n1 = t_add(es, en, -t_mod(es, en, w))
       local s2, n2 = t_add(s, n, -t_mod(s, n, w))
       same = s1 == s2 and n1 == n2
+    else
+      -- A TAT is one number: tokens go back from its end only. Only while it is where the
+      -- grant left it are the node's tokens the bucket's last.
+      local e = tonumber(args[5 + i])
+      same = e ~= nil and rec_get(r) == t_str(t_add(es, en, e))
     end
     if same then alg.refund(r, p, s, n, m) else all = false end
   end

@@ -11,7 +11,8 @@
 --       [4] the key's field in its buckets (layout "b" only; "" for "l" and "g" otherwise);
 --       "l": [5] the node's rate (cost units per 10^12 ns), [6] a window's final share (ppm),
 --           [7] delayed mode's unrecorded admissions (0 in reserve mode);
---       "g": [5] the lease's epoch (ns).
+--       "g": [5] the lease's epoch (ns), [6...] per limit its TAT after the grant (ns after
+--           the epoch; buckets).
 -- Reply: lease, give back: lease.lua; check: "<outcome> <limit> <remaining> <reset_after> <retry_after> <delay>"
 --        (outcome 0 allowed, 1 limited, 2 never fits; retry -1: none), or for an admission
 --        without delay "<limit> <remaining> <reset_after>"; acquire: the same and
@@ -37,7 +38,7 @@ local function store_call(keys, args)
   if mode == 'l' then
     return LEASE.grant(b, s, n, args[3] + 0, args[5] + 0, args[6] + 0, args[7] + 0)
   end
-  if mode == 'g' then return LEASE.give(b, s, n, args[3] + 0, args[5]) end
+  if mode == 'g' then return LEASE.give(b, s, n, args[3] + 0, args[5], args) end
   local cost = args[3] + 0
   if mode == 'r' then
     for i = 1, #b do b[i][1].refund(b[i][2], b[i][3], s, n, cost) end

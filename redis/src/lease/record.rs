@@ -40,7 +40,8 @@ const RESET_AT: usize = 13;
 const FINAL_UNTIL: usize = 14;
 /// Delayed mode: admitted locally, not yet recorded in Redis.
 const PENDING: usize = 15;
-/// Per limit, from `ENDS`: a bucket's TAT after the grant (0 for a window).
+/// Per limit, from `ENDS`: a bucket's TAT after the grant (local time; 0 for a window); then
+/// per limit, the same as Redis answered it (ns after `EPOCH`), which a give-back names.
 const ENDS: usize = 16;
 
 const FETCHING: u64 = 1 << 63;
@@ -69,7 +70,12 @@ pub(crate) struct Shape {
 
 impl Shape {
     fn key_at(&self) -> usize {
-        ENDS + self.bucket_t.len()
+        ENDS + 2 * self.bucket_t.len()
+    }
+
+    /// Word of limit `i`'s TAT as Redis answered it.
+    fn raw_end(&self, i: usize) -> usize {
+        ENDS + self.bucket_t.len() + i
     }
 
     /// Words of a record.
@@ -118,8 +124,8 @@ impl Shape {
         }
         let mut u = held;
         for (i, &t) in self.bucket_t.iter().enumerate() {
-            if t > 0 {
-                u = u.min(c.get(ENDS + i).saturating_sub(now) / t);
+            if let Some(cover) = c.get(ENDS + i).saturating_sub(now).checked_div(t) {
+                u = u.min(cover);
             }
         }
         u
@@ -303,7 +309,10 @@ impl Spend<'_> {
         let usable = self.shape.usable(c, now);
         let held = c.get(HELD);
         if usable >= cost {
-            c.set(HELD, held - cost);
+            // A bucket's tokens past what its TAT still covers lapsed for good (spending one
+            // must not bring them back under the cover).
+            self.counters.lapse(held - usable);
+            c.set(HELD, usable - cost);
             return Some(Spent::Local(allowed(c, now, usable - cost)));
         }
         if now < c.get(UNTIL) && held > usable {
@@ -395,7 +404,7 @@ impl RecordOp for Settle<'_> {
                 c.set(DENY_UNTIL, local_end(self.sent, wait));
                 c.set(DENY_COST, self.cost);
             }
-            return d.clone();
+            return *d;
         }
         c.set(LEFT, d.remaining);
         c.set(DENY_UNTIL, 0);
@@ -418,6 +427,7 @@ impl RecordOp for Settle<'_> {
                 for (i, (&e, &t)) in g.ends.iter().zip(&sh.bucket_t).enumerate() {
                     if t > 0 {
                         c.set(ENDS + i, local_end(self.sent, e));
+                        c.set(sh.raw_end(i), e);
                     }
                 }
                 c.set(EPOCH, g.epoch);
@@ -438,7 +448,7 @@ impl RecordOp for Settle<'_> {
     }
     fn absent(&mut self) -> Decision {
         // The record went (evicted meanwhile): the request was decided all the same.
-        let mut d = self.grant.decision.clone();
+        let mut d = self.grant.decision;
         if self.grant.granted >= self.cost && self.grant.granted > 0 {
             let extra = self.grant.granted - self.cost;
             self.counters.lapse(extra);
@@ -526,6 +536,10 @@ pub(crate) struct Taken {
     /// Reserve: unspent admissions to give back; delayed: admissions to record.
     pub(crate) amount: u64,
     pub(crate) epoch: u64,
+    /// Per limit, a bucket's TAT after the grant (ns after `epoch`): Redis takes tokens back
+    /// only while the bucket's TAT is still there (no one took a token since, so the tokens
+    /// given back are the bucket's last).
+    pub(crate) ends: Vec<u64>,
 }
 
 /// The sweep of one record: takes what should go back to Redis now. Reserve: a lease whose
@@ -560,6 +574,7 @@ impl RecordOp for Take<'_> {
                 key: sh.key_of(c)?,
                 amount: pending,
                 epoch: c.get(EPOCH),
+                ends: Vec::new(),
             });
         }
         let held = c.get(HELD);
@@ -589,6 +604,9 @@ impl RecordOp for Take<'_> {
             key: sh.key_of(c).unwrap_or_default(),
             amount,
             epoch: c.get(EPOCH),
+            ends: (0..sh.bucket_t.len())
+                .map(|i| c.get(sh.raw_end(i)))
+                .collect(),
         })
     }
     fn absent(&mut self) -> Option<Taken> {

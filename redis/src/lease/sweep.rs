@@ -45,7 +45,7 @@ impl Io {
         let f = self.caller.store_fn();
         Some(match mode {
             LeaseMode::Reserve => {
-                let args = (&self.spec, op('g', now), t.amount, field, t.epoch);
+                let args = (&self.spec, op('g', now), t.amount, field, t.epoch, &t.ends);
                 fcall(f, &names.keys, args)
             }
             LeaseMode::Delayed { .. } => {
