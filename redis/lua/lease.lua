@@ -5,9 +5,9 @@
 --
 -- "l" (lease): grants g admissions, cost <= g, all-or-nothing across the key's limits, taken
 --   as one check of cost g: every admission a node spends was counted here first. g is what
---   the node would spend at its rate (cost units per 10^12 ns) before the lease ends, at most
---   what every limit has left, at least the request's own cost (else the request is decided
---   alone: a denial, counted as a check's). A lease ends:
+--   the node would spend at its rate (cost units per 10^12 ns) before the lease ends (at most
+--   an eighth of a window), at most what every limit has left, at least the request's own
+--   cost (else the request is decided alone: a denial, counted as a check's). A lease ends:
 --   * windows (fixed and sliding): at the window's end less its final share (`share` ppm of
 --     the window): admissions are not leased in a window's final share (g = cost: a check),
 --     so what a node holds at the end of its lease can still be given back and spent by
@@ -75,7 +75,10 @@ function LEASE.grant(b, s, n, cost, rate, share, pending)
       local f = muldiv(w, share, 1000000)
       if rest <= f then final = true else rest = rest - f end
       ends[i] = rest
-      if horizon < 0 or rest < horizon then horizon = rest end
+      -- What the node would spend until the lease ends, but at most an eighth of the window
+      -- at a time: a rate misjudged strands less (a node spending faster renews sooner).
+      local h = math.min(rest, idiv(w, 8))
+      if horizon < 0 or h < horizon then horizon = h end
     else
       local bw = LEASE.bucket_want(rate, p[2], p[3], peek[4])
       if want < 0 or bw < want then want = bw end

@@ -82,7 +82,7 @@ pub(crate) fn store(v: &Value) -> Result<(Decision, Option<String>), Error> {
 /// A lease call's reply for a key of `limits` limits (lease.lua): the grant, whether a
 /// window was in its final share, the call's time, the admissions recorded for a delayed
 /// node, each limit's end, then the decision (six integers).
-pub(crate) fn lease(v: &Value, limits: usize) -> Result<(crate::lease::record::Grant, u64), Error> {
+pub(crate) fn lease(v: &Value, limits: usize) -> Result<(crate::lease::settle::Grant, u64), Error> {
     let f: Vec<i64> = integers(text(v)?)
         .collect::<Result<_, ()>>()
         .map_err(|_| bad(v))?;
@@ -93,7 +93,7 @@ pub(crate) fn lease(v: &Value, limits: usize) -> Result<(crate::lease::record::G
         .ok()
         .flatten()
         .ok_or_else(|| bad(v))?;
-    let grant = crate::lease::record::Grant {
+    let grant = crate::lease::settle::Grant {
         granted: f[0] as u64,
         last: f[1] == 1,
         epoch: f[2] as u64,

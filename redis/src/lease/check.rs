@@ -2,7 +2,8 @@
 //! when it holds one, else a lease call (a check that also reserves), else one check in
 //! Redis; and the lease call itself.
 
-use super::record::{Credit, Grant, Held, Settle, Spend, Spent, Unfetch};
+use super::record::{Spend, Spent};
+use super::settle::{Credit, Grant, Held, Settle, Unfetch};
 use super::{LeaseMode, Tier};
 use crate::call::fcall;
 use crate::reply;
@@ -38,7 +39,7 @@ impl RedisStore {
         let counters = tier.counters();
         let (mut waits, mut counted) = (0, false);
         loop {
-            let mut spent = self.look(tier, id, key, cost, explicit, !counted);
+            let mut spent = self.look(tier, id, key, cost, explicit, !counted, true);
             counted = true;
             if let (Spent::Wait, true) = (&spent, waits < MAX_WAITS) {
                 // Another caller is fetching this key's lease. Register with its waiters, then
@@ -49,7 +50,7 @@ impl RedisStore {
                 let notified = tier.waiters(id).notified();
                 tokio::pin!(notified);
                 notified.as_mut().enable();
-                spent = self.look(tier, id, key, cost, explicit, false);
+                spent = self.look(tier, id, key, cost, explicit, false, true);
                 if let Spent::Wait = spent {
                     waits += 1;
                     let _ = tokio::time::timeout(self.caller.timeout(), notified).await;
@@ -59,6 +60,11 @@ impl RedisStore {
             return match spent {
                 Spent::Local(d) => {
                     counters.check(id, true);
+                    // An answer without I/O: spend a unit of the task's cooperative budget
+                    // (a thread-local count; it yields once the budget is out), so that a task
+                    // checking leased keys in a loop lets the runtime's other tasks — the
+                    // lease calls among them — run, as any tokio resource does.
+                    tokio::task::coop::consume_budget().await;
                     Ok(d)
                 }
                 Spent::Check | Spent::Wait => {
@@ -82,7 +88,9 @@ impl RedisStore {
         }
     }
 
-    /// The key's record's answer to a check of `cost` (`count`: counted in its rate).
+    /// The key's record's answer to a check of `cost` (`count`: counted in its rate;
+    /// `claim`: a lease that is out is this caller's to fetch).
+    #[allow(clippy::too_many_arguments)]
     fn look(
         &self,
         tier: &Tier,
@@ -91,6 +99,7 @@ impl RedisStore {
         cost: u64,
         explicit: Option<u64>,
         count: bool,
+        claim: bool,
     ) -> Spent {
         let now = tier.now(explicit);
         let mut spend = Spend {
@@ -100,8 +109,28 @@ impl RedisStore {
             cost,
             now,
             count,
+            claim,
         };
         tier.table.update(id, now, &mut spend)
+    }
+
+    /// [`RedisStore::check`]'s answer if this node can give it without Redis: a lease of the
+    /// key spent, or a denial Redis gave (until its retry time). `None`: nothing was decided
+    /// or counted, call [`RedisStore::check`]. No allocation, no lock, no await: a caller
+    /// that must otherwise build a future (the tower layer) answers the leased keys at once.
+    pub fn check_local(&self, key: &str, cost: u64) -> Option<Decision> {
+        let tier = self.tier.as_ref()?;
+        if cost == 0 {
+            return None;
+        }
+        let id = tier.id(key);
+        match self.look(tier, id, key, cost, None, true, false) {
+            Spent::Local(d) => {
+                tier.counters().check(id, true);
+                Some(d)
+            }
+            _ => None,
+        }
     }
 
     /// One check in Redis (not leased), through the failure gate.
@@ -171,8 +200,12 @@ impl RedisStore {
             pending_sent: f.pending,
             sent,
             now,
+            list: None,
         };
         let d = tier.table.update(f.id, now, &mut settle);
+        if let Some(due) = settle.list {
+            tier.listed.add(f.id, due);
+        }
         guard.done = true;
         tier.waiters(f.id).notify_waiters();
         Ok(d)

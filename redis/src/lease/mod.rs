@@ -30,12 +30,17 @@
 
 mod check;
 mod counters;
+mod listed;
 pub(crate) mod record;
+pub(crate) mod settle;
 mod sweep;
+#[cfg(test)]
+mod tests;
 
 pub use counters::LeaseStats;
 
 use counters::Counters;
+use listed::Listed;
 use record::{LeaseKind, Shape};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -174,11 +179,8 @@ impl Leases {
             let (len, t, _) = span(l);
             shortest = shortest.min(len);
             bucket_t.push(t);
-            horizon = horizon.min(if t == 0 {
-                (len as f64 * (1.0 - self.strand) / 2.0) as u64
-            } else {
-                len
-            });
+            // A window's lease is sized for at most an eighth of it (lease.lua).
+            horizon = horizon.min(if t == 0 { len / 8 } else { len });
         }
         Shape {
             mode: self.mode,
@@ -194,6 +196,8 @@ impl Leases {
 /// A store's lease tier: the table, the waiters of fetches in flight, the clock.
 pub(crate) struct Tier {
     pub(crate) table: Records<LeaseKind>,
+    /// The keys holding leases, for the sweep.
+    pub(crate) listed: Listed,
     /// Callers waiting for another caller's fetch of the same key wait on the key's stripe.
     notify: Box<[Notify]>,
     hasher: KeyHasher,
@@ -216,8 +220,10 @@ impl Tier {
             shape: cfg.shape(limits, timeout),
             counters: Counters::default(),
         };
+        let table = Records::new(kind, cfg.keys.max(1), FullPolicy::EvictStalest)?;
         Ok(Self {
-            table: Records::new(kind, cfg.keys.max(1), FullPolicy::EvictStalest)?,
+            listed: Listed::new(table.capacity()),
+            table,
             notify: (0..64).map(|_| Notify::new()).collect(),
             hasher: KeyHasher::random(64),
             clock: DefaultClock::new(),

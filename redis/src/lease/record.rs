@@ -12,45 +12,53 @@ use turnstile::keyed::{RecordKind, RecordOp};
 use turnstile::{Decision, Outcome};
 
 /// Admissions held (reserve: granted and unspent; delayed: the local allowance).
-const HELD: usize = 0;
+pub(super) const HELD: usize = 0;
 /// Held admissions may be spent before this time (window leases; buckets lapse by `ENDS`).
-const UNTIL: usize = 1;
+pub(super) const UNTIL: usize = 1;
 /// `FETCHING` | `EXHAUSTED`.
-const FLAGS: usize = 2;
+pub(super) const FLAGS: usize = 2;
 /// When the fetch in flight started (a flag older than `Shape::stale` is a dropped call's).
-const FETCH_AT: usize = 3;
+pub(super) const FETCH_AT: usize = 3;
 /// Requests of at least `DENY_COST` are denied locally before this time.
-const DENY_UNTIL: usize = 4;
-const DENY_COST: usize = 5;
+pub(super) const DENY_UNTIL: usize = 4;
+pub(super) const DENY_COST: usize = 5;
 /// Rate: `period index << 32 | cost units in it`, and the previous period's units.
-const RATE: usize = 6;
-const RATE_PREV: usize = 7;
+pub(super) const RATE: usize = 6;
+pub(super) const RATE_PREV: usize = 7;
 /// The last check.
-const LAST: usize = 8;
+pub(super) const LAST: usize = 8;
 /// Redis's time of the grant (ns), which a give-back names.
-const EPOCH: usize = 9;
+pub(super) const EPOCH: usize = 9;
 /// Admissions the current lease was granted beyond its request.
-const GRANTED: usize = 10;
+pub(super) const GRANTED: usize = 10;
 /// What Redis had left after the last call, the limit it reported, and when (local time)
 /// its record is equivalent to absent.
-const LEFT: usize = 11;
-const LIMIT: usize = 12;
-const RESET_AT: usize = 13;
+pub(super) const LEFT: usize = 11;
+pub(super) const LIMIT: usize = 12;
+pub(super) const RESET_AT: usize = 13;
 /// Checks go to Redis one by one before this time (a window's final share).
-const FINAL_UNTIL: usize = 14;
+pub(super) const FINAL_UNTIL: usize = 14;
 /// Delayed mode: admitted locally, not yet recorded in Redis.
-const PENDING: usize = 15;
+pub(super) const PENDING: usize = 15;
+/// After an exhausting grant is spent, requests are denied here until this time (just after
+/// the lease's end, when other nodes may have given admissions back).
+pub(super) const DRY_UNTIL: usize = 16;
+/// When the current rate period's count began, if nothing carried over from the previous
+/// one (a key new or back from idle): its rate is its count over the time since.
+pub(super) const RATE_FROM: usize = 17;
 /// Per limit, from `ENDS`: a bucket's TAT after the grant (local time; 0 for a window); then
 /// per limit, the same as Redis answered it (ns after `EPOCH`), which a give-back names.
-const ENDS: usize = 16;
+pub(super) const ENDS: usize = 18;
 
-const FETCHING: u64 = 1 << 63;
+pub(super) const FETCHING: u64 = 1 << 63;
 /// The grant emptied Redis: once it is spent, deny until the lease's end.
-const EXHAUSTED: u64 = 1 << 62;
+pub(super) const EXHAUSTED: u64 = 1 << 62;
+/// The key is in the sweep's list (`listed.rs`).
+pub(super) const LISTED: u64 = 1 << 61;
 
 /// Longest key kept in a record (a longer key is checked in Redis one by one).
 pub(crate) const KEY_MAX: usize = 56;
-const KEY_WORDS: usize = KEY_MAX / 8;
+pub(super) const KEY_WORDS: usize = KEY_MAX / 8;
 
 /// What every record of a store shares: the limits' shape and the leasing rules.
 #[derive(Clone, Debug)]
@@ -60,8 +68,9 @@ pub(crate) struct Shape {
     pub(crate) bucket_t: Vec<u64>,
     /// Rate periods (ns).
     pub(crate) period: u64,
-    /// How long a lease is expected to last (a window: half of it less its final share; a
-    /// bucket: its span): a key is leased when its rate fills `min_checks` in that time.
+    /// How long a lease is expected to last (a window: an eighth of it, what a lease call
+    /// sizes; a bucket: its span): a key is leased when its rate fills `min_checks` in that
+    /// time.
     pub(crate) horizon: u64,
     pub(crate) min_checks: u64,
     /// A fetch flag this old belongs to a call that was dropped.
@@ -74,7 +83,7 @@ impl Shape {
     }
 
     /// Word of limit `i`'s TAT as Redis answered it.
-    fn raw_end(&self, i: usize) -> usize {
+    pub(super) fn raw_end(&self, i: usize) -> usize {
         ENDS + self.bucket_t.len() + i
     }
 
@@ -86,38 +95,53 @@ impl Shape {
     /// The key's rate after a check of `cost` at `now`, in cost units per 10^12 ns (what the
     /// library takes): this period's units plus the previous period's share still in the
     /// last `period` ns.
-    fn track<C: Cells + ?Sized>(&self, c: &mut C, now: u64, cost: u64) -> u64 {
+    fn track<C: Cells + ?Sized>(&self, c: &mut C, now: u64, cost: u64) -> (u64, u64) {
+        const LOW: u64 = 0xffff_ffff;
         let p = self.period;
-        let idx = now / p;
+        // The period's index, modulo 2^32 (a record idle that long is long reclaimed).
+        let idx = (now / p) & LOW;
         let w = c.get(RATE);
-        let (mut at, mut cur) = (w >> 32, w & 0xffff_ffff);
+        let (mut at, mut cur) = (w >> 32, w & LOW);
         let mut prev = c.get(RATE_PREV);
-        if idx != at & 0xffff_ffff || c.get(LAST) == 0 {
-            prev = if idx == (at + 1) & 0xffff_ffff {
+        if idx != at || w == 0 {
+            prev = if idx == (at + 1) & LOW && w != 0 {
                 cur
             } else {
                 0
             };
             at = idx;
             cur = 0;
+            c.set(RATE_FROM, if prev == 0 { now } else { 0 });
         }
-        cur = (cur + cost).min(0xffff_ffff);
-        c.set(RATE, (at & 0xffff_ffff) << 32 | cur);
+        cur = (cur + cost).min(LOW);
+        c.set(RATE, at << 32 | cur);
         c.set(RATE_PREV, prev);
         let into = now % p;
-        let units = prev as u128 * (p - into) as u128 / p as u128 + cur as u128;
-        (units * 1_000_000_000_000 / p as u128).min(1 << 52) as u64
+        let from = c.get(RATE_FROM);
+        let (units, span) = if prev == 0 && from > 0 {
+            // Counted since `from` only: over that time (at least a sixteenth of a period, so
+            // that a few checks close together do not make a rate of millions).
+            (cur as u128, (now - from).max(p / 16).max(1))
+        } else {
+            let u = prev as u128 * (p - into) as u128 / p as u128 + cur as u128;
+            (u, p)
+        };
+        let rate = (units * 1_000_000_000_000 / span as u128).min(1 << 52) as u64;
+        (rate, prev + cur)
     }
 
-    /// Whether a lease at `rate` would serve at least `min_checks` requests of `cost`.
-    fn worth(&self, rate: u64, cost: u64) -> bool {
-        rate as u128 * self.horizon as u128 >= (self.min_checks * cost) as u128 * 1_000_000_000_000
+    /// Whether a key seen for `seen` cost units in the last two periods, at `rate`, is worth
+    /// a lease: it was seen for `min_checks` requests of `cost` already, and a lease would
+    /// serve as many.
+    fn worth(&self, rate: u64, seen: u64, cost: u64) -> bool {
+        let want = self.min_checks * cost;
+        seen >= want && rate as u128 * self.horizon as u128 >= want as u128 * 1_000_000_000_000
     }
 
     /// Held admissions spendable at `now`: 0 after the lease's end; a bucket's only while
     /// the bucket, without them, would not be full (each held token needs T ns of its TAT
     /// still ahead).
-    fn usable<C: Cells + ?Sized>(&self, c: &C, now: u64) -> u64 {
+    pub(super) fn usable<C: Cells + ?Sized>(&self, c: &C, now: u64) -> u64 {
         let held = c.get(HELD);
         if held == 0 || now >= c.get(UNTIL) {
             return 0;
@@ -131,7 +155,7 @@ impl Shape {
         u
     }
 
-    fn key_matches<C: Cells + ?Sized>(&self, c: &C, key: &[u8]) -> bool {
+    pub(super) fn key_matches<C: Cells + ?Sized>(&self, c: &C, key: &[u8]) -> bool {
         let at = self.key_at();
         if c.get(at) != key.len() as u64 + 1 {
             return false;
@@ -182,7 +206,10 @@ impl RecordKind for LeaseKind {
         self.shape.words()
     }
     fn idle_in(&self, c: &mut dyn Cells, now: u64) -> u64 {
-        let mut until = c.get(DENY_UNTIL).max(c.get(FINAL_UNTIL));
+        let mut until = c
+            .get(DENY_UNTIL)
+            .max(c.get(FINAL_UNTIL))
+            .max(c.get(DRY_UNTIL));
         if c.get(LAST) > 0 {
             until = until.max(c.get(LAST).saturating_add(2 * self.shape.period));
         }
@@ -223,9 +250,12 @@ pub(crate) struct Spend<'a> {
     pub(crate) now: u64,
     /// Count the check in the key's rate (not again when a waiter looks a second time).
     pub(crate) count: bool,
+    /// Claim the key's fetch when its lease is out (a caller that cannot fetch — an answer
+    /// without a future — leaves it to the check that follows).
+    pub(crate) claim: bool,
 }
 
-fn allowed<C: Cells + ?Sized>(c: &C, now: u64, remaining: u64) -> Decision {
+pub(super) fn allowed<C: Cells + ?Sized>(c: &C, now: u64, remaining: u64) -> Decision {
     Decision {
         outcome: Outcome::Allowed,
         limit: c.get(LIMIT),
@@ -236,7 +266,7 @@ fn allowed<C: Cells + ?Sized>(c: &C, now: u64, remaining: u64) -> Decision {
     }
 }
 
-fn denied<C: Cells + ?Sized>(c: &C, now: u64, until: u64) -> Decision {
+pub(super) fn denied<C: Cells + ?Sized>(c: &C, now: u64, until: u64) -> Decision {
     Decision {
         outcome: Outcome::Limited,
         limit: c.get(LIMIT),
@@ -264,33 +294,33 @@ impl RecordOp for Spend<'_> {
             // Another key with the same id: it is checked in Redis, never on this lease.
             return Spent::Check;
         }
-        let rate = if self.count {
+        let local = if now < c.get(DENY_UNTIL) && cost >= c.get(DENY_COST) {
+            Some(Spent::Local(denied(c, now, c.get(DENY_UNTIL))))
+        } else {
+            match sh.mode {
+                LeaseMode::Reserve => self.reserve(c),
+                LeaseMode::Delayed { flush } => self.delayed(c, flush),
+            }
+        };
+        if !self.claim && local.is_none() {
+            // Not counted: the check that follows counts it.
+            return Spent::Check;
+        }
+        let (rate, seen) = if self.count {
             let r = sh.track(c, now, cost);
             c.set(LAST, now);
             r
         } else {
-            u64::MAX
+            sh.track(c, now, 0)
         };
-        if now < c.get(DENY_UNTIL) && cost >= c.get(DENY_COST) {
-            return Spent::Local(denied(c, now, c.get(DENY_UNTIL)));
-        }
-        let out = match sh.mode {
-            LeaseMode::Reserve => self.reserve(c),
-            LeaseMode::Delayed { flush } => self.delayed(c, flush),
-        };
-        if let Some(out) = out {
+        if let Some(out) = local {
             return out;
         }
         if c.get(FLAGS) & FETCHING != 0 && now < c.get(FETCH_AT).saturating_add(sh.stale) {
             return Spent::Wait;
         }
-        let rate = if rate == u64::MAX {
-            sh.track(c, now, 0)
-        } else {
-            rate
-        };
         let pending = c.get(PENDING);
-        if pending == 0 && (now < c.get(FINAL_UNTIL) || !sh.worth(rate, cost)) {
+        if pending == 0 && (now < c.get(FINAL_UNTIL) || !sh.worth(rate, seen, cost)) {
             return Spent::Check;
         }
         c.set(FLAGS, c.get(FLAGS) | FETCHING);
@@ -321,8 +351,8 @@ impl Spend<'_> {
             self.counters.lapse(held - usable);
             c.set(HELD, usable);
         }
-        if c.get(FLAGS) & EXHAUSTED != 0 && now < c.get(UNTIL) {
-            return Some(Spent::Local(denied(c, now, c.get(UNTIL))));
+        if c.get(FLAGS) & EXHAUSTED != 0 && now < c.get(DRY_UNTIL) {
+            return Some(Spent::Local(denied(c, now, c.get(DRY_UNTIL))));
         }
         None
     }
@@ -336,280 +366,6 @@ impl Spend<'_> {
             c.set(PENDING, pending + cost);
             return Some(Spent::Local(allowed(c, now, allowance - pending - cost)));
         }
-        None
-    }
-}
-
-/// Redis's answer to a lease call, in local time.
-#[derive(Clone, Debug)]
-pub(crate) struct Grant {
-    /// Admissions granted (the request's cost included); 0: the request was denied.
-    pub(crate) granted: u64,
-    /// A window was in its final share: no lease, and checks go one by one until it ends.
-    pub(crate) last: bool,
-    /// Redis's time of the call (ns).
-    pub(crate) epoch: u64,
-    /// Per limit, ns from the call: a window's lease end (its end when `last`), a bucket's TAT.
-    pub(crate) ends: Vec<u64>,
-    /// The decision for the request, or for the grant (what Redis then had left).
-    pub(crate) decision: Decision,
-}
-
-/// Settles a lease call sent at `sent`: the grant, or the denial, into the key's record.
-pub(crate) struct Settle<'a> {
-    pub(crate) shape: &'a Shape,
-    pub(crate) counters: &'a Counters,
-    pub(crate) grant: &'a Grant,
-    pub(crate) cost: u64,
-    /// Delayed mode: the unrecorded admissions the call carried (recorded as many as fitted).
-    pub(crate) pending_sent: u64,
-    pub(crate) sent: u64,
-    pub(crate) now: u64,
-}
-
-/// A local end `ns` after `sent`, less a guard for the clocks' rates (0.1 %) and 100 µs.
-pub(crate) fn local_end(sent: u64, ns: u64) -> u64 {
-    sent.saturating_add(ns.saturating_sub(ns / 1000 + 100_000))
-}
-
-impl RecordOp for Settle<'_> {
-    type Out = Decision;
-    fn inserts(&self) -> bool {
-        false
-    }
-    fn apply<C: Cells + ?Sized>(&mut self, c: &mut C) -> Decision {
-        let (sh, g, now) = (self.shape, self.grant, self.now);
-        c.set(FLAGS, c.get(FLAGS) & !(FETCHING | EXHAUSTED));
-        let d = &g.decision;
-        c.set(LIMIT, d.limit);
-        c.set(RESET_AT, local_end(self.sent, d.reset_after_ns));
-        let windows = (g.ends.iter().zip(&sh.bucket_t))
-            .filter(|(_, &t)| t == 0)
-            .map(|(&e, _)| e)
-            .min();
-        if g.last {
-            c.set(FINAL_UNTIL, local_end(self.sent, windows.unwrap_or(0)));
-        }
-        let pending = c.get(PENDING);
-        c.set(PENDING, pending - self.pending_sent.min(pending));
-        if g.granted < self.cost || g.granted == 0 {
-            c.set(LEFT, 0);
-            // Deny locally until the retry, but look again when other nodes' leases end in
-            // this window (they may give admissions back).
-            let mut wait = d.retry_after_ns.unwrap_or(0);
-            if let (false, Some(w)) = (g.last, windows) {
-                wait = wait.min(w);
-            }
-            if wait > 0 {
-                c.set(DENY_UNTIL, local_end(self.sent, wait));
-                c.set(DENY_COST, self.cost);
-            }
-            return *d;
-        }
-        c.set(LEFT, d.remaining);
-        c.set(DENY_UNTIL, 0);
-        let extra = g.granted - self.cost;
-        let until = match windows {
-            Some(w) => local_end(self.sent, w),
-            None => g
-                .ends
-                .iter()
-                .map(|&e| local_end(self.sent, e))
-                .min()
-                .unwrap_or(0),
-        };
-        match sh.mode {
-            LeaseMode::Reserve if extra > 0 && !g.last => {
-                let kept = sh.usable(c, now);
-                self.counters.lapse(c.get(HELD) - kept);
-                c.set(HELD, kept + extra);
-                c.set(UNTIL, until);
-                for (i, (&e, &t)) in g.ends.iter().zip(&sh.bucket_t).enumerate() {
-                    if t > 0 {
-                        c.set(ENDS + i, local_end(self.sent, e));
-                        c.set(sh.raw_end(i), e);
-                    }
-                }
-                c.set(EPOCH, g.epoch);
-                c.set(GRANTED, extra);
-                if d.remaining == 0 {
-                    c.set(FLAGS, c.get(FLAGS) | EXHAUSTED);
-                }
-                self.counters.granted(extra);
-            }
-            LeaseMode::Reserve => {}
-            LeaseMode::Delayed { flush } => {
-                c.set(HELD, d.remaining.min(flush));
-                c.set(UNTIL, if g.last { 0 } else { until });
-                c.set(EPOCH, g.epoch);
-            }
-        }
-        allowed(c, now, sh.usable(c, now))
-    }
-    fn absent(&mut self) -> Decision {
-        // The record went (evicted meanwhile): the request was decided all the same.
-        let mut d = self.grant.decision;
-        if self.grant.granted >= self.cost && self.grant.granted > 0 {
-            let extra = self.grant.granted - self.cost;
-            self.counters.lapse(extra);
-            d.remaining += extra;
-        }
-        d
-    }
-}
-
-/// Clears a fetch that ended without an answer (an error or a dropped call).
-pub(crate) struct Unfetch;
-
-impl RecordOp for Unfetch {
-    type Out = ();
-    fn inserts(&self) -> bool {
-        false
-    }
-    fn apply<C: Cells + ?Sized>(&mut self, c: &mut C) {
-        c.set(FLAGS, c.get(FLAGS) & !FETCHING);
-    }
-    fn absent(&mut self) {}
-}
-
-/// A refund of `n` for the key: back into its lease while one is held (`None`: the amount
-/// for Redis).
-pub(crate) struct Credit<'a> {
-    pub(crate) shape: &'a Shape,
-    pub(crate) key: &'a [u8],
-    pub(crate) n: u64,
-    pub(crate) now: u64,
-}
-
-impl RecordOp for Credit<'_> {
-    type Out = u64;
-    fn inserts(&self) -> bool {
-        false
-    }
-    fn apply<C: Cells + ?Sized>(&mut self, c: &mut C) -> u64 {
-        let sh = self.shape;
-        if !sh.key_matches(c, self.key) || sh.mode != LeaseMode::Reserve {
-            return self.n;
-        }
-        // A denial remembered here may fit now.
-        c.set(DENY_UNTIL, 0);
-        if sh.usable(c, self.now) == 0 {
-            return self.n;
-        }
-        // At most what the lease has spent goes back into it; the rest was not taken from it.
-        let spent = c.get(GRANTED).saturating_sub(c.get(HELD));
-        let back = self.n.min(spent);
-        c.set(HELD, c.get(HELD) + back);
-        self.n - back
-    }
-    fn absent(&mut self) -> u64 {
-        self.n
-    }
-}
-
-/// What a peek adds to Redis's answer: the admissions this node holds.
-pub(crate) struct Held<'a> {
-    pub(crate) shape: &'a Shape,
-    pub(crate) now: u64,
-}
-
-impl RecordOp for Held<'_> {
-    type Out = u64;
-    fn inserts(&self) -> bool {
-        false
-    }
-    fn apply<C: Cells + ?Sized>(&mut self, c: &mut C) -> u64 {
-        match self.shape.mode {
-            LeaseMode::Reserve => self.shape.usable(c, self.now),
-            LeaseMode::Delayed { .. } => 0,
-        }
-    }
-    fn absent(&mut self) -> u64 {
-        0
-    }
-}
-
-/// What a give-back takes out of a record.
-#[derive(Debug)]
-pub(crate) struct Taken {
-    pub(crate) key: Vec<u8>,
-    /// Reserve: unspent admissions to give back; delayed: admissions to record.
-    pub(crate) amount: u64,
-    pub(crate) epoch: u64,
-    /// Per limit, a bucket's TAT after the grant (ns after `epoch`): Redis takes tokens back
-    /// only while the bucket's TAT is still there (no one took a token since, so the tokens
-    /// given back are the bucket's last).
-    pub(crate) ends: Vec<u64>,
-}
-
-/// The sweep of one record: takes what should go back to Redis now. Reserve: a lease whose
-/// end came (a window's final share), a lease idle for `idle` ns, or any lease (`all`:
-/// shutdown, reload), when the key was short of admissions in Redis at its last call
-/// (held admissions matter to other nodes only then). Delayed: unrecorded admissions of an
-/// idle key, or all of them.
-pub(crate) struct Take<'a> {
-    pub(crate) shape: &'a Shape,
-    pub(crate) counters: &'a Counters,
-    pub(crate) now: u64,
-    pub(crate) idle: u64,
-    pub(crate) all: bool,
-}
-
-impl RecordOp for Take<'_> {
-    type Out = Option<Taken>;
-    fn inserts(&self) -> bool {
-        false
-    }
-    fn apply<C: Cells + ?Sized>(&mut self, c: &mut C) -> Option<Taken> {
-        let (sh, now) = (self.shape, self.now);
-        let idle = now.saturating_sub(c.get(LAST)) >= self.idle;
-        if let LeaseMode::Delayed { .. } = sh.mode {
-            let pending = c.get(PENDING);
-            if pending == 0 || !(idle || self.all || now >= c.get(UNTIL)) {
-                return None;
-            }
-            c.set(PENDING, 0);
-            c.set(HELD, 0);
-            return Some(Taken {
-                key: sh.key_of(c)?,
-                amount: pending,
-                epoch: c.get(EPOCH),
-                ends: Vec::new(),
-            });
-        }
-        let held = c.get(HELD);
-        if held == 0 {
-            return None;
-        }
-        let usable = sh.usable(c, now);
-        let ended = now >= c.get(UNTIL);
-        let short = c.get(LEFT) < c.get(GRANTED).max(1);
-        if !(self.all || ((ended || idle) && short)) {
-            if ended {
-                self.counters.lapse(held);
-                c.set(HELD, 0);
-            }
-            return None;
-        }
-        c.set(HELD, 0);
-        // A window's lease given back after its end is still in its window (it ended at the
-        // final share): the give-back names the epoch, and Redis takes it back only there.
-        let amount = if ended && sh.bucket_t.iter().all(|&t| t == 0) {
-            held
-        } else {
-            usable
-        };
-        self.counters.lapse(held - amount);
-        (amount > 0).then(|| Taken {
-            key: sh.key_of(c).unwrap_or_default(),
-            amount,
-            epoch: c.get(EPOCH),
-            ends: (0..sh.bucket_t.len())
-                .map(|i| c.get(sh.raw_end(i)))
-                .collect(),
-        })
-    }
-    fn absent(&mut self) -> Option<Taken> {
         None
     }
 }

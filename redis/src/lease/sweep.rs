@@ -2,7 +2,7 @@
 //! on shutdown and reload), the background task that runs it, and the store's calls for it.
 
 use super::check::op;
-use super::record::{Take, Taken};
+use super::settle::{Take, Taken};
 use super::{LeaseMode, LeaseStats, Tier};
 use crate::call::{fcall, Caller};
 use crate::layout::Layout;
@@ -78,12 +78,14 @@ impl Io {
 /// everything held) and gives it back, counting what Redis took back and what it did not.
 pub(crate) async fn sweep(io: &Io, tier: &Tier, explicit: Option<u64>, all: bool) {
     let now = tier.now(explicit);
-    let mut ids = Vec::new();
-    tier.table.for_each_id(|id| ids.push(id));
+    let mut due = Vec::new();
+    tier.listed.due(now, all, |slot, id| due.push((slot, id)));
     let (shape, counters) = (tier.shape(), tier.counters());
     let idle = tier.cfg.idle.as_nanos() as u64;
     let mut taken = Vec::new();
-    for id in ids {
+    for (slot, id) in due {
+        // Out of the list first: a grant settled meanwhile lists the key again.
+        tier.listed.remove(slot, id);
         let mut op = Take {
             shape,
             counters,
@@ -91,9 +93,11 @@ pub(crate) async fn sweep(io: &Io, tier: &Tier, explicit: Option<u64>, all: bool
             idle,
             all,
         };
-        if let Some(t) = tier.table.update(id, now, &mut op) {
-            taken.push(t);
+        let (t, again) = tier.table.update(id, now, &mut op);
+        if let Some(at) = again {
+            tier.listed.add(id, at);
         }
+        taken.extend(t);
     }
     let mode = shape.mode;
     let (mut cmds, mut sent) = (Vec::new(), Vec::new());
