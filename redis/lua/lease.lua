@@ -6,8 +6,9 @@
 -- "l" (lease): grants g admissions, cost <= g, all-or-nothing across the key's limits, taken
 --   as one check of cost g: every admission a node spends was counted here first. g is what
 --   the node would spend at its rate (cost units per 10^12 ns) before the lease ends (at most
---   an eighth of a window), at most what every limit has left, at least the request's own
---   cost (else the request is decided alone: a denial, counted as a check's). A lease ends:
+--   an eighth of a window, and `longest` ns), at most what every limit has left, at least the
+--   request's own cost (else the request is decided alone: a denial, counted as a check's).
+--   A lease ends:
 --   * windows (fixed and sliding): at the window's end less its final share (`share` ppm of
 --     the window): admissions are not leased in a window's final share (g = cost: a check),
 --     so what a node holds at the end of its lease can still be given back and spent by
@@ -44,14 +45,14 @@ end
 -- before they lapse: all it would spend in tau when its rate alone drains the bucket (rate t
 -- >= 1 token per interval), else rate bk / (1 - rate t): the time until the backlog (which
 -- shrinks at 1 - rate t per ns) no longer covers what the node still holds, times the rate.
-function LEASE.bucket_want(rate, t, tau, bk)
+function LEASE.bucket_want(rate, t, tau, bk, longest)
   local rt = muldiv(rate, t, LEASE.E12)
-  if rt >= 1 then return LEASE.scale(rate, tau) end
+  if rt >= 1 then return LEASE.scale(rate, math.min(tau, longest)) end
   local q = muldiv(rate, bk, LEASE.E12 - rate * t)
   return q
 end
 
-function LEASE.grant(b, s, n, cost, rate, share, pending)
+function LEASE.grant(b, s, n, cost, rate, share, pending, longest)
   local flushed = 0
   if pending > 0 then
     -- Delayed mode: the node's unrecorded admissions first, as many as still fit.
@@ -76,11 +77,12 @@ function LEASE.grant(b, s, n, cost, rate, share, pending)
       if rest <= f then final = true else rest = rest - f end
       ends[i] = rest
       -- What the node would spend until the lease ends, but at most an eighth of the window
-      -- at a time: a rate misjudged strands less (a node spending faster renews sooner).
-      local h = math.min(rest, idiv(w, 8))
+      -- (and `longest` ns) at a time: a rate misjudged strands less, and a node spending
+      -- faster renews sooner.
+      local h = math.min(rest, idiv(w, 8), longest)
       if horizon < 0 or h < horizon then horizon = h end
     else
-      local bw = LEASE.bucket_want(rate, p[2], p[3], peek[4])
+      local bw = LEASE.bucket_want(rate, p[2], p[3], peek[4], longest)
       if want < 0 or bw < want then want = bw end
       ends[i] = 0
     end

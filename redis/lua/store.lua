@@ -10,7 +10,8 @@
 --           permit's stamp);
 --       [4] the key's field in its buckets (layout "b" only; "" for "l" and "g" otherwise);
 --       "l": [5] the node's rate (cost units per 10^12 ns), [6] a window's final share (ppm),
---           [7] delayed mode's unrecorded admissions (0 in reserve mode);
+--           [7] delayed mode's unrecorded admissions (0 in reserve mode), [8] the longest
+--           a lease is sized for (ns);
 --       "g": [5] the lease's epoch (ns), [6...] per limit its TAT after the grant (ns after
 --           the epoch; buckets).
 -- Reply: lease, give back: lease.lua; check: "<outcome> <limit> <remaining> <reset_after> <retry_after> <delay>"
@@ -36,7 +37,7 @@ local function store_call(keys, args)
   local b = bind(ls, keys, 1, args[4])
   if mode == 'x' then return b[1][1].release(b[1][2], b[1][3], s, n, args[3]) end
   if mode == 'l' then
-    return LEASE.grant(b, s, n, args[3] + 0, args[5] + 0, args[6] + 0, args[7] + 0)
+    return LEASE.grant(b, s, n, args[3] + 0, args[5] + 0, args[6] + 0, args[7] + 0, args[8] + 0)
   end
   if mode == 'g' then return LEASE.give(b, s, n, args[3] + 0, args[5], args) end
   local cost = args[3] + 0

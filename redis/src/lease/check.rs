@@ -177,7 +177,8 @@ impl RedisStore {
             LeaseMode::Reserve => f.rate,
             LeaseMode::Delayed { .. } => 0,
         };
-        let cmd = self.lease_invocation(f.key, f.explicit, f.cost, rate, share, f.pending);
+        let longest = tier.shape().longest;
+        let cmd = self.lease_invocation(f.key, f.explicit, f.cost, rate, share, f.pending, longest);
         tier.counters().call(true);
         let v = match self.call(&cmd).await {
             Ok(v) => v,
@@ -212,7 +213,9 @@ impl RedisStore {
     }
 
     /// The lease call (`l`) for `key`: the request's `cost`, the node's `rate` for the key
-    /// (cost units per 10^12 ns), the final `share` (ppm), delayed mode's `pending`.
+    /// (cost units per 10^12 ns), the final `share` (ppm), delayed mode's `pending`, the
+    /// `longest` a lease is sized for (ns).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn lease_invocation(
         &self,
         key: &str,
@@ -221,11 +224,21 @@ impl RedisStore {
         rate: u64,
         share: u64,
         pending: u64,
+        longest: u64,
     ) -> Cmd {
         let names = self.layout.names(key);
         let f = self.caller.store_fn();
         let field = names.field.unwrap_or_default();
-        let args = (&self.spec, op('l', now), cost, field, rate, share, pending);
+        let args = (
+            &self.spec,
+            op('l', now),
+            cost,
+            field,
+            rate,
+            share,
+            pending,
+            longest,
+        );
         fcall(f, &names.keys, args)
     }
 

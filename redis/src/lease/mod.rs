@@ -70,6 +70,8 @@ pub struct Leases {
     pub(crate) min_checks: u64,
     pub(crate) idle: Duration,
     pub(crate) sweep: Option<Duration>,
+    pub(crate) longest: Duration,
+    pub(crate) recheck: Duration,
 }
 
 impl Default for Leases {
@@ -90,6 +92,8 @@ impl Leases {
             min_checks: 4,
             idle: Duration::from_millis(100),
             sweep: Some(Duration::from_millis(10)),
+            longest: Duration::from_secs(1),
+            recheck: Duration::from_secs(1),
         }
     }
     /// Reserve (default) or delayed.
@@ -117,6 +121,20 @@ impl Leases {
     /// A key unchecked this long gives its lease back (default 100 ms).
     pub fn idle(mut self, d: Duration) -> Self {
         self.idle = d;
+        self
+    }
+    /// The longest a lease is sized for (default 1 s): a lease call asks for what the node
+    /// would spend at its rate in at most this long (and at most an eighth of a window).
+    /// Longer: fewer calls for steady keys; shorter: less held by a node that stops.
+    pub fn longest(mut self, d: Duration) -> Self {
+        self.longest = d;
+        self
+    }
+    /// A node denied while other nodes may hold leases of the key (before a window's final
+    /// share) asks Redis again after at most this long (default 1 s), to find what they gave
+    /// back; a denial in the final share holds until its retry time.
+    pub fn recheck(mut self, d: Duration) -> Self {
+        self.recheck = d;
         self
     }
     /// How often a background task gives back idle and ended leases (default 10 ms; `None`:
@@ -181,6 +199,7 @@ impl Leases {
             bucket_t.push(t);
             // A window's lease is sized for at most an eighth of it (lease.lua).
             horizon = horizon.min(if t == 0 { len / 8 } else { len });
+            horizon = horizon.min(self.longest.as_nanos() as u64);
         }
         Shape {
             mode: self.mode,
@@ -189,6 +208,8 @@ impl Leases {
             horizon: horizon.max(1),
             min_checks: self.min_checks,
             stale: (2 * timeout.as_nanos() as u64).saturating_add(1_000_000),
+            longest: (self.longest.as_nanos() as u64).clamp(1, 1 << 52),
+            recheck: (self.recheck.as_nanos() as u64).max(1),
         }
     }
 }

@@ -75,6 +75,10 @@ pub(crate) struct Shape {
     pub(crate) min_checks: u64,
     /// A fetch flag this old belongs to a call that was dropped.
     pub(crate) stale: u64,
+    /// The longest a lease is sized for (ns).
+    pub(crate) longest: u64,
+    /// A node denied while other nodes may hold leases asks again after at most this (ns).
+    pub(crate) recheck: u64,
 }
 
 impl Shape {

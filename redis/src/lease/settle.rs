@@ -81,9 +81,10 @@ impl RecordOp for Settle<'_> {
             c.set(LEFT, 0);
             // Deny locally until the retry, but look again when other nodes' leases end in
             // this window (they may give admissions back).
+            // (Not in a final share: no node holds a lease there.)
             let mut wait = d.retry_after_ns.unwrap_or(0);
             if let (false, Some(w)) = (g.last, windows) {
-                wait = wait.min(w);
+                wait = wait.min(w).min(sh.recheck);
             }
             if wait > 0 {
                 c.set(DENY_UNTIL, local_after(now, wait));
@@ -120,7 +121,7 @@ impl RecordOp for Settle<'_> {
                 if d.remaining == 0 {
                     c.set(FLAGS, c.get(FLAGS) | EXHAUSTED);
                     let w = windows.unwrap_or_else(|| g.ends.iter().copied().min().unwrap_or(0));
-                    c.set(DRY_UNTIL, local_after(now, w));
+                    c.set(DRY_UNTIL, local_after(now, w.min(sh.recheck)));
                 }
                 self.counters.granted(extra);
             }

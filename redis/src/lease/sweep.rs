@@ -49,7 +49,7 @@ impl Io {
                 fcall(f, &names.keys, args)
             }
             LeaseMode::Delayed { .. } => {
-                let args = (&self.spec, op('l', now), 0, field, 0, 0, t.amount);
+                let args = (&self.spec, op('l', now), 0, field, 0, 0, t.amount, 0);
                 fcall(f, &names.keys, args)
             }
         })

@@ -19,6 +19,8 @@ fn shape(bucket_t: Vec<u64>) -> Shape {
         horizon: S,
         min_checks: 4,
         stale: 50 * MS,
+        longest: S,
+        recheck: S,
     }
 }
 

@@ -27,6 +27,10 @@ pub(crate) struct Row {
     pub p50_us: f64,
     pub p99_us: f64,
     pub p999_us: f64,
+    /// Of the checks answered in process.
+    pub local_p50_us: f64,
+    pub local_p99_us: f64,
+    pub local_p999_us: f64,
     /// Checks answered in process (leases only).
     pub local: f64,
     /// Key-windows whose demand passed the limit, and the share of their limit admitted.
@@ -81,6 +85,7 @@ impl Row {
         };
         let windows = o.secs / p.window.as_secs_f64();
         let q = |x: f64| o.latency.value_at_quantile(x) as f64 / 1000.0;
+        let lq = |x: f64| o.local_latency.value_at_quantile(x) as f64 / 1000.0;
         Row {
             backend: if cluster { "cluster" } else { "single" },
             rtt_ms: rtt.map(|d| d.as_secs_f64() * 1000.0),
@@ -98,6 +103,9 @@ impl Row {
             p50_us: q(0.5),
             p99_us: q(0.99),
             p999_us: q(0.999),
+            local_p50_us: lq(0.5),
+            local_p99_us: lq(0.99),
+            local_p999_us: lq(0.999),
             local: if l.checks > 0 {
                 l.local as f64 / l.checks as f64
             } else {
@@ -134,9 +142,9 @@ pub(crate) fn print(rows: &[Row], json: bool) {
         return;
     }
     println!(
-        "{:<8} {:<9} {:<8} {:>6} {:>8} {:>11} {:>10} {:>7} {:>9} {:>9} {:>9} {:>9} {:>6} {:>7} {:>10} {:>9} {:>9}",
+        "{:<8} {:<9} {:<8} {:>6} {:>8} {:>11} {:>10} {:>7} {:>9} {:>9} {:>9} {:>9} {:>6} {:>7} {:>8} {:>10} {:>9} {:>9}",
         "backend", "path", "dist", "demand", "limit", "checks/s/n", "cpu s/M", "vs chk",
-        "trips/chk", "trips/n/w", "p50 us", "p99 us", "p99.9", "local", "sat adm", "over", "stranded"
+        "trips/chk", "trips/n/w", "p50 us", "p99 us", "p99.9", "local", "loc p99", "sat adm", "over", "stranded"
     );
     for r in rows {
         let per_check = rows.iter().find(|x| {
@@ -154,7 +162,7 @@ pub(crate) fn print(rows: &[Row], json: bool) {
             })
             .unwrap_or_default();
         println!(
-            "{:<8} {:<9} {:<8} {:>6} {:>8} {:>11.0} {:>10.3} {:>7} {:>9.4} {:>9.2} {:>9.1} {:>9.1} {:>6.0} {:>6.1}% {:>10} {:>9} {:>9}",
+            "{:<8} {:<9} {:<8} {:>6} {:>8} {:>11.0} {:>10.3} {:>7} {:>9.4} {:>9.2} {:>9.1} {:>9.1} {:>6.0} {:>6.1}% {:>8.2} {:>10} {:>9} {:>9}",
             r.backend,
             r.path,
             r.distribution,
@@ -169,6 +177,7 @@ pub(crate) fn print(rows: &[Row], json: bool) {
             r.p99_us,
             r.p999_us,
             r.local * 100.0,
+            r.local_p99_us,
             r.saturated_admitted.map_or("-".into(), |x| format!("{:.1}%", x * 100.0)),
             match (r.over_keys, r.over) {
                 (Some(k), Some(o)) => format!("{k}/{o}"),
@@ -179,7 +188,7 @@ pub(crate) fn print(rows: &[Row], json: bool) {
     }
     println!(
         "cpu s/M: redis-server CPU seconds per million checks (vs chk: against the per-check path's); \
-         trips/n/w: round trips per node per window; sat adm: share of the limit admitted in \
+         trips/n/w: round trips per node per window; loc p99: of the checks answered in process (us); sat adm: share of the limit admitted in \
          key-windows whose demand passed it; over: key-windows over the limit / admissions over it."
     );
 }
