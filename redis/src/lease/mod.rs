@@ -96,6 +96,23 @@ impl Leases {
             recheck: Duration::from_secs(1),
         }
     }
+    /// The leases a rules file's `[backend]` asks for (`leases = "auto"`, `strand`, `mode`,
+    /// `flush`); `None` for `leases = "off"`.
+    pub fn from_rules(b: &turnstile::rules::BackendLeases) -> Option<Self> {
+        use turnstile::rules::{BackendLeaseMode, BackendLeases};
+        match *b {
+            BackendLeases::Off => None,
+            BackendLeases::Auto { strand_ppm, mode } => Some(
+                Self::auto()
+                    .strand(strand_ppm as f64 / 1e6)
+                    .mode(match mode {
+                        BackendLeaseMode::Reserve => LeaseMode::Reserve,
+                        BackendLeaseMode::Delayed { flush } => LeaseMode::Delayed { flush },
+                    }),
+            ),
+        }
+    }
+
     /// Reserve (default) or delayed.
     pub fn mode(mut self, m: LeaseMode) -> Self {
         self.mode = m;
