@@ -73,8 +73,8 @@ impl RedisStoreBuilder {
         self
     }
     /// Packs the records of fixed_window, sliding_window, token_bucket and leaky_bucket limits
-    /// as fields of hashes of 32 to 64 keys each, sized for `keys` live keys: about 27-29
-    /// bytes of Redis memory per key and limit instead of 130-170 (docs/redis.md). Every
+    /// as fields of hashes of 32 to 64 keys each, sized for `keys` live keys: about 26
+    /// bytes of Redis memory per key and limit instead of 138-177 (docs/redis.md). Every
     /// process sharing these limits must give the same `keys` (it maps keys to hashes); more
     /// keys than that still work, in larger hashes. Default: a Redis key per record.
     pub fn capacity(mut self, keys: u64) -> Self {

@@ -284,13 +284,18 @@ impl RedisStore {
             c.forget(key);
         }
         // With leases, what the key's lease spent goes back into it first.
-        let n = match &self.tier {
-            Some(t) => self.credit(t, key, n, now),
-            None => n,
-        };
-        if n == 0 {
-            return Ok(());
+        if let Some(t) = self.tier.as_ref().filter(|_| n > 0) {
+            let rest = self.credit(t, key, n, now);
+            if rest == 0 {
+                return Ok(());
+            }
+            return self.refund_redis(key, rest, now).await;
         }
+        self.refund_redis(key, n, now).await
+    }
+
+    /// A refund of `n` in Redis.
+    async fn refund_redis(&self, key: &str, n: u64, now: Option<u64>) -> Result<(), Error> {
         if let Some(p) = &self.plain {
             let at = now.unwrap_or_else(plain::caller_now);
             let k = p.key(&self.layout.names(key).keys[0], at);

@@ -50,11 +50,13 @@ pub(crate) fn local_end(sent: u64, ns: u64) -> u64 {
     sent.saturating_add(ns.saturating_sub(guard(ns)))
 }
 
-/// A local time `ns` after `now` (after Redis answered), plus the guard: the latest Redis's
-/// time can be then. What bounds waiting (a denial's retry, a final share's end) uses it, so
-/// that the node asks again once, after the time, not several times just before it.
+/// A local time `ns` after `now` (after Redis answered, so after it read its clock): at or
+/// just after Redis's time then, as far as the clocks' rates agree. What bounds waiting (a
+/// denial's retry, a final share's end) uses it, so that the node asks again once, after the
+/// time, not several times just before it (as an early end did: each answer a smaller retry);
+/// and it waits no longer than that (a later end would deny requests the next window admits).
 fn local_after(now: u64, ns: u64) -> u64 {
-    now.saturating_add(ns.saturating_add(guard(ns)))
+    now.saturating_add(ns)
 }
 
 impl RecordOp for Settle<'_> {

@@ -9,7 +9,7 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use turnstile::{Limit, Limits};
+use turnstile::{Decision, Limit, Limits};
 use turnstile_redis::{Conn, LeaseMode, LeaseStats, Leases, RedisStore};
 
 /// What a node checks through.
@@ -188,17 +188,18 @@ async fn client(c: Client, dist: Distribution, keys: u64) -> (u64, Histogram<u64
         key.clear();
         let _ = write!(key, "k{rank}");
         let t0 = Instant::now();
-        let (allowed, local) = match &*c.node {
+        let (decision, local) = match &*c.node {
             Node::Incr(conn) => {
                 let mut conn = conn.clone();
                 let mut incr = redis::cmd("INCR");
                 incr.arg(&key);
-                (incr.query_async::<i64>(&mut conn).await.is_ok(), false)
+                let _ = incr.query_async::<i64>(&mut conn).await;
+                (None, false)
             }
             // As the tower layer asks: in process first, then the store's check.
             Node::Store(s) => match s.check_local(&key, 1) {
-                Some(d) => (d.allowed(), true),
-                None => (s.check(&key, 1).await.allowed(), false),
+                Some(d) => (Some(d), true),
+                None => (Some(s.check(&key, 1).await), false),
             },
         };
         let t1 = Instant::now();
@@ -210,7 +211,7 @@ async fn client(c: Client, dist: Distribution, keys: u64) -> (u64, Histogram<u64
             tokio::task::coop::consume_budget().await;
         }
         n += 1;
-        count(&c, rank, allowed, t0, t1);
+        count(&c, rank, decision, t0, t1);
     }
     (n, hist, local_hist)
 }
@@ -219,30 +220,39 @@ fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds")
 }
 
-/// Counts a request of `rank` sent at `t0` and answered at `t1` in its window of Redis's
-/// clock: the window of both ends (± the clock's error), else ambiguous.
-fn count(c: &Client, rank: u64, allowed: bool, t0: Instant, t1: Instant) {
+/// Counts a request of `rank` sent at `t0` and answered at `t1`: demanded in the window of
+/// Redis's clock it was sent in; admitted in the window whose end the answer names (a fixed
+/// window's admission says how long until its window ends: the end lies within the reply's
+/// span of that, and a window end is a multiple of the window), else ambiguous.
+fn count(c: &Client, rank: u64, d: Option<Decision>, t0: Instant, t1: Instant) {
     let cn = &c.counts;
     if rank >= cn.track as u64 {
         return;
     }
-    let (a, b) = (
-        c.clock.redis_ns(t0).saturating_sub(c.clock.eps) / c.window,
-        (c.clock.redis_ns(t1) + c.clock.eps) / c.window,
+    let (lo, hi) = (
+        c.clock.redis_ns(t0).saturating_sub(c.clock.eps),
+        c.clock.redis_ns(t1) + c.clock.eps,
     );
-    let Some(w) = a
-        .checked_sub(c.first)
-        .filter(|&w| (w as usize) < cn.windows)
-    else {
+    let slot = |w: u64| {
+        w.checked_sub(c.first)
+            .filter(|&w| (w as usize) < cn.windows)
+            .map(|w| w as usize * cn.track + rank as usize)
+    };
+    let Some(i) = slot(lo / c.window) else {
         return;
     };
-    let i = w as usize * cn.track + rank as usize;
     // Relaxed: counters read after every client has ended (joined).
     cn.demand[i].fetch_add(1, Ordering::Relaxed);
-    if allowed {
-        if a == b {
-            cn.admitted[i].fetch_add(1, Ordering::Relaxed);
-        } else {
+    let Some(d) = d.filter(|d| d.allowed()) else {
+        return;
+    };
+    let (lo, hi) = (lo + d.reset_after_ns, hi + d.reset_after_ns);
+    let end = lo.div_ceil(c.window);
+    match slot(end.wrapping_sub(1)) {
+        Some(j) if end * c.window <= hi => {
+            cn.admitted[j].fetch_add(1, Ordering::Relaxed);
+        }
+        _ => {
             cn.ambiguous.fetch_add(1, Ordering::Relaxed);
         }
     }

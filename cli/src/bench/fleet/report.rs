@@ -186,6 +186,12 @@ pub(crate) fn print(rows: &[Row], json: bool) {
             r.stranded,
         );
     }
+    for r in rows.iter().filter(|r| r.fallbacks > 0) {
+        println!(
+            "warning: {} {} {} {}: {} checks answered by the failure policy (Redis slow or failing: a timeout of 500 ms, then the circuit breaker); its figures are not all Redis's",
+            r.backend, r.path, r.distribution, r.demand, r.fallbacks
+        );
+    }
     println!(
         "cpu s/M: redis-server CPU seconds per million checks (vs chk: against the per-check path's); \
          trips/n/w: round trips per node per window; loc p99: of the checks answered in process (us); sat adm: share of the limit admitted in \
