@@ -78,5 +78,5 @@ pub use permit::RedisPermit;
 pub use plain::PLAIN_CLOCK_SLACK_MS;
 pub use policy::{FailurePolicy, FailureStats};
 pub use rules::RedisRules;
-pub use script::{MAX_DURATION_NS, MAX_ZSET_DURATION_NS};
+pub use script::{max_limit, MAX_CALL_US, MAX_DURATION_NS, MAX_ZSET_DURATION_NS};
 pub use store::{Error, RedisStore, EXPLICIT_NOW_TTL_SLACK_MS};

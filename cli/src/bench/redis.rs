@@ -117,9 +117,9 @@ fn limits() -> Vec<Limit> {
         Limit::token_bucket(1_000_000, 1_000_000, w).unwrap(),
         Limit::sliding_window(1_000_000, w).unwrap(),
         Limit::leaky_bucket(1_000_000, w, 1000, None).unwrap(),
-        Limit::sliding_log(100_000, w).unwrap(),
+        Limit::sliding_log(4096, w).unwrap(),
         Limit::window_ring(60_000, Duration::from_secs(60), 60).unwrap(),
-        Limit::concurrency(60_000, Duration::from_secs(60)).unwrap(),
+        Limit::concurrency(256, Duration::from_secs(60)).unwrap(),
     ]
 }
 
