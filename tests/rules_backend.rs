@@ -6,8 +6,8 @@
 
 use std::time::Duration;
 use turnstile::rules::{
-    redact_url, Backend, BackendPolicy, Engine, KeyClass, RedisBackend, RedisNodes, Request, Rule,
-    Rules, StepOutcome, DEFAULT_REDIS_SEED,
+    redact_url, Backend, BackendLeaseMode, BackendLeases, BackendPolicy, Engine, KeyClass,
+    RedisBackend, RedisNodes, Request, Rule, Rules, StepOutcome, DEFAULT_REDIS_SEED,
 };
 use turnstile::{Algorithm, ConfigError, Decision, LimitSpec, ManualClock, Outcome};
 
@@ -29,6 +29,7 @@ fn a_redis_backend_with_its_defaults() {
             policy: BackendPolicy::Closed,
             prefix: "ts:".into(),
             seed: DEFAULT_REDIS_SEED,
+            leases: BackendLeases::Off,
         })
     );
     assert!(
@@ -304,4 +305,53 @@ fn the_redis_example_is_valid() {
     .unwrap();
     assert!(matches!(r.backend, Backend::Redis(_)));
     assert_eq!(r.rules.len(), 2);
+}
+
+#[test]
+fn leases_are_off_unless_asked_and_their_keys_are_checked() {
+    let url = "[backend]\nredis = \"redis://127.0.0.1:6379\"\n";
+    let leases = |extra: &str| {
+        parse(&format!("{url}{extra}")).map(|r| match r.backend {
+            Backend::Redis(b) => b.leases,
+            Backend::Memory => unreachable!(),
+        })
+    };
+    assert_eq!(leases(""), Ok(BackendLeases::Off));
+    assert_eq!(leases("leases = \"off\""), Ok(BackendLeases::Off));
+    let auto = BackendLeases::Auto {
+        strand_ppm: 50_000,
+        mode: BackendLeaseMode::Reserve,
+    };
+    assert_eq!(leases("leases = \"auto\""), Ok(auto));
+    assert_eq!(
+        leases("leases = \"auto\"\nstrand = \"2.5%\"\nmode = \"delayed\"\nflush = 50"),
+        Ok(BackendLeases::Auto {
+            strand_ppm: 25_000,
+            mode: BackendLeaseMode::Delayed { flush: 50 }
+        })
+    );
+    let r = parse(&format!("{url}leases = \"auto\"")).unwrap();
+    assert!(
+        r.summary().contains("never over the limits"),
+        "{}",
+        r.summary()
+    );
+    for (bad, says) in [
+        ("leases = \"sometimes\"", "expected auto"),
+        ("strand = \"5%\"", "applies to leases"),
+        ("leases = \"auto\"\nstrand = \"60%\"", "0% to 50%"),
+        ("leases = \"auto\"\nstrand = \"0.05\"", "as a percentage"),
+        ("leases = \"auto\"\nmode = \"later\"", "expected reserve"),
+        (
+            "leases = \"auto\"\nflush = 10",
+            "applies to mode = \"delayed\"",
+        ),
+        (
+            "leases = \"auto\"\nmode = \"delayed\"\nflush = 0",
+            "at least 1",
+        ),
+    ] {
+        let e = leases(bad).unwrap_err();
+        assert!(e.contains(says) && e.contains("b.toml:"), "{bad}: {e}");
+    }
 }

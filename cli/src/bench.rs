@@ -11,8 +11,8 @@
 //!
 //! Subcommands measure the service and the layer with the programs their users run: `serve`
 //! (redis-benchmark and wrk against `turnstile serve`, beside redis-server and redis-cell),
-//! `ab` (turnstile builds against each other) and `tower` (turnstile-tower's layer under wrk
-//! and callgrind). They drive those programs as child processes (`drive.rs`), read their output
+//! `ab` (turnstile builds against each other), `tower` (turnstile-tower's layer under wrk
+//! and callgrind) and `fleet` (nodes sharing limits through Redis, with and without leases). They drive those programs as child processes (`drive.rs`), read their output
 //! (`wrk.rs`), and share this module's medians and number formats; `server/bench.sh`,
 //! `server/ab.sh` and `tower/bench.sh` only build and call them.
 
@@ -20,6 +20,7 @@ mod atomics;
 mod clocks;
 mod drive;
 mod exact;
+mod fleet;
 mod floor;
 mod keys;
 mod limits;
@@ -63,6 +64,7 @@ pub fn run(mut args: BenchArgs) -> crate::Result<()> {
         Some(BenchCommand::Tower(a)) => return tower::run(a),
         Some(BenchCommand::Serve(a)) => return serve::run_serve(a),
         Some(BenchCommand::Ab(a)) => return serve::run_ab(a),
+        Some(BenchCommand::Fleet(a)) => return fleet::run(a),
         None => {}
     }
     if args.atomics {

@@ -232,3 +232,42 @@ limits = [{{ algorithm = "token_bucket", limit = 5, window = "1s", burst = 5 }}]
     assert_eq!(a.limit(3), 7, "and changes nothing");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn an_import_far_past_the_classs_buckets_is_refused_before_writing() {
+    let redis = redis_common::Server::start();
+    let url = redis.url();
+    let dir = std::env::temp_dir().join(format!("turnstile-limits-size-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // Sized for 64 entries: one bucket.
+    let rules = dir.join("rules.toml");
+    std::fs::write(
+        &rules,
+        format!(
+            "[limits.c]\nkey = \"customer\"\nalgorithm = \"token_bucket\"\nredis = \"{url}\"\ncapacity = 64\n\n[limits.c.plans]\npro = {{ limit = 100, window = \"1s\", burst = 100 }}\n\n[[rule]]\nname = \"r\"\nkey = \"customer\"\nlimits_from = \"c\"\nlimits = [{{ algorithm = \"token_bucket\", limit = 5, window = \"1s\", burst = 5 }}]\n"
+        ),
+    )
+    .unwrap();
+    let r = rules.to_str().unwrap();
+    let write = |name: &str, n: u64| {
+        let p = dir.join(name);
+        let body: String = (1..=n).map(|i| format!("{i},pro\n")).collect();
+        std::fs::write(&p, format!("key,limits\n{body}")).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let small = write("small.csv", 10);
+    let o = turnstile(&["limits", "import", r, &small]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let keys = redis.cli(&["DBSIZE"]);
+    // 1 000 entries into the first writer's one bucket: refused, nothing more written.
+    let big = write("big.csv", 1000);
+    let o = turnstile(&["limits", "import", r, &big]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains("past the 128") && err.contains("Nothing was written"),
+        "{err}"
+    );
+    assert_eq!(redis.cli(&["DBSIZE"]), keys, "nothing written");
+    let _ = std::fs::remove_dir_all(&dir);
+}

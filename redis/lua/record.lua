@@ -42,10 +42,13 @@ local function rec_bind(r, key, field)
   r.key, r.field, r.loaded, r.v, r.v0, r.meta, r.dirty = key, field, false, nil, nil, nil, false
 end
 
--- Idle records of the bucket, but r's own, deleted; returns how many fields remain.
+-- Idle records of the bucket, but r's own, deleted; returns how many fields remain. At an
+-- explicit now (SLACK > 0: not the server's clock, and other calls may be stamped earlier),
+-- a record is judged SLACK ms before it, the allowance a key of its own gets in its TTL.
 local function sweep(r, s, n, len)
   local all = redis.call('HRANDFIELD', r.key, SWEEP_MAX, 'WITHVALUES')
   local dead, idle = {}, r.alg.idle
+  if SLACK > 0 then s, n = t_add(s, n, -SLACK * 1000000) end
   for i = 1, #all - 1, 2 do
     local f = all[i]
     if f ~= '~' and f ~= r.field and idle(all[i + 1], r.p, s, n) then dead[#dead + 1] = f end

@@ -4,11 +4,17 @@
 --       every key of one call shares one {hash tag}: one Cluster slot.
 -- args: [1] the store's spec (spec.lua);
 --       [2] op: "c" check / peek (cost 0), "r" refund, "a" acquire (concurrency: a check
---           that also answers the permit's stamp), "x" release; then the explicit now in ns
---           if any (else the server's TIME);
---       [3] cost (for a refund the amount given back; for a release the permit's stamp);
---       [4] the key's field in its buckets (layout "b" only).
--- Reply: check: "<outcome> <limit> <remaining> <reset_after> <retry_after> <delay>"
+--           that also answers the permit's stamp), "x" release, "l" lease, "g" give back
+--           (lease.lua); then the explicit now in ns if any (else the server's TIME);
+--       [3] cost (for a refund or a give back the amount given back; for a release the
+--           permit's stamp);
+--       [4] the key's field in its buckets (layout "b" only; "" for "l" and "g" otherwise);
+--       "l": [5] the node's rate (cost units per 10^12 ns), [6] a window's final share (ppm),
+--           [7] delayed mode's unrecorded admissions (0 in reserve mode), [8] the longest
+--           a lease is sized for (ns);
+--       "g": [5] the lease's epoch (ns), [6...] per limit its TAT after the grant (ns after
+--           the epoch; buckets).
+-- Reply: lease, give back: lease.lua; check: "<outcome> <limit> <remaining> <reset_after> <retry_after> <delay>"
 --        (outcome 0 allowed, 1 limited, 2 never fits; retry -1: none), or for an admission
 --        without delay "<limit> <remaining> <reset_after>"; acquire: the same and
 --        " <stamp>" when a lease was taken; refund: 0; release: the cells freed.
@@ -30,6 +36,10 @@ local function store_call(keys, args)
   end
   local b = bind(ls, keys, 1, args[4])
   if mode == 'x' then return b[1][1].release(b[1][2], b[1][3], s, n, args[3]) end
+  if mode == 'l' then
+    return LEASE.grant(b, s, n, args[3] + 0, args[5] + 0, args[6] + 0, args[7] + 0, args[8] + 0)
+  end
+  if mode == 'g' then return LEASE.give(b, s, n, args[3] + 0, args[5], args) end
   local cost = args[3] + 0
   if mode == 'r' then
     for i = 1, #b do b[i][1].refund(b[i][2], b[i][3], s, n, cost) end

@@ -59,6 +59,11 @@ impl Caller {
         }
     }
 
+    /// The per-call timeout.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// The store's function name.
     pub(crate) fn store_fn(&self) -> &'static str {
         &self.lib.store

@@ -22,7 +22,7 @@ use crate::script::{packed_layout, record_layout, LimitArgs};
 use turnstile::Limit;
 
 /// Keys per bucket, at least (and fewer than twice as many): a listpack of 32 to 64 records
-/// holds a record in about 27-29 bytes (docs/redis.md) and is scanned in a few thousand
+/// holds a record in about 26 bytes (docs/redis.md) and is scanned in a few thousand
 /// instructions per access.
 const PER_BUCKET: u64 = 32;
 

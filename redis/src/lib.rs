@@ -27,9 +27,9 @@
 //!
 //! * [`RedisStore`] takes the same [`turnstile::Limits`] as the in-memory
 //!   `turnstile::keyed::Store` and answers the same [`turnstile::Decision`]s: every decision is
-//!   one atomic Lua script call (`EVALSHA`, reloaded on `NOSCRIPT`), several limits on one key
-//!   all-or-nothing in that one call, their keys sharing the `{hash tag}` of the key so that
-//!   they live in one Cluster slot.
+//!   one call of a Redis Functions library (`FCALL`; the library loaded again when Redis lost
+//!   it), several limits on one key all-or-nothing in that one call, their keys sharing the
+//!   `{hash tag}` of the key so that they live in one Cluster slot.
 //! * One clock: the script reads the server's `TIME`, so machines with skewed clocks agree.
 //!   [`RedisStore::check_at`] passes an explicit `now` instead, for tests that run one trace
 //!   through Redis and through the in-memory engine.
@@ -45,13 +45,17 @@
 //!   [`FailurePolicy`] (open, closed, or an in-memory insurance limiter at limit ÷ nodes),
 //!   behind a circuit breaker; every fallback counted ([`FailureStats`]).
 //!
+//! * Leases ([`RedisStoreBuilder::leases`], [`lease`]): the keys whose rate makes it pay are
+//!   spent in process between round trips, from a bounded lock-free table; reserve mode never
+//!   admits over the limits.
 //! * The rules engine's counts in Redis: [`RedisRules`] executes the engine's plans (a rules
-//!   file's `[backend] redis = "..."`), one script call per request on one node.
+//!   file's `[backend] redis = "..."`), one function call per request on one node.
 //!
 //! See `docs/redis.md`.
 
 #![warn(missing_docs)]
 
+mod builder;
 mod call;
 mod conn;
 mod deny;
@@ -66,11 +70,13 @@ pub mod rules;
 mod script;
 mod store;
 
+pub use builder::RedisStoreBuilder;
 pub use conn::Conn;
+pub use lease::{LeaseMode, LeaseStats, Leases};
 pub use limits::{RedisLimits, RedisLimitsStats};
 pub use permit::RedisPermit;
 pub use plain::PLAIN_CLOCK_SLACK_MS;
 pub use policy::{FailurePolicy, FailureStats};
 pub use rules::RedisRules;
-pub use script::{MAX_DURATION_NS, MAX_ZSET_DURATION_NS};
-pub use store::{Error, RedisStore, RedisStoreBuilder, EXPLICIT_NOW_TTL_SLACK_MS};
+pub use script::{max_limit, MAX_CALL_US, MAX_DURATION_NS, MAX_ZSET_DURATION_NS};
+pub use store::{Error, RedisStore, EXPLICIT_NOW_TTL_SLACK_MS};

@@ -79,6 +79,30 @@ pub(crate) fn store(v: &Value) -> Result<(Decision, Option<String>), Error> {
     Ok((d, stamp))
 }
 
+/// A lease call's reply for a key of `limits` limits (lease.lua): the grant, whether a
+/// window was in its final share, the call's time, the admissions recorded for a delayed
+/// node, each limit's end, then the decision (six integers).
+pub(crate) fn lease(v: &Value, limits: usize) -> Result<(crate::lease::settle::Grant, u64), Error> {
+    let f: Vec<i64> = integers(text(v)?)
+        .collect::<Result<_, ()>>()
+        .map_err(|_| bad(v))?;
+    if f.len() != 4 + limits + 6 || f[..4].iter().any(|&x| x < 0) {
+        return Err(bad(v));
+    }
+    let decision = decision(&f[4 + limits..])
+        .ok()
+        .flatten()
+        .ok_or_else(|| bad(v))?;
+    let grant = crate::lease::settle::Grant {
+        granted: f[0] as u64,
+        last: f[1] == 1,
+        epoch: f[2] as u64,
+        ends: f[4..4 + limits].iter().map(|&e| e.max(0) as u64).collect(),
+        decision,
+    };
+    Ok((grant, f[3] as u64))
+}
+
 /// A rules check reply over `steps` steps: the first denier (0: none), then each step's
 /// decision of its limits and of its pool (`None`: not asked).
 pub(crate) type RulesReply = (u64, Vec<(Option<Decision>, Option<Decision>)>);

@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 use turnstile::{ConfigError, Limit, Limits};
 
 /// The parts, in the order the library needs them (each uses only those before it).
-const PARTS: [&str; 15] = [
+const PARTS: [&str; 16] = [
     include_str!("../lua/prelude.lua"),
     include_str!("../lua/record.lua"),
     include_str!("../lua/fixed_window.lua"),
@@ -27,6 +27,7 @@ const PARTS: [&str; 15] = [
     include_str!("../lua/limits.lua"),
     include_str!("../lua/spec.lua"),
     include_str!("../lua/fast.lua"),
+    include_str!("../lua/lease.lua"),
     include_str!("../lua/store.lua"),
     include_str!("../lua/rules.lua"),
     include_str!("../lua/plain.lua"),
@@ -41,6 +42,42 @@ pub const MAX_DURATION_NS: u64 = 1 << 52;
 /// entries and a lease's score are kept within 2^52 ns of a base that moves, so a time plus
 /// a window stays below 2^53.
 pub const MAX_ZSET_DURATION_NS: u64 = 1 << 51;
+
+/// The Redis time one call may take at most, by construction: the limits whose call could
+/// take longer are refused when a store is built ([`max_limit`]). Measured (tests/call_cost.rs,
+/// docs/redis.md): the records that grow with their limit are a sliding_log's (an entry per
+/// admission, in one string every write rewrites: about 16 ns an entry, 66 ns for each entry
+/// a check adds) and a concurrency limit's (a sorted-set member per cell held: about 0.5 to 2
+/// µs a cell added). A call that blocks Redis blocks every client of every application that
+/// shares it.
+pub const MAX_CALL_US: u64 = 1000;
+
+/// The largest limit of `a` a Redis store accepts: every call within [`MAX_CALL_US`].
+/// sliding_log: 4096 (its in-memory maximum is 2^20); concurrency: 256 (2^16 in memory); the
+/// others: their in-memory maximum (their calls cost the same at any limit; window_ring's
+/// grows with its sub-windows, at most 1024, about 150 µs there).
+pub fn max_limit(a: turnstile::Algorithm) -> u64 {
+    use turnstile::algo::{concurrency, fixed_window, sliding_window, window_ring};
+    use turnstile::Algorithm as A;
+    match a {
+        A::SlidingLog => 4096,
+        A::Concurrency => 256.min(concurrency::MAX_LIMIT),
+        A::FixedWindow => fixed_window::MAX_LIMIT,
+        A::SlidingWindow => sliding_window::MAX_LIMIT,
+        A::WindowRing => window_ring::MAX_LIMIT,
+        _ => u64::MAX,
+    }
+}
+
+fn too_costly(what: &str, limit: u64, a: turnstile::Algorithm, per: &str) -> ConfigError {
+    let max = max_limit(a);
+    ConfigError::new(
+        "limit",
+        format!(
+            "{what} of {limit} is more than a Redis store takes ({max}): it keeps {per}, and one call's time grows with it; at most {max} keeps every call within {MAX_CALL_US} us of Redis time (a call blocks every client of the Redis). Use a lower limit, a sliding_window or window_ring, or the in-memory store"
+        ),
+    )
+}
 
 /// The composed library: its text and the names it registers.
 #[derive(Debug)]
@@ -156,6 +193,15 @@ pub(crate) fn limit_args(l: &Limit) -> Result<LimitArgs, ConfigError> {
         Limit::SlidingLog(p) => {
             let what = "a sliding_log window";
             check("window", what, p.window, MAX_ZSET_DURATION_NS)?;
+            if p.limit > max_limit(turnstile::Algorithm::SlidingLog) {
+                let per = "an entry per admission in one string every write rewrites";
+                return Err(too_costly(
+                    "a sliding_log limit",
+                    p.limit,
+                    turnstile::Algorithm::SlidingLog,
+                    per,
+                ));
+            }
             let params = vec![p.limit, p.window, p.count_denied as u64, p.tick];
             ("sl", params)
         }
@@ -182,6 +228,15 @@ pub(crate) fn limit_args(l: &Limit) -> Result<LimitArgs, ConfigError> {
                 p.lease,
                 MAX_ZSET_DURATION_NS,
             )?;
+            if p.limit > max_limit(turnstile::Algorithm::Concurrency) {
+                let per = "a sorted-set member per request in flight";
+                return Err(too_costly(
+                    "a concurrency limit",
+                    p.limit,
+                    turnstile::Algorithm::Concurrency,
+                    per,
+                ));
+            }
             ("cc", vec![p.limit, p.lease])
         }
     };
@@ -339,6 +394,20 @@ mod tests {
         assert!(limit_args(&l).unwrap_err().message.contains("2^51"));
         let l = Limit::concurrency(10, day * 26).unwrap();
         assert!(limit_args(&l).is_ok());
+    }
+
+    #[test]
+    fn limits_whose_calls_grow_past_the_budget_are_refused() {
+        let h = Duration::from_secs(3600);
+        assert!(limit_args(&Limit::sliding_log(4096, h).unwrap()).is_ok());
+        let e = limit_args(&Limit::sliding_log(4097, h).unwrap()).unwrap_err();
+        assert!(
+            e.message.contains("4096") && e.message.contains("us of Redis time"),
+            "{e}"
+        );
+        assert!(limit_args(&Limit::concurrency(256, h).unwrap()).is_ok());
+        let e = limit_args(&Limit::concurrency(257, h).unwrap()).unwrap_err();
+        assert!(e.message.contains("256"), "{e}");
     }
 
     #[test]

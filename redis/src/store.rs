@@ -1,20 +1,21 @@
 //! [`RedisStore`]: the same [`Limits`] and [`Decision`]s as `turnstile::keyed::Store`, kept in
 //! Redis or a Redis Cluster, one atomic function call per decision.
 
+use crate::builder::RedisStoreBuilder;
 use crate::call::{fcall, Caller};
 use crate::conn::Conn;
 use crate::deny::DenyCache;
 use crate::layout::Layout;
+use crate::lease::Tier;
 use crate::plain::{self, Op, Plain};
-use crate::policy::{blind, insurance, FailureGate, FailurePolicy, FailureStats};
+use crate::policy::{blind, FailureGate, FailurePolicy, FailureStats};
 use crate::reply;
-use crate::script::{limit_args, store_spec};
 use redis::{Cmd, ToRedisArgs};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 use turnstile::keyed::Store;
-use turnstile::{ConfigError, Decision, Limit, Limits};
+use turnstile::{ConfigError, Decision, Limits};
 
 /// Milliseconds added to every TTL when a call passes an explicit `now` (tests): such a `now`
 /// is not the server's clock, so a TTL computed from it must not expire the key under the
@@ -63,187 +64,24 @@ impl From<ConfigError> for Error {
     }
 }
 
-/// Builds a [`RedisStore`].
-#[derive(Clone, Debug)]
-pub struct RedisStoreBuilder {
-    limits: Limits,
-    prefix: String,
-    timeout: Duration,
-    connect_timeout: Duration,
-    policy: FailurePolicy,
-    breaker_threshold: u64,
-    breaker_cooldown: Duration,
-    deny_cache: bool,
-    insurance_keys: u64,
-    capacity: Option<u64>,
-    plain: bool,
-}
-
-impl RedisStoreBuilder {
-    /// Key prefix (a namespace, e.g. the rule's name); default `"ts:"`. Must not contain `{`
-    /// or `}` (the key, or its bucket, is the hash tag).
-    pub fn prefix(mut self, p: impl Into<String>) -> Self {
-        self.prefix = p.into();
-        self
-    }
-    /// Per-call timeout (default 20 ms); past it the failure policy answers.
-    pub fn timeout(mut self, t: Duration) -> Self {
-        self.timeout = t;
-        self
-    }
-    /// Timeout of a connection attempt (default 1 s).
-    pub fn connect_timeout(mut self, t: Duration) -> Self {
-        self.connect_timeout = t;
-        self
-    }
-    /// What to answer when Redis does not (default [`FailurePolicy::Closed`]).
-    pub fn policy(mut self, p: FailurePolicy) -> Self {
-        self.policy = p;
-        self
-    }
-    /// Consecutive failures that open the circuit (default 5), and how long it stays open
-    /// before one probe call (default 1 s).
-    pub fn breaker(mut self, threshold: u64, cooldown: Duration) -> Self {
-        self.breaker_threshold = threshold;
-        self.breaker_cooldown = cooldown;
-        self
-    }
-    /// Answer denials of keys known to be over their limit (until their retry time) without a
-    /// round trip (default off). It only ever denies: a request the cache does not cover goes
-    /// to Redis. A refund through this store clears the key; another node's refund is not
-    /// seen, so a cached key may be denied until its retry time although it would fit again.
-    pub fn deny_cache(mut self, on: bool) -> Self {
-        self.deny_cache = on;
-        self
-    }
-    /// Keys the insurance store holds (policy [`FailurePolicy::Insurance`]; default 100 000).
-    pub fn insurance_keys(mut self, keys: u64) -> Self {
-        self.insurance_keys = keys;
-        self
-    }
-    /// Packs the records of fixed_window, sliding_window, token_bucket and leaky_bucket limits
-    /// as fields of hashes of 32 to 64 keys each, sized for `keys` live keys: about 27-29
-    /// bytes of Redis memory per key and limit instead of 130-170 (docs/redis.md). Every
-    /// process sharing these limits must give the same `keys` (it maps keys to hashes); more
-    /// keys than that still work, in larger hashes. Default: a Redis key per record.
-    pub fn capacity(mut self, keys: u64) -> Self {
-        self.capacity = Some(keys);
-        self
-    }
-
-    /// Decides a store of one fixed_window or sliding_window limit by plain commands instead
-    /// of a function call (default off): a transaction of `INCRBY` and `PEXPIRE … NX` on a key
-    /// named by the window (the way envoyproxy/ratelimit counts; sliding_window also `GET`s
-    /// the previous window's), then the cost given back when it did not fit (unless the limit
-    /// counts denials); a refund is a function call. About a quarter of a function call's
-    /// work in redis-server (docs/redis.md, "What a call costs").
-    ///
-    /// **The window is picked by the caller's clock** (`SystemTime::now()`, or the explicit
-    /// `now` of `check_at`), not the server's `TIME`: every process sharing the limit must
-    /// have clocks that agree to within a small part of the window. A process whose clock is
-    /// ahead counts in the next window early; one behind counts in the previous window while
-    /// its key lives (to the end of the last window reading it, plus
-    /// [`crate::PLAIN_CLOCK_SLACK_MS`]), and past that starts it afresh, admitting up to the
-    /// limit again there. Decisions equal the in-memory
-    /// store's while each caller's time moves forward; a call at a time before the latest
-    /// write is decided in its own (earlier) window, where the in-memory record would stay in
-    /// the later one. Concurrent callers may be refused transiently when together they pass
-    /// the limit; never admitted past it.
-    ///
-    /// Only for a single fixed_window or sliding_window limit, one key per record (no
-    /// [`RedisStoreBuilder::capacity`]), on one node (`connect`, not `connect_cluster`): the
-    /// store is refused otherwise.
-    pub fn plain_commands(mut self, on: bool) -> Self {
-        self.plain = on;
-        self
-    }
-
-    /// Connects to one Redis node (7.0 or later) and loads the library.
-    pub async fn connect(self, url: &str) -> Result<RedisStore, Error> {
-        let conn = Conn::single(url, self.connect_timeout).await?;
-        let store = self.build(conn)?;
-        store.load().await?;
-        Ok(store)
-    }
-
-    /// Connects to a Redis Cluster through any of its nodes and loads the library on every
-    /// master.
-    pub async fn connect_cluster(self, urls: &[&str]) -> Result<RedisStore, Error> {
-        let conn = Conn::cluster(urls, self.connect_timeout).await?;
-        let store = self.build(conn)?;
-        store.load().await?;
-        Ok(store)
-    }
-
-    /// Builds over an existing connection (the library is loaded on first use).
-    pub fn build(self, conn: Conn) -> Result<RedisStore, Error> {
-        if self.prefix.contains(['{', '}']) {
-            return Err(Error::Key(format!(
-                "the key prefix `{}` contains a brace; the key itself is the {{hash tag}}, drop the braces from the prefix",
-                self.prefix
-            )));
-        }
-        let ls = self.limits.limits();
-        let plain = match (self.plain, Plain::of(ls)) {
-            (false, _) => None,
-            (true, Some(p)) if self.capacity.is_none() && !conn.is_cluster() => Some(p),
-            (true, _) => {
-                return Err(Error::Config(ConfigError::new(
-                    "plain_commands",
-                    "plain commands decide a single fixed_window or sliding_window limit, one key per record (no capacity), on one node (not a cluster); use the function call (the default) for these limits",
-                )))
-            }
-        };
-        let args = ls.iter().map(limit_args).collect::<Result<Vec<_>, _>>()?;
-        let layout = Layout::new(&self.prefix, ls, &args, self.capacity);
-        let insurance = match self.policy {
-            FailurePolicy::Insurance { expected_nodes } => Some(Arc::new(
-                insurance(&self.limits, expected_nodes, self.insurance_keys).ok_or_else(|| {
-                    Error::Config(ConfigError::new(
-                        "policy",
-                        "the insurance store could not be built for these limits",
-                    ))
-                })?,
-            )),
-            _ => None,
-        };
-        let backend = format!("store {:?}", self.prefix);
-        Ok(RedisStore {
-            caller: Caller::new(conn, self.timeout),
-            spec: store_spec(layout.packed(), &self.limits, &args),
-            concurrency: matches!(ls, [Limit::Concurrency(_)]),
-            single: ls.first().map_or(0, Limit::capacity),
-            layout,
-            gate: FailureGate::new(
-                self.policy,
-                self.breaker_threshold,
-                self.breaker_cooldown,
-                backend,
-            ),
-            insurance,
-            plain,
-            deny: self.deny_cache.then(DenyCache::default),
-            limits: self.limits,
-        })
-    }
-}
-
 /// Limits for many keys, in Redis. See the crate docs.
 pub struct RedisStore {
-    caller: Caller,
+    pub(crate) caller: Caller,
     /// The library's spec of these limits (spec.lua).
-    spec: String,
-    layout: Layout,
-    concurrency: bool,
+    pub(crate) spec: String,
+    pub(crate) layout: Layout,
+    pub(crate) concurrency: bool,
     /// The first limit's capacity (the failure policy's blind answers name it).
-    single: u64,
+    pub(crate) single: u64,
     pub(crate) gate: FailureGate,
     pub(crate) insurance: Option<Arc<Store>>,
     /// Plain commands instead of the function (a single fixed_window or sliding_window limit;
     /// plain.rs).
-    plain: Option<Plain>,
-    deny: Option<DenyCache>,
-    limits: Limits,
+    pub(crate) plain: Option<Plain>,
+    pub(crate) deny: Option<DenyCache>,
+    pub(crate) limits: Limits,
+    /// Leases (`lease`), if the store was built with them.
+    pub(crate) tier: Option<Arc<Tier>>,
 }
 
 impl RedisStore {
@@ -261,6 +99,7 @@ impl RedisStore {
             insurance_keys: 100_000,
             capacity: None,
             plain: false,
+            leases: None,
         }
     }
 
@@ -340,7 +179,12 @@ impl RedisStore {
         self.caller.call(cmd).await
     }
 
-    async fn decide(&self, key: &str, now: Option<u64>, cost: u64) -> Result<Decision, Error> {
+    pub(crate) async fn decide(
+        &self,
+        key: &str,
+        now: Option<u64>,
+        cost: u64,
+    ) -> Result<Decision, Error> {
         if let Some(p) = &self.plain {
             return self.plain_decide(p, key, now, cost).await;
         }
@@ -388,24 +232,41 @@ impl RedisStore {
     /// Checks a request of `cost` for `key` on Redis, at the server's time; no failure policy
     /// (an error is returned).
     pub async fn try_check(&self, key: &str, cost: u64) -> Result<Decision, Error> {
-        self.decide(key, None, cost).await
+        self.checked(key, None, cost).await
+    }
+
+    /// A check through the lease tier if the store has one, else in Redis.
+    async fn checked(&self, key: &str, now: Option<u64>, cost: u64) -> Result<Decision, Error> {
+        match &self.tier {
+            Some(t) if cost > 0 => self.tier_check(t, key, cost, now).await,
+            _ => self.decide(key, now, cost).await,
+        }
     }
 
     /// [`RedisStore::try_check`] at an explicit `now` (ns) instead of the server's `TIME`: for
     /// tests that run one trace through Redis and the in-memory store. Keys written this way
     /// live [`EXPLICIT_NOW_TTL_SLACK_MS`] longer than their idle time.
     pub async fn check_at(&self, key: &str, cost: u64, now: u64) -> Result<Decision, Error> {
-        self.decide(key, Some(now), cost).await
+        self.checked(key, Some(now), cost).await
     }
 
-    /// Looks at `key`'s limits without consuming.
+    /// Looks at `key`'s limits without consuming. With leases, `remaining` includes what
+    /// this node holds of the key (Redis counted it already).
     pub async fn peek(&self, key: &str) -> Result<Decision, Error> {
-        self.decide(key, None, 0).await
+        self.peeked(key, None).await
     }
 
     /// [`RedisStore::peek`] at an explicit `now`.
     pub async fn peek_at(&self, key: &str, now: u64) -> Result<Decision, Error> {
-        self.decide(key, Some(now), 0).await
+        self.peeked(key, Some(now)).await
+    }
+
+    async fn peeked(&self, key: &str, now: Option<u64>) -> Result<Decision, Error> {
+        let mut d = self.decide(key, now, 0).await?;
+        if let Some(t) = &self.tier {
+            d.remaining = d.remaining.saturating_add(self.held(t, key, now));
+        }
+        Ok(d)
     }
 
     /// Gives `n` back to `key`'s limits.
@@ -422,6 +283,19 @@ impl RedisStore {
         if let Some(c) = &self.deny {
             c.forget(key);
         }
+        // With leases, what the key's lease spent goes back into it first.
+        if let Some(t) = self.tier.as_ref().filter(|_| n > 0) {
+            let rest = self.credit(t, key, n, now);
+            if rest == 0 {
+                return Ok(());
+            }
+            return self.refund_redis(key, rest, now).await;
+        }
+        self.refund_redis(key, n, now).await
+    }
+
+    /// A refund of `n` in Redis.
+    async fn refund_redis(&self, key: &str, n: u64, now: Option<u64>) -> Result<(), Error> {
         if let Some(p) = &self.plain {
             let at = now.unwrap_or_else(plain::caller_now);
             let k = p.key(&self.layout.names(key).keys[0], at);
@@ -439,6 +313,11 @@ impl RedisStore {
     /// Checks a request of `cost` for `key`: Redis if it answers within the timeout, else the
     /// failure policy (counted in [`RedisStore::stats`]). Never fails.
     pub async fn check(&self, key: &str, cost: u64) -> Decision {
+        if let Some(t) = &self.tier {
+            if cost > 0 {
+                return self.leased_check(t, key, cost).await;
+            }
+        }
         if let Some(d) = self.deny.as_ref().and_then(|c| c.lookup(key, cost)) {
             self.gate.cached_denial();
             return d;
@@ -494,6 +373,10 @@ impl RedisStore {
     /// [`RedisStore::check`] for many keys, pipelined; the failure policy answers all of them
     /// if the pipeline fails.
     pub async fn check_many(&self, keys: &[&str], cost: u64) -> Vec<Decision> {
+        if self.tier.is_some() {
+            let calls = keys.iter().map(|k| self.check(k, cost));
+            return futures_util::future::join_all(calls).await;
+        }
         let n = keys.len() as u64;
         if !self.gate.admit(n) {
             return keys.iter().map(|k| self.fallback(k, cost)).collect();
@@ -521,8 +404,8 @@ impl RedisStore {
         now: Option<u64>,
         cost: u64,
     ) -> Result<Vec<Decision>, Error> {
-        if self.caller.conn().is_cluster() || self.plain.is_some() {
-            let calls = keys.iter().map(|k| self.decide(k, now, cost));
+        if self.caller.conn().is_cluster() || self.plain.is_some() || self.tier.is_some() {
+            let calls = keys.iter().map(|k| self.checked(k, now, cost));
             return futures_util::future::join_all(calls)
                 .await
                 .into_iter()

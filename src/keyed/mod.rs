@@ -25,6 +25,7 @@
 //! | `per_check` | [`Store::check_with`]: limits given with each check, one record per key |
 //! | `permit` | [`Store::acquire_owned`], [`StorePermit`] |
 //! | `ops` | each operation on a record, as the table runs it |
+//! | `records` | [`Records`]: the same table for records of the caller's own kind |
 //! | `table`, `arena`, `alloc` | the lock-free table, the arena of larger records, their memory |
 
 pub(crate) mod alloc;
@@ -36,6 +37,7 @@ mod ops;
 mod per_check;
 mod permit;
 mod policy;
+mod records;
 mod snapshot;
 mod store;
 pub(crate) mod table;
@@ -45,4 +47,5 @@ pub use key::{parse_key, Key, KeyError, KeyHasher, ParsedKey};
 pub use per_check::LimitMismatch;
 pub use permit::StorePermit;
 pub use policy::FullPolicy;
+pub use records::{RecordKind, RecordOp, Records};
 pub use store::{Store, StoreStats};

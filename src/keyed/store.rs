@@ -9,7 +9,7 @@
 use super::key::{Key, KeyHasher};
 use super::ops::{Check, Decides, Evaluate, Refund, Settle};
 use super::policy::FullPolicy;
-use super::table::{Ctx, Loc, Op, Shard, BUCKET};
+use super::table::{shard_index, Ctx, Judge, Loc, Op, Shard, BUCKET};
 use crate::algo::{with_packed, Algorithm, Limit, Limits, Packed, PackedFn};
 use crate::clock::{Clock, DefaultClock, Nanos};
 use crate::decision::Decision;
@@ -104,7 +104,7 @@ impl<C: Clock> Store<C> {
     #[inline(always)]
     pub(crate) fn ctx(&self, missed: bool) -> Ctx<'_> {
         Ctx {
-            limits: &self.limits,
+            judge: Judge::Limits(&self.limits),
             policy: self.policy,
             missed,
         }
@@ -146,18 +146,9 @@ impl<C: Clock> Store<C> {
     #[inline(always)]
     pub(crate) fn place_of(&self, id: u64) -> (usize, Loc) {
         let h = self.hasher.place(id);
-        let shard = self.shard_index(h);
         // Every shard has the same number of buckets, kept here: no load from the shard
         // before its bucket address is known.
-        let n = self.shard_buckets;
-        // Two independent 24-bit slices of the mix (the shard uses the top bits), reduced by
-        // multiply-shift.
-        let h1 = (((h & 0xff_ffff) * n) >> 24) as usize;
-        let h2 = ((((h >> 24) & 0xff_ffff) * n) >> 24) as usize;
-        // Eight more bits (48..55; the shard takes bits from 63 down, so they are independent
-        // of it up to 256 shards), never 0 (an empty slot's tag): 255 values.
-        let tag = ((h >> 48) as u8).max(1) as u64;
-        (shard, Loc { h1, h2, tag })
+        (self.shard_index(h), Loc::of(h, self.shard_buckets))
     }
 
     /// The shard a key lives in (for routing requests to the thread that owns it).
@@ -165,11 +156,10 @@ impl<C: Clock> Store<C> {
         self.shard_index(self.hasher.place(key.key_id(&self.hasher)))
     }
 
-    /// The shard of placement hash `h`: its top `shard_bits` bits. Two shifts rather than a
-    /// test for `shard_bits == 0` (a shift by 64 is not defined): `(h >> 1) >> 63` is 0.
+    /// The shard of placement hash `h`: its top `shard_bits` bits ([`shard_index`]).
     #[inline(always)]
     fn shard_index(&self, h: u64) -> usize {
-        ((h >> 1) >> (63 - self.shard_bits)) as usize
+        shard_index(h, self.shard_bits)
     }
 
     /// Shard `i` of [`Store::shard_index`], without a bounds check on the batch path.

@@ -111,6 +111,7 @@
 
 use super::alloc::zeroed_u64;
 use super::arena::Arena;
+use super::records::RecordKind;
 use super::FullPolicy;
 use crate::algo::{Cells, Limits, Packed};
 use crate::decision::{Decision, Outcome};
@@ -153,6 +154,28 @@ pub(crate) struct Loc {
     // A byte, kept in a word: a `Loc` then copies as three words, not two and a byte.
     pub(crate) tag: u64,
 }
+impl Loc {
+    /// The home buckets and tag of placement hash `h` in a shard of `n` buckets.
+    #[inline(always)]
+    pub(crate) fn of(h: u64, n: u64) -> Loc {
+        // Two independent 24-bit slices of the mix (the shard uses the top bits), reduced by
+        // multiply-shift.
+        let h1 = (((h & 0xff_ffff) * n) >> 24) as usize;
+        let h2 = ((((h >> 24) & 0xff_ffff) * n) >> 24) as usize;
+        // Eight more bits (48..55; the shard takes bits from 63 down, so they are independent
+        // of it up to 256 shards), never 0 (an empty slot's tag): 255 values.
+        let tag = ((h >> 48) as u8).max(1) as u64;
+        Loc { h1, h2, tag }
+    }
+}
+
+/// The shard of placement hash `h` among `2^bits`: its top `bits` bits. Two shifts rather
+/// than a test for `bits == 0` (a shift by 64 is not defined): `(h >> 1) >> 63` is 0.
+#[inline(always)]
+pub(crate) fn shard_index(h: u64, bits: u32) -> usize {
+    ((h >> 1) >> (63 - bits)) as usize
+}
+
 /// Records idle for less than this are not reclaimed: clock readings of concurrent threads
 /// differ by a little, and a record idle at one thread's `now` may still hold state at
 /// another's. 1 ms is far above that skew.
@@ -379,9 +402,43 @@ fn zeroed_buckets(n: usize) -> Option<Box<[Bucket]>> {
     )
 }
 
+/// What judges a table's records idle: a store's limits, or a [`RecordKind`] (a table of
+/// records of the caller's own, `keyed::Records`).
+#[derive(Clone, Copy)]
+pub(crate) enum Judge<'a> {
+    Limits(&'a Limits),
+    Kind(&'a dyn RecordKind),
+}
+
+impl Judge<'_> {
+    /// Nanoseconds until a packed state is idle at `now` (a packed store's limit).
+    fn idle_packed(&self, st: u64, now: u64) -> u64 {
+        match self {
+            Judge::Limits(l) => l.single_packed().expect("packed store").idle_in(&[st], now),
+            // A table of records always keeps them in its arena (`Records::new`).
+            Judge::Kind(_) => unreachable!("a table of records is never packed"),
+        }
+    }
+
+    /// Nanoseconds until an arena record is idle at `now`.
+    fn idle_cells(&self, cells: &mut AtomicCells<'_>, now: u64) -> u64 {
+        match self {
+            Judge::Limits(l) => l.idle_in(cells, now),
+            Judge::Kind(k) => k.idle_in(cells, now),
+        }
+    }
+
+    /// A live arena record is about to be removed (reclaimed, evicted or reset).
+    fn removed(&self, cells: &mut AtomicCells<'_>) {
+        if let Judge::Kind(k) = self {
+            k.removed(cells);
+        }
+    }
+}
+
 /// What a shard operation needs to know about the store.
 pub(crate) struct Ctx<'a> {
-    pub(crate) limits: &'a Limits,
+    pub(crate) judge: Judge<'a>,
     pub(crate) policy: FullPolicy,
     /// A lookup of this key just missed (the packed fast path): [`Shard::with_key`] starts
     /// with the insertion, which scans the range again under the header protocol, instead of
@@ -1102,8 +1159,7 @@ impl Shard {
         let st = state_of(v) & !LIVE;
         match &self.arena {
             None => {
-                let l = ctx.limits.single_packed().expect("packed store");
-                let idle = latest_idle(at, |t| l.idle_in(&[st], t));
+                let idle = latest_idle(at, |t| ctx.judge.idle_packed(st, t));
                 if remove(idle) {
                     let i = self.index_of(s);
                     let tag = self.tag_of(i);
@@ -1124,8 +1180,9 @@ impl Shard {
                 if s.load(Ordering::Acquire) != v {
                     return None;
                 }
-                let idle = latest_idle(at, |t| ctx.limits.idle_in(&mut AtomicCells(cells), t));
+                let idle = latest_idle(at, |t| ctx.judge.idle_cells(&mut AtomicCells(cells), t));
                 if remove(idle) {
+                    ctx.judge.removed(&mut AtomicCells(cells));
                     let i = self.index_of(s);
                     let tag = self.tag_of(i);
                     // AcqRel: under the writer bit, nobody else empties this slot.

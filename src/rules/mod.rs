@@ -59,9 +59,10 @@ pub use engine::{
 };
 pub use keys::parse_customer;
 pub use model::{
-    redact_url, Backend, BackendPolicy, KeyClass, KeyPart, LoadSettings, Match, Mode, Override,
-    OverrideKey, RedisBackend, RedisNodes, Rule, Settings, Shedding, Threshold, DEFAULT_CAPACITY,
-    DEFAULT_REDIS_SEED, DEFAULT_REDIS_TIMEOUT, MAX_CAPACITY, MAX_LIMITS, MAX_OVERRIDES, MAX_RULES,
+    redact_url, Backend, BackendLeaseMode, BackendLeases, BackendPolicy, KeyClass, KeyPart,
+    LoadSettings, Match, Mode, Override, OverrideKey, RedisBackend, RedisNodes, Rule, Settings,
+    Shedding, Threshold, DEFAULT_CAPACITY, DEFAULT_REDIS_SEED, DEFAULT_REDIS_TIMEOUT, MAX_CAPACITY,
+    MAX_LIMITS, MAX_OVERRIDES, MAX_RULES,
 };
 pub use parse::parse_duration;
 pub use plan::{Plan, PlanStep, StepOutcome};
@@ -300,12 +301,19 @@ impl Rules {
         }
         match &self.backend {
             Backend::Memory => {}
-            Backend::Redis(b) => match &b.nodes {
-                RedisNodes::Single(u) => s.push_str(&format!("; backend redis {}", redact_url(u))),
-                RedisNodes::Cluster(v) => {
-                    s.push_str(&format!("; backend redis cluster ({} URLs)", v.len()))
+            Backend::Redis(b) => {
+                match &b.nodes {
+                    RedisNodes::Single(u) => {
+                        s.push_str(&format!("; backend redis {}", redact_url(u)))
+                    }
+                    RedisNodes::Cluster(v) => {
+                        s.push_str(&format!("; backend redis cluster ({} URLs)", v.len()))
+                    }
                 }
-            },
+                if b.leases != BackendLeases::Off {
+                    s.push_str(&format!("; {}", b.leases.bound()));
+                }
+            }
         }
         s
     }

@@ -468,6 +468,56 @@ pub enum BackendPolicy {
     },
 }
 
+/// Leases of a Redis backend (`[backend] leases`, `strand`, `mode`, `flush`): whether each
+/// process spends the keys' quotas in process between round trips (turnstile-redis
+/// `Leases`, docs/redis.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendLeases {
+    /// Every check a round trip to Redis (`leases = "off"`, the default).
+    Off,
+    /// Leases where a key's rate makes them pay (`leases = "auto"`).
+    Auto {
+        /// The final share of every window in which nothing is leased, in parts per million
+        /// (`strand = "5%"`, the default: 50 000).
+        strand_ppm: u32,
+        /// `mode = "reserve"` (the default) or `"delayed"` (with `flush = N`, default 100).
+        mode: BackendLeaseMode,
+    },
+}
+
+/// How leases spend a key's quota (`[backend] mode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendLeaseMode {
+    /// Reserve in Redis before admitting: never over the limits.
+    Reserve,
+    /// Admit, record in Redis every `flush` admissions: over by at most processes × flush
+    /// per window.
+    Delayed {
+        /// Admissions between records.
+        flush: u64,
+    },
+}
+
+impl BackendLeases {
+    /// What the configuration guarantees, in words (`turnstile rules check` prints it).
+    pub fn bound(&self) -> String {
+        match self {
+            BackendLeases::Off => "no leases: every check a round trip".into(),
+            BackendLeases::Auto { strand_ppm, mode } => {
+                let share = *strand_ppm as f64 / 10_000.0;
+                match mode {
+                    BackendLeaseMode::Reserve => format!(
+                        "leases (reserve): never over the limits; nothing leased in the last {share} % of a window, where what processes hold goes back"
+                    ),
+                    BackendLeaseMode::Delayed { flush } => format!(
+                        "leases (delayed, flush {flush}): over by at most processes x {flush} per window"
+                    ),
+                }
+            }
+        }
+    }
+}
+
 /// The default per-call timeout of a Redis backend.
 pub const DEFAULT_REDIS_TIMEOUT: Duration = Duration::from_millis(20);
 
@@ -489,6 +539,8 @@ pub struct RedisBackend {
     /// Seed of the key ids hashed from text (API keys, routes, IPv6 groups, composites):
     /// the same in every process sharing the Redis (default [`DEFAULT_REDIS_SEED`]).
     pub seed: u64,
+    /// Leases (default off).
+    pub leases: BackendLeases,
 }
 
 impl RedisBackend {
@@ -509,6 +561,7 @@ impl RedisBackend {
             policy: BackendPolicy::Closed,
             prefix: "ts:".into(),
             seed: DEFAULT_REDIS_SEED,
+            leases: BackendLeases::Off,
         }
     }
 }

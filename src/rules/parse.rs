@@ -12,12 +12,14 @@
 
 use super::limits::LimitsClass;
 use super::model::{
-    Backend, BackendPolicy, KeyClass, KeyPart, LoadSettings, Match, Mode, Override, OverrideKey,
-    RedisBackend, RedisNodes, Rule, Settings, Shedding, Threshold,
+    Backend, BackendLeaseMode, BackendLeases, BackendPolicy, KeyClass, KeyPart, LoadSettings,
+    Match, Mode, Override, OverrideKey, RedisBackend, RedisNodes, Rule, Settings, Shedding,
+    Threshold,
 };
 pub use super::raw::parse_duration;
 use super::raw::{
-    List, ModeName, PolicyName, RawBackend, RawClass, RawFile, RawLimit, RawRule, RawShedding, S,
+    LeaseModeName, LeasesName, List, ModeName, Named, PolicyName, RawBackend, RawClass, RawFile,
+    RawLimit, RawRule, RawShedding, S,
 };
 use super::validate::{Cf, Loc, Of, Rf};
 use super::{Rules, RulesError};
@@ -221,7 +223,79 @@ impl Cx<'_> {
             self.mark(Loc::Backend("seed"), s.span());
             out.seed = s.into_inner();
         }
+        out.leases = self.leases(b.leases, b.strand, b.mode, b.flush)?;
         Ok(Backend::Redis(out))
+    }
+
+    /// `[backend] leases`, `strand`, `mode`, `flush`.
+    fn leases(
+        &mut self,
+        leases: Option<Spanned<Named<LeasesName>>>,
+        strand: Option<Spanned<String>>,
+        mode: Option<Spanned<Named<LeaseModeName>>>,
+        flush: Option<Spanned<u64>>,
+    ) -> Result<BackendLeases, RulesError> {
+        let on = match leases {
+            Some(l) => {
+                self.mark(Loc::Backend("leases"), l.span());
+                l.into_inner().0 == LeasesName::Auto
+            }
+            None => false,
+        };
+        let given = [
+            strand.as_ref().map(|s| ("strand", s.span())),
+            mode.as_ref().map(|m| ("mode", m.span())),
+            flush.as_ref().map(|f| ("flush", f.span())),
+        ];
+        if !on {
+            if let Some((name, span)) = given.into_iter().flatten().next() {
+                return Err(self.err(
+                    span,
+                    format!("`{name}` applies to leases; add leases = \"auto\" or remove it"),
+                ));
+            }
+            return Ok(BackendLeases::Off);
+        }
+        let strand_ppm = match strand {
+            None => 50_000,
+            Some(s) => {
+                self.mark(Loc::Backend("strand"), s.span());
+                let span = s.span();
+                let text = s.into_inner();
+                let pct = text
+                    .strip_suffix('%')
+                    .and_then(|n| n.trim().parse::<f64>().ok())
+                    .filter(|p| (0.0..=50.0).contains(p));
+                match pct {
+                    Some(p) => (p * 10_000.0).round() as u32,
+                    None => return Err(self.err(span, format!("strand = \"{text}\": give the final share of a window in which nothing is leased, as a percentage from 0% to 50% (e.g. \"5%\")"))),
+                }
+            }
+        };
+        let mode = match (mode.map(|m| (m.span(), m.into_inner().0)), flush) {
+            (None | Some((_, LeaseModeName::Reserve)), None) => BackendLeaseMode::Reserve,
+            (Some((_, LeaseModeName::Delayed)), f) => {
+                let flush = match f {
+                    Some(f) => {
+                        self.mark(Loc::Backend("flush"), f.span());
+                        let span = f.span();
+                        match f.into_inner() {
+                            0 => return Err(self.err(span, "flush = 0: a delayed lease records its admissions every `flush` of them; give at least 1")),
+                            n => n,
+                        }
+                    }
+                    None => 100,
+                };
+                BackendLeaseMode::Delayed { flush }
+            }
+            (_, Some(f)) => {
+                return Err(self.err(
+                    f.span(),
+                    "`flush` applies to mode = \"delayed\"; remove it, or set mode = \"delayed\"",
+                ))
+            }
+        };
+        Ok(BackendLeases::Auto { strand_ppm, mode })
     }
 
     fn key_class(&mut self, key: Spanned<List>, loc: Loc) -> Result<KeyClass, RulesError> {

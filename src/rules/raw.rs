@@ -230,6 +230,46 @@ pub(crate) struct RawBackend {
     pub(crate) expected_nodes: S<u64>,
     pub(crate) prefix: S<String>,
     pub(crate) seed: S<u64>,
+    pub(crate) leases: S<Named<LeasesName>>,
+    pub(crate) strand: S<String>,
+    pub(crate) mode: S<Named<LeaseModeName>>,
+    pub(crate) flush: S<u64>,
+}
+
+/// `[backend] leases`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LeasesName {
+    Auto,
+    Off,
+}
+
+impl FromStr for LeasesName {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(LeasesName::Auto),
+            "off" => Ok(LeasesName::Off),
+            _ => Err(format!("unknown leases `{s}`; expected auto (lease the keys whose rate makes it pay) or off (every check a round trip)")),
+        }
+    }
+}
+
+/// `[backend] mode`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LeaseModeName {
+    Reserve,
+    Delayed,
+}
+
+impl FromStr for LeaseModeName {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "reserve" => Ok(LeaseModeName::Reserve),
+            "delayed" => Ok(LeaseModeName::Delayed),
+            _ => Err(format!("unknown lease mode `{s}`; expected reserve (never over the limits) or delayed (over by at most processes x flush)")),
+        }
+    }
 }
 
 /// `[backend] policy`.

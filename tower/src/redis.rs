@@ -7,6 +7,11 @@
 //! failure policy: the check never fails. Meanwhile the request holds the inner service it was
 //! admitted to by `poll_ready`, so the inner service's back-pressure holds.
 //!
+//! Leases: a store built with [`turnstile_redis::RedisStoreBuilder::leases`] answers the keys
+//! it holds leases for in process ([`RedisStore::check_local`]): such a check is decided at
+//! once ([`Checking::Ready`]), without the boxed future and the round trip; other keys are
+//! checked in Redis as without leases.
+//!
 //! Keys: the extractor's [`Key`](crate::Key) becomes a key id through a [`KeyHasher`] with a
 //! fixed seed (every node must hash alike: the same [`RedisLimit::seed`] everywhere), and the
 //! Redis key is that id in hex. Texts (API keys, tokens) thus never appear in Redis.
@@ -75,9 +80,28 @@ impl<K: KeyExtractor> RedisLimit<K> {
     }
 }
 
+/// The Redis key of key id `id`: its 16 hex digits, on the stack.
+struct RedisKey([u8; 16]);
+
+impl RedisKey {
+    fn of(id: u64) -> Self {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut b = [0u8; 16];
+        for (i, d) in b.iter_mut().enumerate() {
+            *d = HEX[(id >> (60 - 4 * i)) as usize & 15];
+        }
+        RedisKey(b)
+    }
+
+    fn as_str(&self) -> &str {
+        // Hex digits are ASCII.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+}
+
 /// The Redis key of key id `id`.
 fn redis_key(id: u64) -> String {
-    format!("{id:016x}")
+    RedisKey::of(id).as_str().to_owned()
 }
 
 /// The future of a Redis check. Boxed: one allocation beside a network round trip.
@@ -92,6 +116,11 @@ impl<K: KeyExtractor> Limit for RedisLimit<K> {
             Ok(id) => id,
             Err(answer) => return Checking::Ready(answer),
         };
+        // A leased key (a store built with leases) is answered here: no future, no
+        // allocation, no round trip.
+        if let Some(d) = self.store.check_local(RedisKey::of(id).as_str(), self.cost) {
+            return Checking::Ready(store_check(d, id, self.cost));
+        }
         let (store, cost) = (Arc::clone(&self.store), self.cost);
         Checking::Pending(Box::pin(async move {
             store_check(store.check(&redis_key(id), cost).await, id, cost)
@@ -109,5 +138,17 @@ impl<K: KeyExtractor> Limit for RedisLimit<K> {
     }
     fn class(&self) -> &'static str {
         self.key.class()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_redis_key_is_the_ids_hex() {
+        for id in [0u64, 1, 0xdead_beef, u64::MAX, 0x0123_4567_89ab_cdef] {
+            assert_eq!(RedisKey::of(id).as_str(), format!("{id:016x}"));
+        }
     }
 }

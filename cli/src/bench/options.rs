@@ -94,6 +94,9 @@ pub enum BenchCommand {
     Serve(super::serve::ServeArgs),
     /// turnstile builds against each other on CL.THROTTLE, redis-server's INCR in every round.
     Ab(super::serve::AbArgs),
+    /// Nodes sharing limits through Redis (a server or a 3-master cluster it starts): the
+    /// per-check path, leases and INCR, admissions against the exact limit per key and window.
+    Fleet(super::fleet::FleetArgs),
 }
 
 /// Which engines run.

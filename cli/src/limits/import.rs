@@ -4,6 +4,10 @@
 //! per bucket, pipelined, with a progress bar. Entries already in Redis and not in the file
 //! stay; an entry in both takes the file's value. Every running `turnstile serve` of the class
 //! applies the new entries within milliseconds (their caches are invalidated by Redis).
+//!
+//! Not atomic: entries are written pipeline by pipeline, each entry whole (one field of one
+//! `HSET`). Cut short (Redis gone, a timeout), it says how many are surely written and how
+//! many may be; running it again writes the same values, so a second run completes it.
 
 use redis::aio::MultiplexedConnection;
 use std::path::PathBuf;
@@ -75,6 +79,23 @@ pub fn run(a: ImportArgs) -> Result<(), String> {
     let buckets = rt
         .block_on(bucket_count(&mut conn, &keys, capacity))
         .map_err(|e| format!("{url}: {e}"))?;
+    // The bucket count is the first writer's, for every process of the class: an import far
+    // larger than it was sized for would leave Redis's compact hashes (at most 128 fields).
+    let per_bucket = mem.len().div_ceil(buckets);
+    if per_bucket > COMPACT_FIELDS {
+        return Err(format!(
+            "{url}: class {} keeps its entries in {buckets} buckets (sized by its first writer, \
+             in {}); this file's {} entries would put about {per_bucket} in each, past the 128 \
+             a hash holds compactly (about 65 bytes per entry instead of 17). Nothing was \
+             written. Delete {} and the class's hashes ({}*) to size it again for this file, \
+             or raise the class's capacity before the first import",
+            class.name,
+            keys.buckets(),
+            mem.len(),
+            keys.buckets(),
+            keys.prefix
+        ));
+    }
     mem.export(&mut |id, e| rows.push((bucket_of(id, buckets), id, e.to_string())));
     drop(mem);
     rows.sort_unstable();
@@ -96,8 +117,8 @@ pub fn run(a: ImportArgs) -> Result<(), String> {
         rt.block_on(async {
             tokio::time::timeout(Duration::from_secs(30), p.exec_async(&mut conn)).await
         })
-        .map_err(|_| format!("{url}: no answer within 30 s; {i} entries were written"))?
-        .map_err(|e| format!("{url}: {e}; {i} entries were written"))?;
+        .map_err(|_| partial(&url, "no answer within 30 s", i, end))?
+        .map_err(|e| partial(&url, &e.to_string(), i, end))?;
         bar.inc((end - i) as u64);
         i = end;
     }
@@ -115,6 +136,19 @@ pub fn run(a: ImportArgs) -> Result<(), String> {
         read.as_secs_f64()
     );
     Ok(())
+}
+
+/// Hashes of at most this many fields stay compact in Redis (`hash-max-listpack-entries`).
+const COMPACT_FIELDS: u64 = 128;
+
+/// An import cut short: what is known to be written, and what to do.
+fn partial(url: &str, why: &str, done: usize, end: usize) -> String {
+    format!(
+        "{url}: {why}. The first {done} entries (in bucket order) are written; of the next \
+         {}, some may be (a pipeline is not a transaction). Each entry is written whole or \
+         not at all, and an import writes the same values again: run it again to finish",
+        end - done
+    )
 }
 
 /// Where the pipeline starting at `i` ends: about `BATCH_ENTRIES` entries, whole buckets.

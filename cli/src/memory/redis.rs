@@ -95,8 +95,9 @@ fn cases() -> Vec<Case> {
             false,
             Some((54, "8 + (4 + 2 + 20) x 1 + 20")),
         ),
+        // 256 in flight: the most a Redis store takes (turnstile_redis::max_limit).
         case(
-            Limit::concurrency(500, HOUR).unwrap(),
+            Limit::concurrency(256, HOUR).unwrap(),
             Fill::Once,
             false,
             None,
