@@ -47,5 +47,6 @@ pub use key::{parse_key, Key, KeyError, KeyHasher, ParsedKey};
 pub use per_check::LimitMismatch;
 pub use permit::StorePermit;
 pub use policy::FullPolicy;
-pub use records::{RecordKind, RecordOp, Records};
+pub use records::{RecordOp, Records};
 pub use store::{Store, StoreStats};
+pub use table::RecordKind;

@@ -16,26 +16,12 @@ use super::builder::Sizing;
 use super::key::KeyHasher;
 use super::policy::FullPolicy;
 use super::store::StoreStats;
-use super::table::{shard_index, Ctx, Judge, Loc, Op, Refusal, Shard};
+use super::table::{shard_index, Ctx, Judge, Loc, Op, RecordKind, Refusal, Shard};
 use crate::algo::Cells;
 use crate::clock::Nanos;
 use crate::decision::ConfigError;
 use crate::sync::Ordering;
 use crossbeam_utils::CachePadded;
-
-/// What a table's records are: their size, and when one is equivalent to absent.
-pub trait RecordKind: Sync {
-    /// Words of a record (at least 1).
-    fn words(&self) -> usize;
-    /// Nanoseconds from `now` until `rec` is equivalent to absent (0: it may be reclaimed
-    /// now). An all-zero record must be idle.
-    fn idle_in(&self, rec: &mut dyn Cells, now: Nanos) -> u64;
-    /// `rec` is about to be removed from the table (reclaimed, evicted or reset): the last
-    /// look at it. Default: nothing.
-    fn removed(&self, rec: &mut dyn Cells) {
-        let _ = rec;
-    }
-}
 
 /// An operation on one key's record ([`Records::update`]).
 pub trait RecordOp {

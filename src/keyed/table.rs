@@ -111,9 +111,9 @@
 
 use super::alloc::zeroed_u64;
 use super::arena::Arena;
-use super::records::RecordKind;
 use super::FullPolicy;
 use crate::algo::{Cells, Limits, Packed};
+use crate::clock::Nanos;
 use crate::decision::{Decision, Outcome};
 use crate::record::{self, AtomicCells};
 use crate::sync::{AtomicU128, AtomicU32, AtomicU64, Ordering};
@@ -400,6 +400,20 @@ fn zeroed_buckets(n: usize) -> Option<Box<[Bucket]>> {
             })
             .collect(),
     )
+}
+
+/// What a table's records are: their size, and when one is equivalent to absent.
+pub trait RecordKind: Sync {
+    /// Words of a record (at least 1).
+    fn words(&self) -> usize;
+    /// Nanoseconds from `now` until `rec` is equivalent to absent (0: it may be reclaimed
+    /// now). An all-zero record must be idle.
+    fn idle_in(&self, rec: &mut dyn Cells, now: Nanos) -> u64;
+    /// `rec` is about to be removed from the table (reclaimed, evicted or reset): the last
+    /// look at it. Default: nothing.
+    fn removed(&self, rec: &mut dyn Cells) {
+        let _ = rec;
+    }
 }
 
 /// What judges a table's records idle: a store's limits, or a [`RecordKind`] (a table of
