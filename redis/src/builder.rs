@@ -3,15 +3,36 @@
 use crate::call::Caller;
 use crate::conn::Conn;
 use crate::deny::DenyCache;
+use crate::error::Error;
 use crate::layout::Layout;
-use crate::lease::{Leases, Tier};
 use crate::plain::Plain;
 use crate::policy::{insurance, FailureGate, FailurePolicy};
 use crate::script::{limit_args, store_spec};
-use crate::store::{Error, RedisStore};
+use crate::store::lease::{Leases, Tier};
+use crate::store::RedisStore;
 use std::sync::Arc;
 use std::time::Duration;
 use turnstile::{ConfigError, Limit, Limits};
+
+impl RedisStore {
+    /// A builder for a store applying `limits` (all-or-nothing) to every key.
+    pub fn builder(limits: Limits) -> RedisStoreBuilder {
+        RedisStoreBuilder {
+            limits,
+            prefix: "ts:".into(),
+            timeout: Duration::from_millis(20),
+            connect_timeout: Duration::from_secs(1),
+            policy: FailurePolicy::Closed,
+            breaker_threshold: 5,
+            breaker_cooldown: Duration::from_secs(1),
+            deny_cache: false,
+            insurance_keys: 100_000,
+            capacity: None,
+            plain: false,
+            leases: None,
+        }
+    }
+}
 
 /// Builds a [`RedisStore`].
 #[derive(Clone, Debug)]
@@ -110,7 +131,7 @@ impl RedisStoreBuilder {
     }
 
     /// Spends each key's quota in process between round trips, for the keys whose rate makes
-    /// it worth it (default: off, every check a round trip). See [`crate::lease`]: reserve
+    /// it worth it (default: off, every check a round trip). See [`crate::store::lease`]: reserve
     /// mode never admits over the limit; what a node holds unspent goes back to Redis when
     /// the key goes idle, when the lease ends, on [`RedisStore::return_leases`] and when the
     /// store is dropped. For window and bucket limits that do not count denials, by the

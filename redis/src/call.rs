@@ -6,8 +6,8 @@
 //! `Cmd` values to pipeline and to time out.
 
 use crate::conn::Conn;
+use crate::error::Error;
 use crate::script::{library, Library};
-use crate::store::Error;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Cmd, ToRedisArgs, Value};
 use std::time::Duration;

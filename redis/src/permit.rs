@@ -8,8 +8,9 @@
 //! in-memory permit that is leaked does). [`RedisPermit::release`] awaits it and answers
 //! whether Redis saw it.
 
+use crate::error::Error;
 use crate::reply;
-use crate::store::{Error, RedisStore};
+use crate::store::RedisStore;
 use std::sync::Arc;
 use turnstile::keyed::StorePermit;
 use turnstile::Decision;

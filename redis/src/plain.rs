@@ -32,7 +32,8 @@
 //! too large), transiently; never over-admit. (`redis/tests/live.rs`: a race of 640 calls on
 //! one key admits at most the limit and leaves exactly the admissions counted.)
 
-use crate::store::{Error, EXPLICIT_NOW_TTL_SLACK_MS};
+use crate::error::Error;
+use crate::script::EXPLICIT_NOW_TTL_SLACK_MS;
 use redis::{Pipeline, Value};
 use std::time::{SystemTime, UNIX_EPOCH};
 use turnstile::algo::{fixed_window, sliding_window};

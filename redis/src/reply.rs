@@ -2,7 +2,7 @@
 //! 0 allowed, 1 limited, 2 never fits, -1 not asked; limit; remaining; reset after; retry
 //! after, -1 for none; delay), in one bulk string (prelude.lua's `reply`).
 
-use crate::store::Error;
+use crate::error::Error;
 use redis::Value;
 use turnstile::{Decision, Outcome};
 
@@ -30,7 +30,7 @@ pub(crate) fn decision(f: &[i64]) -> Result<Option<Decision>, ()> {
 }
 
 /// A reply's text: a bulk string (or a status), else the server's error or `Reply`.
-fn text(v: &Value) -> Result<&str, Error> {
+pub(crate) fn text(v: &Value) -> Result<&str, Error> {
     match v {
         Value::BulkString(b) => std::str::from_utf8(b).map_err(|_| bad(v)),
         Value::SimpleString(s) => Ok(s),
@@ -39,12 +39,12 @@ fn text(v: &Value) -> Result<&str, Error> {
     }
 }
 
-fn bad(v: &Value) -> Error {
+pub(crate) fn bad(v: &Value) -> Error {
     Error::Reply(format!("{v:?}"))
 }
 
 /// The integers of a reply's text; `Err` at the first word that is not one.
-fn integers(s: &str) -> impl Iterator<Item = Result<i64, ()>> + '_ {
+pub(crate) fn integers(s: &str) -> impl Iterator<Item = Result<i64, ()>> + '_ {
     s.split(' ').map(|w| w.parse::<i64>().map_err(|_| ()))
 }
 
@@ -77,30 +77,6 @@ pub(crate) fn store(v: &Value) -> Result<(Decision, Option<String>), Error> {
         None => None,
     };
     Ok((d, stamp))
-}
-
-/// A lease call's reply for a key of `limits` limits (lease.lua): the grant, whether a
-/// window was in its final share, the call's time, the admissions recorded for a delayed
-/// node, each limit's end, then the decision (six integers).
-pub(crate) fn lease(v: &Value, limits: usize) -> Result<(crate::lease::settle::Grant, u64), Error> {
-    let f: Vec<i64> = integers(text(v)?)
-        .collect::<Result<_, ()>>()
-        .map_err(|_| bad(v))?;
-    if f.len() != 4 + limits + 6 || f[..4].iter().any(|&x| x < 0) {
-        return Err(bad(v));
-    }
-    let decision = decision(&f[4 + limits..])
-        .ok()
-        .flatten()
-        .ok_or_else(|| bad(v))?;
-    let grant = crate::lease::settle::Grant {
-        granted: f[0] as u64,
-        last: f[1] == 1,
-        epoch: f[2] as u64,
-        ends: f[4..4 + limits].iter().map(|&e| e.max(0) as u64).collect(),
-        decision,
-    };
-    Ok((grant, f[3] as u64))
 }
 
 /// A rules check reply over `steps` steps: the first denier (0: none), then each step's

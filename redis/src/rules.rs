@@ -26,10 +26,10 @@
 
 use crate::call::{fcall, Caller};
 use crate::conn::Conn;
+use crate::error::Error;
 use crate::policy::{blind, FailureGate, FailurePolicy, FailureStats};
 use crate::reply;
 use crate::script::{self, limit_args, record_layout};
-use crate::store::Error;
 use std::fmt::Write;
 use std::time::Duration;
 use turnstile::keyed::KeyHasher;

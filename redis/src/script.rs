@@ -13,6 +13,11 @@ use std::fmt::Write;
 use std::sync::OnceLock;
 use turnstile::{ConfigError, Limit, Limits};
 
+/// Milliseconds added to every TTL when a call passes an explicit `now` (tests): such a `now`
+/// is not the server's clock, so a TTL computed from it must not expire the key under the
+/// test's feet. Production calls (server `TIME`) add nothing. (The library's `SLACK_MS`.)
+pub const EXPLICIT_NOW_TTL_SLACK_MS: u64 = 3_600_000;
+
 /// The parts, in the order the library needs them (each uses only those before it).
 const PARTS: [&str; 16] = [
     include_str!("../lua/prelude.lua"),

@@ -1,68 +1,22 @@
 //! [`RedisStore`]: the same [`Limits`] and [`Decision`]s as `turnstile::keyed::Store`, kept in
 //! Redis or a Redis Cluster, one atomic function call per decision.
 
-use crate::builder::RedisStoreBuilder;
 use crate::call::{fcall, Caller};
+pub use crate::error::Error;
+
+pub mod lease;
+
 use crate::conn::Conn;
 use crate::deny::DenyCache;
 use crate::layout::Layout;
-use crate::lease::Tier;
 use crate::plain::{self, Op, Plain};
-use crate::policy::{blind, FailureGate, FailurePolicy, FailureStats};
+use crate::policy::{blind, FailureGate, FailureStats};
 use crate::reply;
+use lease::Tier;
 use redis::{Cmd, ToRedisArgs};
-use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 use turnstile::keyed::Store;
-use turnstile::{ConfigError, Decision, Limits};
-
-/// Milliseconds added to every TTL when a call passes an explicit `now` (tests): such a `now`
-/// is not the server's clock, so a TTL computed from it must not expire the key under the
-/// test's feet. Production calls (server `TIME`) add nothing. (The library's `SLACK_MS`.)
-pub const EXPLICIT_NOW_TTL_SLACK_MS: u64 = 3_600_000;
-
-/// Why a call to Redis gave no decision.
-#[derive(Debug)]
-pub enum Error {
-    /// The limits cannot run on Redis (see the message).
-    Config(ConfigError),
-    /// Redis answered with an error, or the connection failed.
-    Redis(redis::RedisError),
-    /// No answer within the per-call timeout.
-    Timeout(Duration),
-    /// The library answered something that is not a decision (a bug; the reply is given), or
-    /// the server cannot run it (see the message).
-    Reply(String),
-    /// A key cannot be used (see the message).
-    Key(String),
-}
-
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Error::Config(e) => write!(f, "{e}"),
-            Error::Redis(e) => write!(f, "redis: {e}"),
-            Error::Timeout(t) => write!(f, "redis did not answer within {t:?}"),
-            Error::Reply(r) => write!(f, "unexpected reply: {r}"),
-            Error::Key(m) => write!(f, "{m}"),
-        }
-    }
-}
-
-impl std::error::Error for Error {}
-
-impl From<redis::RedisError> for Error {
-    fn from(e: redis::RedisError) -> Self {
-        Error::Redis(e)
-    }
-}
-
-impl From<ConfigError> for Error {
-    fn from(e: ConfigError) -> Self {
-        Error::Config(e)
-    }
-}
+use turnstile::{Decision, Limits};
 
 /// Limits for many keys, in Redis. See the crate docs.
 pub struct RedisStore {
@@ -85,24 +39,6 @@ pub struct RedisStore {
 }
 
 impl RedisStore {
-    /// A builder for a store applying `limits` (all-or-nothing) to every key.
-    pub fn builder(limits: Limits) -> RedisStoreBuilder {
-        RedisStoreBuilder {
-            limits,
-            prefix: "ts:".into(),
-            timeout: Duration::from_millis(20),
-            connect_timeout: Duration::from_secs(1),
-            policy: FailurePolicy::Closed,
-            breaker_threshold: 5,
-            breaker_cooldown: Duration::from_secs(1),
-            deny_cache: false,
-            insurance_keys: 100_000,
-            capacity: None,
-            plain: false,
-            leases: None,
-        }
-    }
-
     /// The limits every key gets.
     pub fn limits(&self) -> &Limits {
         &self.limits

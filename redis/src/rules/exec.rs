@@ -3,7 +3,7 @@
 //! consuming then refunding across them, then the shadow steps.
 
 use super::RedisRules;
-use crate::store::Error;
+use crate::error::Error;
 use std::collections::BTreeMap;
 use turnstile::rules::{Plan, StepOutcome};
 use turnstile::Clock;

@@ -6,8 +6,8 @@ use super::record::{Spend, Spent};
 use super::settle::{Credit, Grant, Held, Settle, Unfetch};
 use super::{LeaseMode, Tier};
 use crate::call::fcall;
-use crate::reply;
-use crate::store::{Error, RedisStore};
+use crate::error::Error;
+use crate::store::RedisStore;
 use redis::Cmd;
 use std::sync::Arc;
 use turnstile::Decision;
@@ -188,7 +188,8 @@ impl RedisStore {
                 return Err(e);
             }
         };
-        let (grant, flushed): (Grant, u64) = reply::lease(&v, self.limits.limits().len())?;
+        let (grant, flushed): (Grant, u64) =
+            super::settle::parse_grant(&v, self.limits.limits().len())?;
         self.gate.succeeded(1);
         tier.counters()
             .unrecorded(f.pending.saturating_sub(flushed));

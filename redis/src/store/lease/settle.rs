@@ -5,6 +5,9 @@
 use super::counters::Counters;
 use super::record::*;
 use super::LeaseMode;
+use crate::error::Error;
+use crate::reply;
+use redis::Value;
 use turnstile::algo::Cells;
 use turnstile::keyed::RecordOp;
 use turnstile::Decision;
@@ -329,4 +332,28 @@ impl Take<'_> {
                 .collect(),
         })
     }
+}
+
+/// A lease call's reply for a key of `limits` limits (lease.lua): the grant, whether a
+/// window was in its final share, the call's time, the admissions recorded for a delayed
+/// node, each limit's end, then the decision (six integers).
+pub(crate) fn parse_grant(v: &Value, limits: usize) -> Result<(Grant, u64), Error> {
+    let f: Vec<i64> = reply::integers(reply::text(v)?)
+        .collect::<Result<_, ()>>()
+        .map_err(|_| reply::bad(v))?;
+    if f.len() != 4 + limits + 6 || f[..4].iter().any(|&x| x < 0) {
+        return Err(reply::bad(v));
+    }
+    let decision = reply::decision(&f[4 + limits..])
+        .ok()
+        .flatten()
+        .ok_or_else(|| reply::bad(v))?;
+    let grant = Grant {
+        granted: f[0] as u64,
+        last: f[1] == 1,
+        epoch: f[2] as u64,
+        ends: f[4..4 + limits].iter().map(|&e| e.max(0) as u64).collect(),
+        decision,
+    };
+    Ok((grant, f[3] as u64))
 }

@@ -6,7 +6,6 @@ use super::settle::{Take, Taken};
 use super::{LeaseMode, LeaseStats, Tier};
 use crate::call::{fcall, Caller};
 use crate::layout::Layout;
-use crate::reply;
 use crate::store::RedisStore;
 use redis::{Cmd, Value};
 use std::sync::atomic::Ordering;
@@ -120,7 +119,7 @@ pub(crate) async fn sweep(io: &Io, tier: &Tier, explicit: Option<u64>, all: bool
             }
             (LeaseMode::Reserve, _) => counters.lapse(t.amount),
             (LeaseMode::Delayed { .. }, Some(v)) => {
-                let flushed = reply::lease(&v, io.limits).map_or(0, |(_, f)| f);
+                let flushed = super::settle::parse_grant(&v, io.limits).map_or(0, |(_, f)| f);
                 counters.unrecorded(t.amount.saturating_sub(flushed));
             }
             (LeaseMode::Delayed { .. }, None) => counters.unrecorded(t.amount),
