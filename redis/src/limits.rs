@@ -1,3 +1,4 @@
+// Over 600 lines: the cache, its refresh worker and the source the engine reads are one protocol (generations, pending reads, invalidation); its parts are only correct together.
 //! Keys' own limits in Redis, for a fleet: [`RedisLimits`], a [`LimitsSource`] whose entries
 //! live in the Redis the fleet shares, read through a bounded in-memory cache.
 //!

@@ -323,6 +323,25 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    /// What the compiler cannot check when an algorithm is added: every algorithm of
+    /// `Algorithm::ALL` has a Lua transition registered under the code its arguments name,
+    /// and a largest accepted limit.
+    #[test]
+    fn every_algorithm_runs_in_the_library() {
+        let lib = library();
+        for a in turnstile::Algorithm::ALL {
+            let spec = turnstile::LimitSpec::new(a, 10, Duration::from_secs(1));
+            let limit = spec.build().unwrap_or_else(|e| panic!("{a}: {e}"));
+            let args = limit_args(&limit).unwrap_or_else(|e| panic!("{a}: {e}"));
+            let code = args.code;
+            assert!(
+                lib.code.contains(&format!("ALG.{code} = {{")),
+                "{a}: no `ALG.{code}` in redis/lua/"
+            );
+            assert!(max_limit(a) >= 10, "{a}: max_limit");
+        }
+    }
+
     #[test]
     fn the_library_registers_both_functions_under_its_hash() {
         let lib = library();

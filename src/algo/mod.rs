@@ -195,3 +195,6 @@ impl<C: Cells + ?Sized> Cells for Sub<'_, C> {
         self.c.set(self.off + i, v)
     }
 }
+
+#[cfg(test)]
+mod lists;

@@ -1,3 +1,4 @@
+// Over 600 lines: the slot table and its insertion, helping and reclaim protocol, which loom checks as one; split, each part would need the others to be read.
 //! One shard's table: buckets of eight 16-byte slots, two choices of home bucket per key with
 //! linear probing from both, a tag byte per slot (a hint for batched lookups), a header word
 //! per eight buckets that serializes *insertions* (never lookups), and reclaim in place.

@@ -308,6 +308,62 @@ fn deps(args: &[OsString]) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Every fence of README.md and docs/*.md with what to do with it.
+fn all_fences(root: &std::path::Path) -> Result<Vec<(docs::Fence, docs::Kind)>, String> {
+    let mut all = Vec::new();
+    for file in docs::doc_files(root)? {
+        let rel = file
+            .strip_prefix(root)
+            .unwrap_or(&file)
+            .display()
+            .to_string();
+        let text = std::fs::read_to_string(&file).map_err(|e| format!("cannot read {rel}: {e}"))?;
+        for f in docs::fences(&rel, &text)? {
+            let kind = f.kind()?;
+            all.push((f, kind));
+        }
+    }
+    Ok(all)
+}
+
+/// Runs the fences to run, one at a time, saying how each went: (run, failures, not run).
+fn run_fences(
+    root: &std::path::Path,
+    selected: &[&(docs::Fence, docs::Kind)],
+    path: &str,
+    verbose: bool,
+) -> (usize, Vec<String>, usize) {
+    let (mut ran, mut failed, mut skipped) = (0, Vec::new(), 0);
+    for (f, k) in selected.iter().map(|x| (&x.0, &x.1)) {
+        let where_ = format!("{}:{}", f.file, f.line);
+        match k {
+            docs::Kind::Other => {}
+            docs::Kind::NoRun(reason) => {
+                skipped += 1;
+                eprintln!("skip {where_}: {reason}");
+            }
+            docs::Kind::Run(timeout) => {
+                ran += 1;
+                let o = docs::run_fence(root, f, *timeout, path);
+                for n in &o.notes {
+                    eprintln!("     {where_}: {n}");
+                }
+                match &o.failure {
+                    None => eprintln!("ok   {where_} ({:.1} s)", o.took.as_secs_f64()),
+                    Some(why) => {
+                        eprintln!("FAIL {where_} ({:.1} s): {why}", o.took.as_secs_f64());
+                        failed.push(format!("{where_}: {why}"));
+                    }
+                }
+                if verbose || o.failure.is_some() {
+                    eprintln!("---- output of {where_}\n{}\n----", o.log.trim_end());
+                }
+            }
+        }
+    }
+    (ran, failed, skipped)
+}
+
 /// `cargo xtask docs`: the docs test.
 fn docs_test(args: &[OsString]) -> Result<ExitCode, String> {
     let (mut list, mut verbose, mut only) = (false, false, None::<String>);
@@ -327,19 +383,7 @@ fn docs_test(args: &[OsString]) -> Result<ExitCode, String> {
     }
     let root = root();
     // Every fence first: a malformed one fails before anything runs.
-    let mut all = Vec::new();
-    for file in docs::doc_files(&root)? {
-        let rel = file
-            .strip_prefix(&root)
-            .unwrap_or(&file)
-            .display()
-            .to_string();
-        let text = std::fs::read_to_string(&file).map_err(|e| format!("cannot read {rel}: {e}"))?;
-        for f in docs::fences(&rel, &text)? {
-            let kind = f.kind()?;
-            all.push((f, kind));
-        }
-    }
+    let all = all_fences(&root)?;
     let issue_refs = docs::issue_references(&root)?;
     let selected: Vec<&(docs::Fence, docs::Kind)> = all
         .iter()
@@ -377,34 +421,7 @@ fn docs_test(args: &[OsString]) -> Result<ExitCode, String> {
     // The release binaries first, then only what xtask/src/deps.rs declares.
     let path = format!("{}:{}", release.display(), h.bin.display());
     let t0 = std::time::Instant::now();
-    let (mut ran, mut failed, mut skipped) = (0, Vec::new(), 0);
-    for (f, k) in selected {
-        let where_ = format!("{}:{}", f.file, f.line);
-        match k {
-            docs::Kind::Other => {}
-            docs::Kind::NoRun(reason) => {
-                skipped += 1;
-                eprintln!("skip {where_}: {reason}");
-            }
-            docs::Kind::Run(timeout) => {
-                ran += 1;
-                let o = docs::run_fence(&root, f, *timeout, &path);
-                for n in &o.notes {
-                    eprintln!("     {where_}: {n}");
-                }
-                match &o.failure {
-                    None => eprintln!("ok   {where_} ({:.1} s)", o.took.as_secs_f64()),
-                    Some(why) => {
-                        eprintln!("FAIL {where_} ({:.1} s): {why}", o.took.as_secs_f64());
-                        failed.push(format!("{where_}: {why}"));
-                    }
-                }
-                if verbose || o.failure.is_some() {
-                    eprintln!("---- output of {where_}\n{}\n----", o.log.trim_end());
-                }
-            }
-        }
-    }
+    let (ran, mut failed, skipped) = run_fences(&root, &selected, &path, verbose);
     if let Err(e) = h.verdict() {
         failed.push(e);
     }
