@@ -283,6 +283,22 @@ pub(crate) struct Spec {
     pub(crate) summary: &'static str,
 }
 
+impl Spec {
+    /// Whether a client may send it before it has authenticated (flag `noauth`, as Redis's
+    /// `COMMAND` shows it).
+    pub(crate) fn noauth(&self) -> bool {
+        self.flags.contains(&"noauth")
+    }
+
+    /// Whether it runs at once inside a `MULTI` instead of being queued, as in Redis.
+    pub(crate) fn runs_in_multi(&self) -> bool {
+        matches!(
+            self.kind,
+            Kind::Exec | Kind::Discard | Kind::Multi | Kind::Watch | Kind::Quit | Kind::Reset
+        )
+    }
+}
+
 const fn spec(
     name: &'static str,
     kind: Kind,
@@ -515,6 +531,20 @@ mod tests {
             assert!(s.max_args as i64 >= s.arity.abs(), "{}", s.name);
             assert!(COMMANDS[..i].iter().all(|t| t.name != s.name));
         }
+    }
+
+    /// The commands Redis lets through before `AUTH`, and those it runs at once inside a
+    /// `MULTI`, as the table's flags and kinds give them.
+    #[test]
+    fn noauth_and_multi_commands_are_redis_s() {
+        let names = |f: fn(&Spec) -> bool| -> Vec<&str> {
+            COMMANDS.iter().filter(|s| f(s)).map(|s| s.name).collect()
+        };
+        assert_eq!(names(Spec::noauth), ["HELLO", "AUTH", "QUIT", "RESET"]);
+        assert_eq!(
+            names(Spec::runs_in_multi),
+            ["QUIT", "RESET", "MULTI", "EXEC", "DISCARD", "WATCH"]
+        );
     }
 
     #[test]

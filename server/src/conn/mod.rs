@@ -62,7 +62,7 @@ pub(crate) use crate::cmd::client::{BufferStats, Session};
 use ahead::Ahead;
 #[cfg(test)]
 use multi::RANGE;
-use multi::{queue, runs_in_multi, Queue};
+use multi::{queue, Queue};
 
 /// Output waiting for the client past which the connection stops reading and running
 /// commands (unless the deferred budget lends it room).
@@ -413,12 +413,12 @@ impl Connection {
             return None;
         }
         s.last.unmark();
-        if s.access == Access::None && !allowed_unauthenticated(args.name()) {
+        if s.access == Access::None && !cmd::lookup(args.name()).is_some_and(cmd::Spec::noauth) {
             o.error("NOAUTH Authentication required.");
             return None;
         }
         if let Some(q) = &mut self.queue {
-            if !runs_in_multi(args.name()) {
+            if !cmd::lookup(args.name()).is_some_and(cmd::Spec::runs_in_multi) {
                 queue(srv, q, args, &mut o);
                 return None;
             }
@@ -545,13 +545,6 @@ impl Drop for Connection {
         }
         self.srv.metrics.flush(&mut self.session.tally);
     }
-}
-
-/// Commands a client may send before it has authenticated.
-fn allowed_unauthenticated(name: &[u8]) -> bool {
-    ["AUTH", "HELLO", "QUIT", "RESET"]
-        .iter()
-        .any(|n| cmd::named(name, n))
 }
 
 /// Tells a refused RESP client why, as Redis does: one write to a new socket, whose send

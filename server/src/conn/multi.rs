@@ -81,13 +81,6 @@ impl Connection {
     }
 }
 
-/// Commands that run at once inside a `MULTI` instead of being queued, as in Redis.
-pub(super) fn runs_in_multi(name: &[u8]) -> bool {
-    ["EXEC", "DISCARD", "MULTI", "WATCH", "QUIT", "RESET"]
-        .iter()
-        .any(|n| cmd::named(name, n))
-}
-
 /// Queues a command of an open `MULTI`, or refuses it (and dirties the transaction): an
 /// unknown command or a wrong number of arguments, as Redis refuses them at queue time, or a
 /// queue that is full.
