@@ -195,14 +195,23 @@ fn test(args: &[OsString]) -> Result<ExitCode, String> {
     let env = install::ensure(&opts)?;
     let h = hermetic_path(&opts)?;
     let mut cmd = Command::new(cargo());
-    cmd.current_dir(&root).args(TEST_ARGS).args(args);
+    // `-p` names the packages: `--workspace` would run every one anyway.
+    let packages = args
+        .iter()
+        .any(|a| a == "-p" || a == "--package" || a.to_string_lossy().starts_with("--package="));
+    let base = if packages {
+        &TEST_ARGS[..2]
+    } else {
+        &TEST_ARGS[..]
+    };
+    cmd.current_dir(&root).args(base).args(args);
     for (k, v) in &env {
         cmd.env(k, v);
     }
     let shown: Vec<String> = args.iter().map(|a| a.to_string_lossy().into()).collect();
     eprintln!(
         "xtask: cargo {} {} (PATH={})",
-        TEST_ARGS.join(" "),
+        base.join(" "),
         shown.join(" "),
         h.bin.display()
     );
