@@ -54,7 +54,7 @@ fn bench_engine_redis_reports_every_algorithm_beside_incr() {
             "sliding_log",
             "window_ring",
             "concurrency (acquire + release)",
-            "token_bucket, leases of 100, 64 hot keys",
+            "fixed_window, leases (auto), 64 hot keys",
         ] {
             let r = rows
                 .iter()

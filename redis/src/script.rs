@@ -330,7 +330,7 @@ mod tests {
     fn every_algorithm_runs_in_the_library() {
         let lib = library();
         for a in turnstile::Algorithm::ALL {
-            let spec = turnstile::LimitSpec::new(a, 10, Duration::from_secs(1));
+            let spec = turnstile::LimitSpec::new(a, 10, Duration::from_secs(60));
             let limit = spec.build().unwrap_or_else(|e| panic!("{a}: {e}"));
             let args = limit_args(&limit).unwrap_or_else(|e| panic!("{a}: {e}"));
             let code = args.code;

@@ -251,7 +251,7 @@ async fn rules_row(
 }
 
 /// `requests` calls at each concurrency: `INCR`, each algorithm's check, the rules engine,
-/// and token_bucket through reservations of 100 on 64 hot keys.
+/// and fixed_window through leases on 64 hot keys.
 async fn measure(
     url: &str,
     requests: u64,
