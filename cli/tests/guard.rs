@@ -13,7 +13,11 @@ use std::time::{Duration, Instant};
 mod common;
 use common::free_port;
 
-const BIN: &str = env!("CARGO_BIN_EXE_turnstile");
+/// The binary under test: the one this build made, or `TURNSTILE_TEST_BIN` (to run the same
+/// attacks against another build, e.g. an older release).
+fn bin() -> String {
+    std::env::var("TURNSTILE_TEST_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_turnstile").into())
+}
 const RULES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/rules.toml");
 const ENVOY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/envoy");
 const PASSWORD: &str = "guard-client-pw";
@@ -43,7 +47,7 @@ impl Server {
     fn start(o: Opts, extra: &[&str]) -> Server {
         let dir = tempfile::tempdir().unwrap();
         let (resp, http) = (free_port(), free_port());
-        let mut cmd = Command::new(BIN);
+        let mut cmd = Command::new(bin());
         cmd.args(["serve", "--workers", "1", "--throttle-keys", "10000"])
             .args(["--rules", RULES])
             .args(["--resp", &format!("127.0.0.1:{resp}")])
@@ -219,7 +223,7 @@ fn the_admin_listener_needs_the_admin_password() {
     assert_eq!(code, 403, "the client password is not the admin's: {body}");
     drop(with_client);
 
-    let o = Command::new(BIN)
+    let o = Command::new(bin())
         .args(["serve", "--resp", &format!("127.0.0.1:{}", free_port())])
         .args(["--http", &format!("127.0.0.1:{}", free_port())])
         .args(["--admin", &format!("0.0.0.0:{}", free_port())])
@@ -495,8 +499,9 @@ fn out_of_descriptors_the_accept_backs_off() {
         cmd.args([
             "-c",
             &format!(
-                "ulimit -n {nofile} && exec {BIN} serve --workers 1 --runtime {runtime} \
-                 --rules {RULES} --resp 127.0.0.1:{resp} --http 127.0.0.1:{http}"
+                "ulimit -n {nofile} && exec {bin} serve --workers 1 --runtime {runtime} \
+                 --rules {RULES} --resp 127.0.0.1:{resp} --http 127.0.0.1:{http}",
+                bin = bin()
             ),
         ])
         .env("RUST_LOG", "warn");
@@ -578,7 +583,8 @@ fn the_soft_descriptor_limit_is_raised_and_logged() {
     cmd.args([
         "-c",
         &format!(
-            "ulimit -S -n 512 && exec {BIN} serve --workers 1 --resp 127.0.0.1:{resp} --http 127.0.0.1:{http}"
+            "ulimit -S -n 512 && exec {bin} serve --workers 1 --resp 127.0.0.1:{resp} --http 127.0.0.1:{http}",
+            bin = bin()
         ),
     ])
     .env("RUST_LOG", "info");
