@@ -100,6 +100,7 @@ impl RedisStore {
             capacity: None,
             plain: false,
             leases: None,
+            rules_names: false,
         }
     }
 
@@ -236,7 +237,12 @@ impl RedisStore {
     }
 
     /// A check through the lease tier if the store has one, else in Redis.
-    async fn checked(&self, key: &str, now: Option<u64>, cost: u64) -> Result<Decision, Error> {
+    pub(crate) async fn checked(
+        &self,
+        key: &str,
+        now: Option<u64>,
+        cost: u64,
+    ) -> Result<Decision, Error> {
         match &self.tier {
             Some(t) if cost > 0 => self.tier_check(t, key, cost, now).await,
             _ => self.decide(key, now, cost).await,
@@ -279,7 +285,12 @@ impl RedisStore {
         self.refund_inner(key, n, Some(now)).await
     }
 
-    async fn refund_inner(&self, key: &str, n: u64, now: Option<u64>) -> Result<(), Error> {
+    pub(crate) async fn refund_inner(
+        &self,
+        key: &str,
+        n: u64,
+        now: Option<u64>,
+    ) -> Result<(), Error> {
         if let Some(c) = &self.deny {
             c.forget(key);
         }

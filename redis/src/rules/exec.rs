@@ -1,7 +1,9 @@
 //! Executing a plan in Redis: all its steps in one call on one node (or when they share a
 //! key id); in a Redis Cluster, the enforcing steps one call per key id, concurrently,
-//! consuming then refunding across them, then the shadow steps.
+//! consuming then refunding across them, then the shadow steps. A plan with leased steps
+//! goes to leased.rs.
 
+use super::leased::Leased;
 use super::RedisRules;
 use crate::store::Error;
 use std::collections::BTreeMap;
@@ -15,7 +17,11 @@ impl RedisRules {
         &self,
         plan: &Plan<C>,
         now: Option<u64>,
+        leased: Option<&Leased>,
     ) -> Result<Vec<Option<StepOutcome>>, Error> {
+        if let Some(l) = leased {
+            return self.run_leased(plan, now, l).await;
+        }
         let steps = plan.steps();
         let mut out = vec![None; steps.len()];
         if steps.is_empty() {
