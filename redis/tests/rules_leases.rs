@@ -1,8 +1,10 @@
 //! The rules on Redis with leases (`[backend] leases = "auto"`), against a real redis-server:
 //! two processes' `RedisRules` sharing a key never admit over its limit and answer most checks
 //! in process; a request whose rules are some leased, some not (a sliding_log) takes from both
-//! exactly what it was admitted for; and a process without leases, reading the same file
-//! without `leases`, finds the very counts the leased ones left (the records are named alike).
+//! exactly what it was admitted for (on one node and on a Cluster); leased soft and shadow
+//! rules keep their modes; a reload that changes a limit is followed; and a process without
+//! leases, reading the same file without `leases`, finds the very counts the leased ones left
+//! (the records are named alike).
 
 mod common;
 
@@ -11,12 +13,13 @@ use std::sync::Arc;
 use turnstile::rules::{Engine, Request, Rules};
 use turnstile_redis::RedisRules;
 
-fn rules(url: &str, leases: bool, limits: &str) -> Rules {
+/// `backend`: `redis = "..."` or `redis_cluster = [...]`.
+fn rules(backend: &str, leases: bool, limits: &str) -> Rules {
     let leases = if leases { "leases = \"auto\"" } else { "" };
     let text = format!(
         r#"
 [backend]
-redis = "{url}"
+{backend}
 timeout = "5s"
 {leases}
 {limits}
@@ -64,8 +67,8 @@ async fn drive(nodes: &[Node], clients: usize, each: usize, req: fn() -> Request
 }
 
 /// What a node without leases finds left of `req`'s rule (a peek: cost 0).
-async fn remaining(url: &str, limits: &str, mut req: Request<'_>) -> u64 {
-    let r = rules(url, false, limits);
+async fn remaining(backend: &str, limits: &str, mut req: Request<'_>) -> u64 {
+    let r = rules(backend, false, limits);
     let engine = Engine::new(r.clone()).unwrap();
     let redis = RedisRules::connect(&r).await.unwrap();
     req.cost = 0;
@@ -84,7 +87,7 @@ fn two_processes_sharing_a_key_never_go_over_and_answer_locally() {
     let server = common::Server::start();
     let rt = common::runtime();
     rt.block_on(async {
-        let url = server.url();
+        let url = format!("redis = \"{}\"", server.url());
         let nodes = nodes(&rules(&url, true, ONE_RULE), 2).await;
         let admitted = drive(&nodes, 8, 1000, || Request::new().customer(42)).await;
         let mut checks = 0;
@@ -136,33 +139,52 @@ fn mixed_req() -> Request<'static> {
 /// lease.
 #[test]
 fn a_request_of_leased_and_unleased_rules_is_all_or_nothing() {
-    let rt = common::runtime();
     for ip_limit in [120u64, 80] {
         let server = common::Server::start();
-        let url = server.url();
-        let text = mixed(ip_limit);
-        rt.block_on(async {
-            let nodes = nodes(&rules(&url, true, &text), 2).await;
-            let admitted = drive(&nodes, 8, 40, mixed_req).await;
-            for (_, r) in &nodes {
-                let st = r.lease_stats();
-                eprintln!("{st:?}");
-                // The sliding_log rule is not leased.
-                let names: Vec<&str> = st.iter().map(|s| s.0.as_str()).collect();
-                assert_eq!(names, ["customer"]);
-            }
-            eprintln!("ip limit {ip_limit}: admitted {admitted}");
-            let most = ip_limit.min(100);
-            assert!(admitted <= most, "over: {admitted}");
-            assert!(admitted * 10 >= most * 9, "{admitted}");
-            // Both rules kept exactly the admitted requests' charges: the denied ones were
-            // given back to the rule that admitted them, leased or not.
-            let cust = remaining(&url, &text, Request::new().customer(7)).await;
-            let ip = Request::new().ip("192.0.2.9".parse::<IpAddr>().unwrap());
-            let ip = remaining(&url, &text, ip).await;
-            assert_eq!((cust, ip), (100 - admitted, ip_limit - admitted));
-        });
+        mixed_run(&format!("redis = \"{}\"", server.url()), ip_limit);
     }
+}
+
+/// The same on a Redis Cluster (the two rules' keys in different slots).
+#[test]
+fn a_request_of_leased_and_unleased_rules_is_all_or_nothing_on_a_cluster() {
+    let cluster = common::Cluster::start();
+    let urls: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
+    for ip_limit in [120u64, 80] {
+        // A prefix per run: each starts afresh.
+        let backend = format!(
+            "redis_cluster = [{}]\nprefix = \"ip{ip_limit}:\"",
+            urls.join(", ")
+        );
+        mixed_run(&backend, ip_limit);
+    }
+}
+
+/// Two processes leasing the customer rule of `mixed(ip_limit)` on `backend`.
+fn mixed_run(backend: &str, ip_limit: u64) {
+    let rt = common::runtime();
+    let text = mixed(ip_limit);
+    rt.block_on(async {
+        let nodes = nodes(&rules(backend, true, &text), 2).await;
+        let admitted = drive(&nodes, 8, 40, mixed_req).await;
+        for (_, r) in &nodes {
+            let st = r.lease_stats();
+            eprintln!("{st:?}");
+            // The sliding_log rule is not leased.
+            let names: Vec<&str> = st.iter().map(|s| s.0.as_str()).collect();
+            assert_eq!(names, ["customer"]);
+        }
+        eprintln!("ip limit {ip_limit}: admitted {admitted}");
+        let most = ip_limit.min(100);
+        assert!(admitted <= most, "over: {admitted}");
+        assert!(admitted * 10 >= most * 9, "{admitted}");
+        // Both rules kept exactly the admitted requests' charges: the denied ones were
+        // given back to the rule that admitted them, leased or not.
+        let cust = remaining(backend, &text, Request::new().customer(7)).await;
+        let ip = Request::new().ip("192.0.2.9".parse::<IpAddr>().unwrap());
+        let ip = remaining(backend, &text, ip).await;
+        assert_eq!((cust, ip), (100 - admitted, ip_limit - admitted));
+    });
 }
 
 /// Leased soft and shadow rules keep their modes: a soft rule admits its tolerance and
@@ -184,7 +206,7 @@ key = "customer"
 mode = "shadow"
 limits = [{ algorithm = "fixed_window", limit = 3, window = "1h" }]
 "#;
-    let r = rules(&server.url(), true, limits);
+    let r = rules(&format!("redis = \"{}\"", server.url()), true, limits);
     rt.block_on(async {
         let engine = Engine::new(r.clone()).unwrap();
         let redis = RedisRules::connect(&r).await.unwrap();
@@ -218,7 +240,7 @@ limits = [{ algorithm = "fixed_window", limit = 3, window = "1h" }]
 fn a_reload_that_changes_a_leased_limit_is_followed() {
     let server = common::Server::start();
     let rt = common::runtime();
-    let url = server.url();
+    let url = format!("redis = \"{}\"", server.url());
     let at = |limit: u64| {
         let text = format!(
             r#"
