@@ -206,7 +206,8 @@ impl RedisRules {
         &self.backend
     }
 
-    /// What the failure path did so far (`redis` counts requests Redis answered).
+    /// What the failure path did so far (`redis` counts requests Redis answered; those of
+    /// leased rules only are in [`RedisRules::lease_stats`]).
     pub fn stats(&self) -> FailureStats {
         self.gate.stats()
     }
@@ -240,7 +241,11 @@ impl RedisRules {
         }
         match self.run(&plan, None, leased.as_ref()).await {
             Ok(o) => {
-                self.gate.succeeded(1);
+                // Requests of leased rules only are counted in the tiers' figures
+                // (`lease_stats`), not as answered by Redis.
+                if !all {
+                    self.gate.succeeded(1);
+                }
                 plan.finish(&o)
             }
             Err(e) => {

@@ -4,7 +4,7 @@
 //! exactly what it was admitted for (on one node and on a Cluster); leased soft and shadow
 //! rules keep their modes; a reload that changes a limit is followed; and a process without
 //! leases, reading the same file without `leases`, finds the very counts the leased ones left
-//! (the records are named alike).
+//! (the records are named alike); Redis killed, a lease held is spent, then the policy answers.
 
 mod common;
 
@@ -13,14 +13,19 @@ use std::sync::Arc;
 use turnstile::rules::{Engine, Request, Rules};
 use turnstile_redis::RedisRules;
 
-/// `backend`: `redis = "..."` or `redis_cluster = [...]`.
+/// `backend`: `redis = "..."` or `redis_cluster = [...]` (a timeout of 5 s unless given).
 fn rules(backend: &str, leases: bool, limits: &str) -> Rules {
     let leases = if leases { "leases = \"auto\"" } else { "" };
+    let timeout = if backend.contains("timeout") {
+        ""
+    } else {
+        "timeout = \"5s\""
+    };
     let text = format!(
         r#"
 [backend]
 {backend}
-timeout = "5s"
+{timeout}
 {leases}
 {limits}
 "#
@@ -271,5 +276,52 @@ limits = [{{ algorithm = "fixed_window", limit = {limit}, window = "1h" }}]
         assert_eq!(st.len(), 1);
         assert!(st[0].1.local > 0, "{st:?}");
         assert_eq!(admitted, 80);
+    });
+}
+
+/// Redis killed: a lease held is still spent, then the failure policy answers (closed:
+/// denials), counted as fallbacks.
+#[test]
+fn redis_away_leases_are_spent_then_the_policy_answers() {
+    let mut server = common::Server::start();
+    let rt = common::runtime();
+    let backend = format!("redis = \"{}\"\ntimeout = \"200ms\"", server.url());
+    let text = r#"
+[[rule]]
+name = "customer"
+key = "customer"
+limits = [{ algorithm = "fixed_window", limit = 100000, window = "1h" }]
+"#;
+    let r = rules(&backend, true, text);
+    rt.block_on(async {
+        let engine = Engine::new(r.clone()).unwrap();
+        let redis = RedisRules::connect(&r).await.unwrap();
+        let req = Request::new().customer(5);
+        // A hot key: leased.
+        for _ in 0..2000 {
+            assert!(redis.explain(&engine, &req).await.decision.allowed());
+        }
+        let before = redis.lease_stats()[0].1;
+        assert!(before.lease_calls > 0, "{before:?}");
+        server.kill();
+        let (mut admitted, mut denied) = (0u64, 0u64);
+        for _ in 0..100_000 {
+            if redis.explain(&engine, &req).await.decision.allowed() {
+                admitted += 1;
+            } else {
+                denied += 1;
+                if denied > 100 {
+                    break;
+                }
+            }
+        }
+        let after = redis.lease_stats()[0].1;
+        eprintln!(
+            "admitted {admitted}, denied {denied}; {before:?} {after:?} {:?}",
+            redis.stats()
+        );
+        assert!(admitted > 0, "the lease held was spent");
+        assert!(denied > 100, "then the policy (closed) answered");
+        assert!(redis.stats().fallbacks > 100, "{:?}", redis.stats());
     });
 }
