@@ -10,11 +10,12 @@
 //! bucket limits that do not count denials) and the rule has no elastic pool. The others are
 //! checked per request, as without leases.
 //!
-//! **A request.** When every enforcing step is leased or none is, nothing changes in the
-//! protocol; a request mixing them asks the leased steps of their tiers and the others in
-//! Redis (one call, or one per key id in a Cluster), concurrently, and if one denies gives
-//! back what the others took — the consume-then-refund protocol the Cluster path uses for
-//! steps of different key ids, whose residual race it shares. Then the shadow steps.
+//! **A request** with no leased step is decided as without leases. Otherwise its enforcing
+//! steps are asked at once, each leased one of its tier and the others in Redis (one call, or
+//! one per key id in a Cluster); if one denies, what the others took is given back — the
+//! consume-then-refund protocol the Cluster path uses for steps of different key ids, whose
+//! residual race it shares (a request may be denied while another's charge is on its way
+//! back; never admitted over). Then, if all admitted, the shadow steps.
 //!
 //! **Bounds.** Each leased rule's table holds at most `min(keys, RULE_KEYS)` keys (about
 //! 200 bytes each) and runs one sweeper; the tiers are made on a rule's first leasable step
