@@ -30,6 +30,7 @@ impl RedisStore {
             capacity: None,
             plain: false,
             leases: None,
+            rules_names: false,
         }
     }
 }
@@ -49,6 +50,8 @@ pub struct RedisStoreBuilder {
     pub(crate) capacity: Option<u64>,
     pub(crate) plain: bool,
     pub(crate) leases: Option<Leases>,
+    /// Records named as the rules on Redis name theirs (`Layout::suffixed`).
+    pub(crate) rules_names: bool,
 }
 
 impl RedisStoreBuilder {
@@ -178,7 +181,10 @@ impl RedisStoreBuilder {
             }
         };
         let args = ls.iter().map(limit_args).collect::<Result<Vec<_>, _>>()?;
-        let layout = Layout::new(&self.prefix, ls, &args, self.capacity);
+        let mut layout = Layout::new(&self.prefix, ls, &args, self.capacity);
+        if self.rules_names {
+            layout = layout.suffixed();
+        }
         let insurance = match self.policy {
             FailurePolicy::Insurance { expected_nodes } => Some(Arc::new(
                 insurance(&self.limits, expected_nodes, self.insurance_keys).ok_or_else(|| {

@@ -37,6 +37,9 @@ pub(crate) struct Layout {
     bits: Option<u32>,
     /// Per limit: its code, whether its record is packed, its layout hash.
     parts: Vec<(&'static str, bool, Option<u32>)>,
+    /// A key per record named as the rules on Redis name theirs: `.<layout>` after the code
+    /// (a rule's lease tier shares the rule's records).
+    suffixed: bool,
 }
 
 /// One key's names.
@@ -106,7 +109,15 @@ impl Layout {
             prefix: prefix.to_string(),
             bits,
             parts,
+            suffixed: false,
         }
+    }
+
+    /// One key per record named as the rules on Redis name theirs,
+    /// `<prefix>{<key>}:<i><code>[.<layout>]` (not packed).
+    pub(crate) fn suffixed(mut self) -> Self {
+        self.suffixed = self.bits.is_none();
+        self
     }
 
     /// Whether records are packed in buckets.
@@ -119,7 +130,10 @@ impl Layout {
         let p = &self.prefix;
         let Some(bits) = self.bits else {
             let keys = (self.parts.iter().enumerate())
-                .map(|(i, (code, ..))| format!("{p}{{{key}}}:{i}{code}"))
+                .map(|(i, &(code, _, layout))| match layout {
+                    Some(h) if self.suffixed => format!("{p}{{{key}}}:{i}{code}.{h:08x}"),
+                    _ => format!("{p}{{{key}}}:{i}{code}"),
+                })
                 .collect();
             return Names { keys, field: None };
         };
@@ -182,6 +196,24 @@ mod tests {
         }
         let max = *counts.iter().max().unwrap();
         assert!(max < 100, "{max} keys in one bucket");
+    }
+
+    #[test]
+    fn rules_names_carry_the_record_layout() {
+        let h = Duration::from_secs(3600);
+        let limits = [
+            Limit::fixed_window(500, h).unwrap(),
+            Limit::token_bucket(5, 5, h).unwrap(),
+        ];
+        let n = layout(&limits, None).suffixed().names("2a");
+        let fw = format!("{:08x}", record_layout(&limits[0]).unwrap());
+        assert_eq!(
+            n.keys,
+            [format!("ts:{{2a}}:0fw.{fw}"), "ts:{2a}:1tb".into()]
+        );
+        // Packed records keep their buckets' names.
+        let p = layout(&limits, Some(20_000));
+        assert_eq!(p.clone().suffixed().names("2a"), p.names("2a"));
     }
 
     #[test]

@@ -17,6 +17,10 @@
 //! across ids as the engine does (a denial in one gives back the others' charges, one more
 //! call each), then the shadow rules. See docs/redis.md.
 //!
+//! **Leases** (`[backend] leases = "auto"`): the rules whose own limits can be leased are
+//! decided by lease tiers of their own, on the same records (leased.rs); a request mixing
+//! leased and other rules consumes from both and gives back if one denies.
+//!
 //! **Keys:** `<prefix><rule>[:o][:p]:{<key id, hex>}:<limit index><algorithm>[.<layout>]`:
 //! `:o` an override's limits, `:p` an elastic rule's pool; the rule name with `%`, `:`, `{`
 //! and `}` percent-encoded; `<layout>` a hash of what a limit's record means (a window's
@@ -40,7 +44,8 @@ use turnstile::rules::{
 use turnstile::{Clock, ConfigError, Decision, Limit, Limits, Outcome};
 
 mod exec;
-use exec::groups;
+mod leased;
+use leased::{Leased, LeasedRules};
 
 /// How long connecting to Redis may take before the rules are refused.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -55,6 +60,8 @@ pub struct RedisRules {
     gate: FailureGate,
     /// Policy `insurance`: the same rules in memory, every limit ÷ expected nodes.
     insurance: Option<Engine>,
+    /// `[backend] leases = "auto"`: the leased rules' tiers (leased.rs).
+    leases: Option<LeasedRules>,
 }
 
 impl std::fmt::Debug for RedisRules {
@@ -148,7 +155,10 @@ impl RedisRules {
                 shown()
             ))
         })?;
+        let leases = crate::Leases::from_rules(&b.leases)
+            .map(|l| LeasedRules::new(l, caller.conn().clone(), b.timeout, b.prefix.clone()));
         Ok(Self {
+            leases,
             caller,
             keys: KeyHasher::with_seed(b.seed, 64),
             gate: FailureGate::new(policy, 5, Duration::from_secs(1), "rules".into()),
@@ -195,7 +205,8 @@ impl RedisRules {
         &self.backend
     }
 
-    /// What the failure path did so far (`redis` counts requests Redis answered).
+    /// What the failure path did so far (`redis` counts requests Redis answered; those of
+    /// leased rules only are in [`RedisRules::lease_stats`]).
     pub fn stats(&self) -> FailureStats {
         self.gate.stats()
     }
@@ -218,16 +229,28 @@ impl RedisRules {
         if plan.shed().is_some() || plan.steps().is_empty() {
             return plan.finish(&[]);
         }
-        if !self.gate.admit(1) {
+        // Steps all leased are guarded by their tiers' own breakers: a lease held is spent
+        // whatever Redis does.
+        let leased = self.leased(&plan);
+        let all = leased
+            .as_ref()
+            .is_some_and(|v| v.iter().all(Option::is_some));
+        if !all && !self.gate.admit(1) {
             return self.fallback(req);
         }
-        match self.run(&plan, None).await {
+        match self.run(&plan, None, leased.as_ref()).await {
             Ok(o) => {
-                self.gate.succeeded(1);
+                // Requests of leased rules only are counted in the tiers' figures
+                // (`lease_stats`), not as answered by Redis.
+                if !all {
+                    self.gate.succeeded(1);
+                }
                 plan.finish(&o)
             }
             Err(e) => {
-                self.gate.failed(&e);
+                if !all {
+                    self.gate.failed(&e);
+                }
                 self.fallback(req)
             }
         }
@@ -240,7 +263,8 @@ impl RedisRules {
         req: &Request<'_>,
     ) -> Result<Verdict, Error> {
         let plan = engine.plan(req, &self.keys);
-        let o = self.run(&plan, None).await?;
+        let leased = self.leased(&plan);
+        let o = self.run(&plan, None, leased.as_ref()).await?;
         Ok(plan.finish(&o))
     }
 
@@ -255,7 +279,8 @@ impl RedisRules {
         now: u64,
     ) -> Result<Verdict, Error> {
         let plan = engine.plan_at(req, now, &self.keys);
-        let o = self.run(&plan, Some(now)).await?;
+        let leased = self.leased(&plan);
+        let o = self.run(&plan, Some(now), leased.as_ref()).await?;
         Ok(plan.finish(&o))
     }
 
@@ -291,8 +316,13 @@ impl RedisRules {
         if n == 0 {
             return Ok(0);
         }
-        let all: Vec<(usize, char)> = (0..plan.steps().len()).map(|i| (i, 'a')).collect();
-        let r = if self.caller.conn().is_cluster() {
+        let (all, leased_refund) = match self.leased(&plan) {
+            Some(l) => self.refund_leased(&plan, now, &l).await,
+            None => ((0..plan.steps().len()).map(|i| (i, 'a')).collect(), Ok(())),
+        };
+        let r = if all.is_empty() {
+            leased_refund
+        } else if self.caller.conn().is_cluster() {
             let calls = groups(&plan, &all)
                 .into_values()
                 .map(|g| self.refund_call(&plan, g, now));
@@ -300,9 +330,9 @@ impl RedisRules {
                 .await
                 .into_iter()
                 .collect::<Result<Vec<()>, Error>>()
-                .map(|_| ())
+                .and(leased_refund)
         } else {
-            self.refund_call(&plan, all, now).await
+            self.refund_call(&plan, all, now).await.and(leased_refund)
         };
         if let Err(e) = r {
             self.gate.failed(&e);
@@ -312,6 +342,11 @@ impl RedisRules {
             return Err(e);
         }
         Ok(n)
+    }
+
+    /// Per step of `plan`, its rule's lease tier if the step is leased (`None`: no step is).
+    fn leased<C: Clock>(&self, plan: &Plan<C>) -> Option<Leased> {
+        self.leases.as_ref()?.of(plan)
     }
 
     /// The Redis keys of a step: its limits', then its pool's (for tests and tools).
@@ -479,4 +514,16 @@ fn push_limits(spec: &mut String, limits: Option<&Limits>) -> Result<(), Error> 
         .collect::<Result<Vec<_>, _>>()?;
     script::push_limits(spec, limits, &args);
     Ok(())
+}
+
+/// `steps` grouped by key id (one Cluster slot each), in plan order within a group.
+fn groups<C: Clock>(
+    plan: &Plan<C>,
+    steps: &[(usize, char)],
+) -> std::collections::BTreeMap<u64, Vec<(usize, char)>> {
+    let mut m: std::collections::BTreeMap<u64, Vec<(usize, char)>> = Default::default();
+    for &(i, t) in steps {
+        m.entry(plan.steps()[i].key()).or_default().push((i, t));
+    }
+    m
 }

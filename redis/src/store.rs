@@ -172,7 +172,12 @@ impl RedisStore {
     }
 
     /// A check through the lease tier if the store has one, else in Redis.
-    async fn checked(&self, key: &str, now: Option<u64>, cost: u64) -> Result<Decision, Error> {
+    pub(crate) async fn checked(
+        &self,
+        key: &str,
+        now: Option<u64>,
+        cost: u64,
+    ) -> Result<Decision, Error> {
         match &self.tier {
             Some(t) if cost > 0 => self.tier_check(t, key, cost, now).await,
             _ => self.decide(key, now, cost).await,
@@ -215,7 +220,12 @@ impl RedisStore {
         self.refund_inner(key, n, Some(now)).await
     }
 
-    async fn refund_inner(&self, key: &str, n: u64, now: Option<u64>) -> Result<(), Error> {
+    pub(crate) async fn refund_inner(
+        &self,
+        key: &str,
+        n: u64,
+        now: Option<u64>,
+    ) -> Result<(), Error> {
         if let Some(c) = &self.deny {
             c.forget(key);
         }

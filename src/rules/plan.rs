@@ -69,6 +69,13 @@ impl PlanStep {
     pub fn may_draw_pool(&self) -> bool {
         self.pool
     }
+    /// The rule's index in the rules the plan was made on, and its override's among the
+    /// rule's (`None`: the rule's own limits): a backend keeping state per rule finds it by
+    /// these, and checks that [`Plan::rule_name`] and [`Plan::limits`] are still what it
+    /// kept (a reload renumbers the rules).
+    pub fn slot_index(&self) -> (u32, Option<u32>) {
+        (self.rule, (self.slot != MAIN).then_some(self.slot))
+    }
 }
 
 /// What a step's limits answered, from the backend: its own limits' decision and, for an

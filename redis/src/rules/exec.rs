@@ -1,10 +1,11 @@
 //! Executing a plan in Redis: all its steps in one call on one node (or when they share a
 //! key id); in a Redis Cluster, the enforcing steps one call per key id, concurrently,
-//! consuming then refunding across them, then the shadow steps.
+//! consuming then refunding across them, then the shadow steps. A plan with leased steps
+//! goes to leased.rs.
 
+use super::leased::Leased;
 use super::RedisRules;
 use crate::error::Error;
-use std::collections::BTreeMap;
 use turnstile::rules::{Plan, StepOutcome};
 use turnstile::Clock;
 
@@ -15,7 +16,11 @@ impl RedisRules {
         &self,
         plan: &Plan<C>,
         now: Option<u64>,
+        leased: Option<&Leased>,
     ) -> Result<Vec<Option<StepOutcome>>, Error> {
+        if let Some(l) = leased {
+            return self.run_leased(plan, now, l).await;
+        }
         let steps = plan.steps();
         let mut out = vec![None; steps.len()];
         if steps.is_empty() {
@@ -126,20 +131,8 @@ fn slot_groups<C: Clock>(plan: &Plan<C>, shadow: bool) -> Vec<Vec<usize>> {
         .filter(|&i| steps[i].is_shadow() == shadow)
         .map(|i| (i, 'a'))
         .collect();
-    groups(plan, &picked)
+    super::groups(plan, &picked)
         .into_values()
         .map(|g| g.into_iter().map(|(i, _)| i).collect())
         .collect()
-}
-
-/// `steps` grouped by key id (one Cluster slot each), in plan order within a group.
-pub(super) fn groups<C: Clock>(
-    plan: &Plan<C>,
-    steps: &[(usize, char)],
-) -> BTreeMap<u64, Vec<(usize, char)>> {
-    let mut m: BTreeMap<u64, Vec<(usize, char)>> = BTreeMap::new();
-    for &(i, t) in steps {
-        m.entry(plan.steps()[i].key()).or_default().push((i, t));
-    }
-    m
 }
