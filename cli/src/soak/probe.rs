@@ -1,7 +1,7 @@
 //! What the soak reads of the server and the machine: the server's resident memory from
-//! `/proc/PID/status` (and its process found from the port it listens on), its flags from
-//! `/proc/PID/cmdline`, its `/metrics` over HTTP, the kernel's TCP buffer memory from
-//! `/proc/net/sockstat`, and the load average.
+//! `/proc/PID/status` and its descriptors from `/proc/PID/fd` (its process found from the port
+//! it listens on), its flags from `/proc/PID/cmdline`, its `/metrics` over HTTP, the kernel's
+//! TCP buffer memory from `/proc/net/sockstat`, and the load average.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -25,6 +25,11 @@ pub fn status_bytes(pid: u32, field: &str) -> Option<u64> {
 /// The server's resident memory now.
 pub fn rss(pid: u32) -> Option<u64> {
     status_bytes(pid, "VmRSS")
+}
+
+/// The process's open file descriptors (the entries of `/proc/PID/fd`).
+pub fn fd_count(pid: u32) -> Option<u64> {
+    Some(std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64)
 }
 
 /// Resets the process's peak resident memory (`VmHWM`) to its current resident memory, so that
@@ -290,6 +295,7 @@ mod tests {
     fn reads_this_process() {
         let me = std::process::id();
         assert!(rss(me).unwrap() > 0);
+        assert!(fd_count(me).unwrap() >= 3);
         assert!(alive(me));
         assert!(cpu_seconds(me).is_some());
         assert_eq!(server_queues(&[1]), Some((0, 0)));
