@@ -194,10 +194,26 @@ pub(super) async fn new_params(
         {
             return Ok(Outcome::Unexpected("closed while sending".into()));
         }
-        match c.reply(WAIT).await {
+        match c.line(WAIT).await {
             Ok(l) if l == "*5" => {
+                // Its first element says whether it was admitted (a key whose parameters
+                // change keeps its state: some are limited).
+                let mut first = String::new();
+                for i in 0..5 {
+                    match c.line(WAIT).await {
+                        Ok(x) if i == 0 => first = x,
+                        Ok(_) => {}
+                        Err(e) => {
+                            return Ok(Outcome::Unexpected(format!("no reply: {}", ended(&e))))
+                        }
+                    }
+                }
                 made += 1;
-                s.throttle_allowed_seen.fetch_add(1, Ordering::Relaxed);
+                match first.as_str() {
+                    ":0" => s.throttle_allowed_seen.fetch_add(1, Ordering::Relaxed),
+                    ":1" => s.throttle_limited_seen.fetch_add(1, Ordering::Relaxed),
+                    x => return Ok(Outcome::Unexpected(format!("answered *5, then {x:.40}"))),
+                };
             }
             Ok(l) if l.starts_with("-ERR no room for another CL.THROTTLE store") => refused += 1,
             Ok(l) => return Ok(Outcome::Unexpected(format!("answered {l:.120}"))),
