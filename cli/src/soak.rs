@@ -371,6 +371,11 @@ async fn soak(a: &SoakArgs, start: Start) -> Result<(), String> {
     say(json, format!("attackers gone; settling for {:?}", a.settle));
     tokio::time::sleep(a.settle).await;
     let after = pid.and_then(probe::rss);
+    // Before the honest clients leave: their connections are in the idle count too.
+    let fds_after = settled(
+        &sh.samples.lock().expect("not poisoned"),
+        t0.elapsed().as_secs_f64(),
+    );
     let load_end = probe::load_average();
 
     // The honest clients stop; what they saw is checked against the server.
@@ -393,10 +398,7 @@ async fn soak(a: &SoakArgs, start: Start) -> Result<(), String> {
         hwm,
         peak_reset,
         after,
-        fds: [
-            idle_fds,
-            settled(&samples, t_settle + a.settle.as_secs_f64()),
-        ],
+        fds: [idle_fds, fds_after],
         before,
         metrics_after,
         seen,
@@ -474,7 +476,7 @@ fn quiet_median(sh: &Shared, quiet: Duration, f: fn(&Sample) -> Option<u64>) -> 
 
 /// The server's descriptors once settled: the fewest over the settle's last 5 s (ending at
 /// `end`, s since the start), so that the sampler's own /metrics connection, closing, is not
-/// counted.
+/// counted; with the honest clients still connected, as in the idle count.
 fn settled(samples: &[Sample], end: f64) -> Option<u64> {
     samples
         .iter()

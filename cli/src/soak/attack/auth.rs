@@ -60,7 +60,9 @@ pub(super) async fn guess(
                 proto.name()
             ))
         }
-        Guessed::Stopped => Outcome::Expected("slowed to at most 10 a second"),
+        // Slowed by the server, or by the attackers' own thread when it is busy: the rate
+        // alone cannot tell which.
+        Guessed::Stopped => Outcome::Expected("at most 10 refused a second"),
     })
 }
 
