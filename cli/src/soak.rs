@@ -160,24 +160,7 @@ pub fn run(a: SoakArgs) -> Result<(), String> {
         }
     }
     let password = read_password(&a.password_file)?;
-    let listeners = attack::Listeners {
-        http: a.http.is_some(),
-        grpc: a.grpc.is_some(),
-        admin: a.admin.is_some(),
-    };
-    let plan = attack::plan(a.connections as usize, listeners, &a.kinds);
-    if plan.is_empty() {
-        return Err(
-            "--kinds: none of these attacks can run (the HTTP ones need --http, the gRPC ones --grpc, admin-nocreds --admin)"
-                .into(),
-        );
-    }
-    let hogs = plan.iter().filter(|k| **k == Kind::FdHog).count();
-    let hog_total = if hogs > 0 {
-        (a.connections as usize).min(attack::FD_HOG_LIMIT)
-    } else {
-        0
-    };
+    let (plan, hog_each, hog_total) = plan(&a)?;
     let honest = a.honest_resp + a.honest_http + a.honest_grpc;
     enough_files(u64::from(a.connections) + hog_total as u64 + u64::from(honest) + 256)?;
     let pid = a.pid.or_else(|| probe::find_pid(a.target));
@@ -212,7 +195,6 @@ pub fn run(a: SoakArgs) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
-    let hog_each = hog_total.div_ceil(hogs.max(1)).max(1);
     let run = Start {
         pid,
         password,
@@ -223,6 +205,31 @@ pub fn run(a: SoakArgs) -> Result<(), String> {
         hog_each,
     };
     control.block_on(soak(&a, run))
+}
+
+/// The attackers of `a`, and the idle connections each descriptor hog holds and all of them
+/// together.
+fn plan(a: &SoakArgs) -> Result<(Vec<Kind>, usize, usize), String> {
+    let listeners = attack::Listeners {
+        http: a.http.is_some(),
+        grpc: a.grpc.is_some(),
+        admin: a.admin.is_some(),
+    };
+    let plan = attack::plan(a.connections as usize, listeners, &a.kinds);
+    if plan.is_empty() {
+        return Err(
+            "--kinds: none of these attacks can run (the HTTP ones need --http, the gRPC ones --grpc, admin-nocreds --admin)"
+                .into(),
+        );
+    }
+    let hogs = plan.iter().filter(|k| **k == Kind::FdHog).count();
+    let hog_total = if hogs > 0 {
+        (a.connections as usize).min(attack::FD_HOG_LIMIT)
+    } else {
+        0
+    };
+    let hog_each = hog_total.div_ceil(hogs.max(1)).max(1);
+    Ok((plan, hog_each, hog_total))
 }
 
 /// What the soak starts from.
@@ -411,13 +418,19 @@ async fn soak(a: &SoakArgs, start: Start) -> Result<(), String> {
         log,
         samples,
     };
-    let report = report::build(a, &run, &sh);
+    publish(a, &run, &sh, [t_attack, t_settle])
+}
+
+/// The report of `run`, printed (as JSON with `--json`), and its plot drawn; `marks`: when the
+/// attack started and ended (s).
+fn publish(a: &SoakArgs, run: &report::Run, sh: &Shared, marks: [f64; 2]) -> Result<(), String> {
+    let report = report::build(a, run, sh);
     if let Some(f) = &a.plot {
-        plot::draw(f, &run.samples, [t_attack, t_settle], [idle, idle_fds])
+        plot::draw(f, &run.samples, marks, [run.idle, run.fds[0]])
             .map_err(|e| format!("cannot write the plot to {}: {e}", f.display()))?;
-        say(json, format!("wrote {}", f.display()));
+        say(a.json, format!("wrote {}", f.display()));
     }
-    if json {
+    if a.json {
         println!(
             "{}",
             serde_json::to_string_pretty(&report).expect("serializable")

@@ -282,8 +282,8 @@ async fn one(
         Kind::BigBody => big_body(&mut c, t, attempt).await,
         Kind::NoCreds => no_creds(&mut c, t, until).await,
         Kind::SlowBody => slow_body(&mut c, t, variant, until).await,
-        Kind::H2Streams => http2::streams(&mut c, t, proto, variant, until).await,
-        Kind::JsonBig => json_big(&mut c, t, variant).await,
+        Kind::H2Streams => http2::streams(&mut c, t, s, proto, variant, until).await,
+        Kind::JsonBig => json_big(&mut c, t, s, variant).await,
         Kind::GrpcSilent => Ok(c
             .held(until, "closed by the server", "held to the end")
             .await),

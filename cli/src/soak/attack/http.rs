@@ -2,7 +2,7 @@
 //! without credentials, slow or missing bodies, and big `/json` bodies.
 
 use super::conn::Conn;
-use super::{Outcome, Target, WAIT};
+use super::{Outcome, Stats, Target, WAIT};
 use crate::soak::probe::{read_response, HttpResponse};
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
@@ -346,10 +346,11 @@ fn json_body(len: usize) -> Vec<u8> {
 /// `POST /json` of several MiB: 3 MiB (under the route's own 4 MiB) or 6 MiB with the
 /// password, 3 MiB without it. Past `--max-body` the server must refuse it (413, or 401
 /// without credentials) rather than read it: a body past `--max-body` read whole and answered
-/// is unexpected.
+/// is unexpected. Not sent while the attackers' body budget is spent.
 pub(super) async fn json_big(
     c: &mut Conn<'_>,
     t: &Target,
+    s: &Stats,
     variant: u64,
 ) -> Result<Outcome, Outcome> {
     let (len, creds) = match variant % 3 {
@@ -357,6 +358,12 @@ pub(super) async fn json_big(
         1 => (6 << 20, true),
         _ => (3 << 20, false),
     };
+    let mut budget = s.bodies();
+    if !budget.more(len as u64) {
+        return Ok(Outcome::Expected(
+            "not sent: the attackers' body budget in use",
+        ));
+    }
     let password = if creds { t.password.as_deref() } else { None };
     let head = request(
         "POST",

@@ -6,7 +6,7 @@
 
 use super::conn::Conn;
 use super::http::{closed_label, request};
-use super::{Outcome, Proto, Target, WAIT};
+use super::{Outcome, Proto, Stats, Target, WAIT};
 use bytes::Bytes;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -128,10 +128,12 @@ fn check_head(t: &Target, len: usize, password: Option<&[u8]>) -> http::Request<
 /// As many streams as the server allows on one connection, each a request whose body is one
 /// byte short of `--max-body` (announced longer) and never ended; with the password in half
 /// the variants. Held until the server answers or resets every stream, closes, or the end.
-/// One variant in eight on the HTTP listener asks for the h2c upgrade instead.
+/// One variant in eight on the HTTP listener asks for the h2c upgrade instead. No more
+/// streams are opened while the attackers' body budget is spent.
 pub(super) async fn streams(
     c: &mut Conn<'_>,
     t: &Target,
+    s: &Stats,
     proto: Proto,
     variant: u64,
     until: Instant,
@@ -164,7 +166,8 @@ pub(super) async fn streams(
     let max = send.current_max_send_streams().min(MAX_STREAMS);
     let mut answers = FuturesUnordered::new();
     let mut open = Vec::new();
-    while open.len() < max && Instant::now() < until {
+    let mut budget = s.bodies();
+    while open.len() < max && Instant::now() < until && budget.more(body.len() as u64) {
         if !ready(&mut send, &mut conn, Duration::from_secs(2)).await {
             break;
         }
@@ -195,7 +198,7 @@ pub(super) async fn streams(
         }
     }
     Ok(Outcome::Expected(match (answered, reset) {
-        (0, 0) => "no stream opened",
+        (0, 0) => "no stream opened (the attackers' body budget in use)",
         (_, 0) => "every stream answered before its body ended",
         (0, _) => "every stream reset by the server",
         _ => "every stream answered or reset before its body ended",

@@ -95,6 +95,38 @@ impl KindStats {
     }
 }
 
+/// Body bytes the attackers keep in flight at once, in all (HTTP/2 streams left unfinished,
+/// big /json bodies): enough to show a server that holds them past its bound (256 MiB), and
+/// bounded so that the soak cannot exhaust the memory of the machine it shares with the
+/// server (1 000 HTTP/2 connections of 100 streams of 64 KiB would be 6.4 GB).
+pub const BODY_BUDGET: u64 = 1 << 30;
+
+/// Bytes taken from [`Stats::bodies`], given back when dropped.
+pub struct Reserved<'a> {
+    of: &'a AtomicU64,
+    n: u64,
+}
+
+impl Reserved<'_> {
+    /// `n` more bytes, if the budget has them.
+    pub fn more(&mut self, n: u64) -> bool {
+        // Relaxed: a count; no other memory is published through it.
+        let before = self.of.fetch_add(n, Ordering::Relaxed);
+        if before + n > BODY_BUDGET {
+            self.of.fetch_sub(n, Ordering::Relaxed);
+            return false;
+        }
+        self.n += n;
+        true
+    }
+}
+
+impl Drop for Reserved<'_> {
+    fn drop(&mut self) {
+        self.of.fetch_sub(self.n, Ordering::Relaxed);
+    }
+}
+
 /// The counts of every kind.
 pub struct Stats {
     pub kinds: Vec<(Kind, KindStats)>,
@@ -108,6 +140,8 @@ pub struct Stats {
     pub throttle_unread: AtomicU64,
     /// The next new parameter set.
     pub(super) next_params: AtomicU64,
+    /// Body bytes in flight, within [`BODY_BUDGET`].
+    bodies: AtomicU64,
 }
 
 impl Stats {
@@ -122,6 +156,15 @@ impl Stats {
             throttle_limited_seen: AtomicU64::new(0),
             throttle_unread: AtomicU64::new(0),
             next_params: AtomicU64::new(0),
+            bodies: AtomicU64::new(0),
+        }
+    }
+
+    /// A share of [`BODY_BUDGET`], empty at first.
+    pub fn bodies(&self) -> Reserved<'_> {
+        Reserved {
+            of: &self.bodies,
+            n: 0,
         }
     }
 
