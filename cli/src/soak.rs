@@ -251,8 +251,8 @@ struct Shared {
     http_rec: Arc<Recorder>,
     grpc_rec: Arc<Recorder>,
     attack: Arc<attack::Stats>,
-    /// The server's log, read as it grows (`None` without `--server-log`).
-    log: Mutex<Option<logs::Log>>,
+    /// Lines of the server's log read so far (unset without `--server-log`).
+    log_lines: std::sync::OnceLock<Arc<std::sync::atomic::AtomicU64>>,
 }
 
 impl Shared {
@@ -265,7 +265,7 @@ impl Shared {
             http_rec: Arc::new(Recorder::new(PHASES.len())),
             grpc_rec: Arc::new(Recorder::new(PHASES.len())),
             attack: Arc::new(attack::Stats::new()),
-            log: Mutex::new(None),
+            log_lines: std::sync::OnceLock::new(),
         }
     }
 
@@ -305,19 +305,20 @@ async fn sample_until_stopped(
 ) {
     let mut tick = tokio::time::interval(SAMPLE);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last = t0.elapsed().as_secs_f64();
+    let lines = || sh.log_lines.get().map(|n| n.load(Ordering::Relaxed));
+    let mut last = (t0.elapsed().as_secs_f64(), lines());
     while !sh.stop_sampler.load(Ordering::Relaxed) {
         tick.tick().await;
-        let now = t0.elapsed().as_secs_f64();
-        let log_lines_per_s = sh
-            .log
-            .lock()
-            .expect("not poisoned")
-            .as_mut()
-            .map(|l| l.poll(now as u64) as f64 / (now - last).max(1e-3));
+        let now = (t0.elapsed().as_secs_f64(), lines());
+        let log_lines_per_s = match (now.1, last.1) {
+            (Some(n), Some(l)) => Some(n.saturating_sub(l) as f64 / (now.0 - last.0).max(1e-3)),
+            _ => None,
+        };
         last = now;
         let m = match http {
-            Some(h) => probe::metrics(h, password.as_deref()).await,
+            // Within two samples: a server that cannot accept (out of descriptors) must not
+            // stop the sampling of its memory.
+            Some(h) => probe::metrics_within(h, password.as_deref(), 2 * SAMPLE).await,
             None => None,
         };
         let g = |k: &str| m.as_ref().and_then(|m| m.get(k).copied());
@@ -349,20 +350,11 @@ async fn soak(a: &SoakArgs, start: Start) -> Result<(), String> {
     let (client, mut con) = preflight(a.target, password.as_deref()).await?;
     let before = metrics_before(a, password.as_deref()).await;
     let sh = Arc::new(Shared::new());
-    if let Some(f) = &a.server_log {
-        let log = logs::Log::open(f);
-        if !log.readable {
-            say(
-                json,
-                format!(
-                    "--server-log {}: cannot be read: its lines are not counted",
-                    f.display()
-                ),
-            );
-        }
-        *sh.log.lock().expect("not poisoned") = Some(log);
-    }
     let t0 = Instant::now();
+    let follower = match &a.server_log {
+        Some(f) => Some(follow(&sh, f, t0, json)?),
+        None => None,
+    };
     let load_start = probe::load_average();
     let sampling = tokio::spawn(sampler(sh.clone(), a, pid, password.clone(), t0));
     let honest = honest::Honest::start(a, &sh, client, start.run_id, password.clone())?;
@@ -395,7 +387,10 @@ async fn soak(a: &SoakArgs, start: Start) -> Result<(), String> {
     };
     let keys = check::check_keys(&mut con, &resp_keys, &seen.resp).await;
     let samples = sh.samples.lock().expect("not poisoned").clone();
-    let log = sh.log.lock().expect("not poisoned").take();
+    let log = match follower {
+        Some(f) => f.finish().await,
+        None => None,
+    };
     let run = report::Run {
         pid,
         flags: start.flags,
@@ -439,6 +434,26 @@ fn publish(a: &SoakArgs, run: &report::Run, sh: &Shared, marks: [f64; 2]) -> Res
         text::print(&report);
     }
     Ok(())
+}
+
+/// Follows the server's log at `f` (said when it cannot be read), its lines counted in `sh`.
+fn follow(
+    sh: &Shared,
+    f: &std::path::Path,
+    t0: Instant,
+    json: bool,
+) -> Result<logs::Follower, String> {
+    let log = logs::Log::open(f);
+    if !log.readable {
+        let e = format!(
+            "--server-log {}: cannot be read: its lines are not counted",
+            f.display()
+        );
+        say(json, e);
+    }
+    let follower = logs::Follower::start(log, t0, SAMPLE).map_err(|e| e.to_string())?;
+    let _ = sh.log_lines.set(follower.lines.clone());
+    Ok(follower)
 }
 
 /// The server answers, and the password is right: a client and a connection for the checks

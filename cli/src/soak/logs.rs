@@ -2,11 +2,15 @@
 //! (the message with its timestamp left out and every number made `#`, so that "accept
 //! failed: ... (os error 24)" from any connection is one kind), and the `panicked` lines.
 //! Each line counts in the second of its own timestamp (tracing's RFC 3339 prefix), or, when
-//! it has none, in the second it was read.
+//! it has none, in the second it was read. A server flooding its log writes hundreds of
+//! thousands of lines a second: a line costs no allocation here but for a new kind.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Kinds of message told apart; the rest count as one.
 const MAX_KINDS: usize = 200;
@@ -57,6 +61,8 @@ pub struct Log {
     pub skipped_bytes: u64,
     pub panics: Vec<String>,
     pub readable: bool,
+    /// The kind of the line being counted.
+    scratch: String,
 }
 
 impl Log {
@@ -72,6 +78,7 @@ impl Log {
             skipped_bytes: 0,
             panics: Vec::new(),
             readable: false,
+            scratch: String::new(),
         };
         let Ok(len) = std::fs::metadata(path).map(|m| m.len()) else {
             return log;
@@ -116,16 +123,14 @@ impl Log {
         let mut read = 0;
         let mut rest = &buf[..];
         while let Some(i) = rest.iter().position(|b| *b == b'\n') {
-            let line = if self.partial.is_empty() {
-                String::from_utf8_lossy(&rest[..i]).into_owned()
+            if self.partial.is_empty() {
+                self.line(&String::from_utf8_lossy(&rest[..i]), now, count);
             } else {
-                self.partial.extend_from_slice(&rest[..i]);
-                let l = String::from_utf8_lossy(&self.partial).into_owned();
-                self.partial.clear();
-                l
-            };
+                let mut whole = std::mem::take(&mut self.partial);
+                whole.extend_from_slice(&rest[..i]);
+                self.line(&String::from_utf8_lossy(&whole), now, count);
+            }
             rest = &rest[i + 1..];
-            self.line(&line, now, count);
             read += 1;
         }
         self.partial.extend_from_slice(rest);
@@ -144,11 +149,17 @@ impl Log {
             .split_once(char::is_whitespace)
             .and_then(|(ts, rest)| Some((timestamp_second(ts)?, rest)))
             .unwrap_or((now, line));
-        let mut kind = kind_of(message);
-        if !self.kinds.contains_key(&kind) && self.kinds.len() >= MAX_KINDS {
-            kind = "(other kinds)".into();
+        let mut kind = std::mem::take(&mut self.scratch);
+        kind_into(message, &mut kind);
+        if let Some(c) = self.kinds.get_mut(kind.as_str()) {
+            c.add(second);
+        } else if self.kinds.len() < MAX_KINDS {
+            self.kinds.entry(kind.clone()).or_default().add(second);
+        } else {
+            let other = self.kinds.entry("(other kinds)".into()).or_default();
+            other.add(second);
         }
-        self.kinds.entry(kind).or_default().add(second);
+        self.scratch = kind;
     }
 
     /// The kinds, the most lines in one second first.
@@ -160,9 +171,61 @@ impl Log {
     }
 }
 
+/// A [`Log`] read on a thread of its own (reading a flooded log takes seconds, which the
+/// sampler must not wait for) every `every` until [`Follower::finish`].
+pub struct Follower {
+    /// Lines read so far.
+    pub lines: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<Log>,
+}
+
+impl Follower {
+    /// Follows `log`, its lines without a timestamp counted in the second since `t0`.
+    pub fn start(mut log: Log, t0: Instant, every: Duration) -> std::io::Result<Self> {
+        let lines = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (n, st) = (lines.clone(), stop.clone());
+        let thread = std::thread::Builder::new()
+            .name("soak-log".into())
+            .spawn(move || {
+                // Relaxed: a flag and a count; the Log itself comes back through join.
+                while !st.load(Ordering::Relaxed) {
+                    std::thread::sleep(every);
+                    log.poll(t0.elapsed().as_secs());
+                    n.store(log.lines, Ordering::Relaxed);
+                }
+                log
+            })?;
+        Ok(Self {
+            lines,
+            stop,
+            thread,
+        })
+    }
+
+    /// Stops following: the log as read (one last look included).
+    pub async fn finish(self) -> Option<Log> {
+        self.stop.store(true, Ordering::Relaxed);
+        while !self.thread.is_finished() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.thread.join().ok()
+    }
+}
+
 /// A message's kind: every run of digits made `#`, spaces collapsed, its start kept.
-pub fn kind_of(message: &str) -> String {
-    let mut k = String::with_capacity(message.len().min(KIND_CHARS));
+#[cfg(test)]
+fn kind_of(message: &str) -> String {
+    let mut k = String::new();
+    kind_into(message, &mut k);
+    k
+}
+
+/// A message's kind into `k` (cleared first): every run of digits made `#`, spaces collapsed,
+/// its start kept.
+fn kind_into(message: &str, k: &mut String) {
+    k.clear();
     let mut digits = false;
     let mut space = true;
     for c in message.chars() {
@@ -188,7 +251,7 @@ pub fn kind_of(message: &str) -> String {
         space = false;
         k.push(c);
     }
-    k.trim_end().to_string()
+    k.truncate(k.trim_end().len());
 }
 
 /// The second of an RFC 3339 timestamp (`2025-03-01T12:00:07.123456Z`) as a number that

@@ -256,6 +256,15 @@ pub async fn read_response(s: &mut TcpStream, extra: &mut Vec<u8>) -> Result<Htt
 /// `/metrics` of the server, as `name{labels}` → value; `None` if it cannot be read (no
 /// HTTP address, closed without the password, or an error).
 pub async fn metrics(http: SocketAddr, password: Option<&[u8]>) -> Option<HashMap<String, f64>> {
+    metrics_within(http, password, Duration::from_secs(5)).await
+}
+
+/// [`metrics`], given up after `wait`.
+pub async fn metrics_within(
+    http: SocketAddr,
+    password: Option<&[u8]>,
+    wait: Duration,
+) -> Option<HashMap<String, f64>> {
     let fetch = async {
         let mut s = TcpStream::connect(http).await.ok()?;
         let mut req =
@@ -270,10 +279,7 @@ pub async fn metrics(http: SocketAddr, password: Option<&[u8]>) -> Option<HashMa
         let r = read_response(&mut s, &mut Vec::new()).await.ok()?;
         (r.status == 200).then(|| parse_metrics(&String::from_utf8_lossy(&r.body)))
     };
-    tokio::time::timeout(Duration::from_secs(5), fetch)
-        .await
-        .ok()
-        .flatten()
+    tokio::time::timeout(wait, fetch).await.ok().flatten()
 }
 
 /// Prometheus text → sample name (with its labels) → value.
