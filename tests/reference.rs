@@ -12,7 +12,8 @@
 //! | concurrency | a `Vec` of (stamp = expiry, cells) leases |
 //!
 //! Each model and the implementation are driven by the same random sequence of operations
-//! (time step, cost, check / peek / refund) at non-decreasing times. At every step they must
+//! (time step, cost, check / peek / refund / charge, the last a settled cost above the checked
+//! one) at non-decreasing times. At every step they must
 //! agree on `allowed()`, `remaining`, the outcome and (leaky bucket) the delay; a denial's
 //! `retry_after_ns` r must be exact: the same request is still denied at now + r − 1 and
 //! admitted at now + r. At every step a probe also checks that an earlier `now` never admits
@@ -78,11 +79,14 @@ trait Model: Clone + Debug {
     fn check(&mut self, now: u64, cost: u64) -> Answer;
     /// Gives `n` back.
     fn refund(&mut self, now: u64, n: u64);
+    /// Takes `n` whatever the limit holds (a settled cost above the checked one).
+    fn charge(&mut self, now: u64, n: u64);
 }
 
 trait Sut: Clone + Debug {
     fn check(&mut self, now: u64, cost: u64) -> Decision;
     fn refund(&mut self, now: u64, n: u64);
+    fn charge(&mut self, now: u64, n: u64);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -112,6 +116,14 @@ impl Packed {
             Packed::Sw(p) => sliding_window::refund(s, now, p, n),
             Packed::Tb(p) => token_bucket::refund(s, now, p, n),
             Packed::Lb(p) => leaky_bucket::refund(s, now, p, n),
+        }
+    }
+    fn charge(&self, s: u64, now: u64, n: u64) -> u64 {
+        match self {
+            Packed::Fw(p) => fixed_window::charge(s, now, p, n),
+            Packed::Sw(p) => sliding_window::charge(s, now, p, n),
+            Packed::Tb(p) => token_bucket::charge(s, now, p, n),
+            Packed::Lb(p) => leaky_bucket::charge(s, now, p, n),
         }
     }
     fn counts_denied(&self) -> bool {
@@ -150,6 +162,10 @@ impl Sut for PackedSut {
     }
     fn refund(&mut self, now: u64, n: u64) {
         self.s = self.p.refund(self.s, now, n);
+        assert_eq!(self.s >> 63, 0);
+    }
+    fn charge(&mut self, now: u64, n: u64) {
+        self.s = self.p.charge(self.s, now, n);
         assert_eq!(self.s >> 63, 0);
     }
 }
@@ -213,6 +229,12 @@ impl Sut for CellsSut {
             Var::Ring(p) => window_ring::refund(&mut self.rec[..], now, &p, n),
         }
     }
+    fn charge(&mut self, now: u64, n: u64) {
+        match self.p {
+            Var::Log(p) => sliding_log::charge(&mut self.rec[..], now, &p, n),
+            Var::Ring(p) => window_ring::charge(&mut self.rec[..], now, &p, n),
+        }
+    }
 }
 
 // ------------------------------------------------------------------------------------------
@@ -255,6 +277,11 @@ impl Model for FixedWindowModel {
     fn refund(&mut self, now: u64, n: u64) {
         let c = self.counts.entry(now / self.window).or_insert(0);
         *c -= n.min(*c);
+    }
+    /// Documented: the count passes the limit, saturating at 2^24 − 1.
+    fn charge(&mut self, now: u64, n: u64) {
+        let c = self.counts.entry(now / self.window).or_insert(0);
+        *c = c.saturating_add(n).min(FW_SATURATE);
     }
 }
 
@@ -305,6 +332,11 @@ impl Model for SlidingWindowModel {
     fn refund(&mut self, now: u64, n: u64) {
         let c = self.counts.entry(now / self.window).or_insert(0);
         *c -= n.min(*c);
+    }
+    /// Documented: the current count passes the limit, saturating at 2^20 − 1.
+    fn charge(&mut self, now: u64, n: u64) {
+        let c = self.counts.entry(now / self.window).or_insert(0);
+        *c = c.saturating_add(n).min(SW_SATURATE);
     }
 }
 
@@ -364,6 +396,11 @@ impl Model for TokenBucketModel {
     fn refund(&mut self, now: u64, n: u64) {
         self.refill(now);
         self.tokens = (self.tokens + n as i128 * self.interval as i128).min(self.full());
+    }
+    /// Below empty: the bucket owes the tokens.
+    fn charge(&mut self, now: u64, n: u64) {
+        self.refill(now);
+        self.tokens -= n as i128 * self.interval as i128;
     }
 }
 
@@ -430,6 +467,11 @@ impl Model for LeakyBucketModel {
             self.node = Some((q - self.interval, now));
         }
     }
+    /// Past the burst: the queue holds them until they drain.
+    fn charge(&mut self, now: u64, n: u64) {
+        let q = self.queue(now) + n as i128 * self.interval;
+        self.node = Some((q - self.interval, now));
+    }
 }
 
 /// A log of admission times, run-length encoded: (time, how many), oldest first.
@@ -446,6 +488,21 @@ impl Log {
     /// Entries with `live(t)`.
     fn count(&self, live: impl Fn(u64) -> bool) -> u64 {
         self.0.iter().filter(|e| live(e.0)).map(|e| e.1).sum()
+    }
+    /// Keeps the `n` newest entries.
+    fn keep_newest(&mut self, n: u64) {
+        let mut left = n;
+        let mut keep = Vec::new();
+        for &(t, c) in self.0.iter().rev() {
+            if left == 0 {
+                break;
+            }
+            let k = c.min(left);
+            keep.push((t, k));
+            left -= k;
+        }
+        keep.reverse();
+        self.0 = keep;
     }
     /// Drops the `n` newest.
     fn pop(&mut self, mut n: u64) {
@@ -516,6 +573,11 @@ impl Model for SlidingLogModel {
     fn refund(&mut self, _now: u64, n: u64) {
         self.log.pop(n);
     }
+    /// Documented: the log holds the newest `limit` entries, a charge past it fills the log.
+    fn charge(&mut self, now: u64, n: u64) {
+        self.record(now, n);
+        self.log.keep_newest(self.limit);
+    }
 }
 
 /// The implementation of sliding_log, watched by an exact-nanosecond log of what it recorded:
@@ -566,6 +628,11 @@ impl Sut for ExactWatch {
     fn refund(&mut self, now: u64, n: u64) {
         self.inner.refund(now, n);
         self.exact.pop(n);
+    }
+    fn charge(&mut self, now: u64, n: u64) {
+        self.inner.charge(now, n);
+        self.exact.push(now, n);
+        self.exact.keep_newest(self.limit);
     }
 }
 
@@ -669,6 +736,13 @@ impl Model for WindowRingModel {
             *c -= take;
             left -= take;
         }
+    }
+    /// Documented: the current sub-window's counter passes the limit, saturating at its
+    /// width.
+    fn charge(&mut self, now: u64, n: u64) {
+        let max = self.counter_max();
+        let c = self.counts.entry(now / self.sub).or_insert(0);
+        *c = c.saturating_add(n).min(max);
     }
 }
 
@@ -775,20 +849,27 @@ struct Plan {
     cap: u64,
     /// How far back a probe may go (the encodings' "behind" range).
     back_max: u64,
-    /// Whether to refund.
+    /// Whether to refund (and charge).
     refunds: bool,
+    /// The largest charge: a debt that the clock can hold (2^60 ns of the plan's longest
+    /// period; a bucket's TAT past 2^63 ns is capped, and the key is then NeverFits, as
+    /// `token_bucket::charge` says).
+    charge_max: u64,
     max_ops: usize,
 }
 
 fn plan(start: u64, units: Vec<u64>, cap: u64, back_max: u64) -> Plan {
     // Records with huge limits are slow to fill in debug mode: shorter sequences.
     let max_ops = if cap > 50_000 { 8 } else { usize::MAX };
+    let longest = units.iter().copied().max().unwrap_or(1).max(1);
+    let charge_max = ((1u64 << 60) / longest).clamp(1, cap.saturating_add(2));
     Plan {
         start,
         units,
         cap,
         back_max,
         refunds: true,
+        charge_max,
         max_ops,
     }
 }
@@ -938,6 +1019,8 @@ fn drive_with<S: Sut, M: Model>(
         between(&mut sut, &mut model, now, op);
         let cost = cost_of(op.cost, op.cost_raw, plan.cap);
         let refund = plan.refunds && op.act % 16 >= 14;
+        // Half of them charges instead: a settled cost above the checked one.
+        let charge = refund && op.cost_raw >> 63 == 1;
         let c = if op.act % 16 >= 12 && !refund {
             0
         } else {
@@ -945,8 +1028,17 @@ fn drive_with<S: Sut, M: Model>(
         };
         let ctx = format!(
             "op {i}: now {now}, cost {c}{}",
-            if refund { " (refund)" } else { "" }
+            match (refund, charge) {
+                (_, true) => " (charge)",
+                (true, _) => " (refund)",
+                _ => "",
+            }
         );
+        if charge {
+            sut.charge(now, cost.min(plan.charge_max));
+            model.charge(now, cost.min(plan.charge_max));
+            continue;
+        }
         if refund {
             sut.refund(now, cost);
             model.refund(now, cost);
@@ -1744,6 +1836,7 @@ impl AnyModel {
 trait ModelDyn {
     fn check(&mut self, now: u64, cost: u64) -> Answer;
     fn refund(&mut self, now: u64, n: u64);
+    fn charge(&mut self, now: u64, n: u64);
 }
 
 impl<M: Model> ModelDyn for M {
@@ -1752,6 +1845,9 @@ impl<M: Model> ModelDyn for M {
     }
     fn refund(&mut self, now: u64, n: u64) {
         Model::refund(self, now, n)
+    }
+    fn charge(&mut self, now: u64, n: u64) {
+        Model::charge(self, now, n)
     }
 }
 
@@ -1795,6 +1891,11 @@ impl Model for AllOrNothing {
             m.model().refund(now, n);
         }
     }
+    fn charge(&mut self, now: u64, n: u64) {
+        for m in &mut self.0 {
+            m.model().charge(now, n);
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -1809,6 +1910,9 @@ impl Sut for LimitsSut {
     }
     fn refund(&mut self, now: u64, n: u64) {
         self.limits.refund(&mut self.rec[..], now, n)
+    }
+    fn charge(&mut self, now: u64, n: u64) {
+        self.limits.charge(&mut self.rec[..], now, n)
     }
 }
 
@@ -1979,6 +2083,11 @@ fn drive_limits(
         let cost = cost_of(op.cost, op.cost_raw, plan.cap);
         let ctx = format!("op {i}: now {now}, cost {cost}");
         match op.act % 16 {
+            14 | 15 if plan.refunds && op.cost_raw >> 63 == 1 => {
+                let n = cost.min(plan.charge_max);
+                sut.charge(now, n);
+                Model::charge(&mut model, now, n);
+            }
             14 | 15 if plan.refunds => {
                 sut.refund(now, cost);
                 Model::refund(&mut model, now, cost);

@@ -1,4 +1,4 @@
-//! The `turnstile` command: `bench`, `memory`, `accuracy`, `demo`, `serve`, `soak`,
+//! The `turnstile` command: `bench`, `memory`, `accuracy`, `demo`, `serve`, `soak`, `replay`,
 //! `rules check`, `limits check` and `completions`. Every subcommand is one module; the
 //! options are clap derives, so `--help` works everywhere and a bad option exits with status 2
 //! and a message naming it.
@@ -19,6 +19,7 @@ mod demo;
 mod limits;
 mod memory;
 mod progress;
+mod replay;
 mod rules;
 mod soak;
 
@@ -105,6 +106,9 @@ enum Command {
     /// at once while honest clients measure their latencies; the server's memory against its
     /// bound, and every admission checked against its counts (docs/service.md).
     Soak(soak::SoakArgs),
+    /// Replay access logs against a rules file: who would have been limited, by which rule,
+    /// how often, when (docs/replay.md).
+    Replay(Box<replay::ReplayArgs>),
     /// Rules files: validate them, or import envoyproxy/ratelimit's YAML.
     Rules {
         #[command(subcommand)]
@@ -127,7 +131,11 @@ fn main() {
     let cli = Cli::parse();
     if matches!(
         cli.command,
-        Command::Demo | Command::Accuracy(_) | Command::Rules { .. } | Command::Limits { .. }
+        Command::Demo
+            | Command::Accuracy(_)
+            | Command::Replay(_)
+            | Command::Rules { .. }
+            | Command::Limits { .. }
     ) {
         end_quietly_on_a_closed_pipe();
     }
@@ -143,6 +151,7 @@ fn main() {
             turnstile_server::run(*a).map_err(Error::from)
         }
         Command::Soak(a) => soak::run(a).map_err(Error::from),
+        Command::Replay(a) => replay::run(*a),
         Command::Rules { command } => rules::run(command),
         Command::Limits { command } => limits::run(command).map_err(Error::from),
         Command::Completions { shell } => completions(shell),

@@ -26,6 +26,7 @@ fn help_for_every_subcommand() {
         "accuracy",
         "rules",
         "limits",
+        "replay",
         "completions",
     ] {
         assert!(out.contains(cmd), "`{cmd}` missing from --help:\n{out}");
@@ -69,6 +70,30 @@ fn bad_input_exits_2_naming_the_option() {
         (&["no-such-command"][..], "no-such-command"),
         (&["rules", "check"][..], "FILE"),
         (&["limits", "check"][..], "RULES"),
+        (&["replay", "x.log"][..], "--rules"),
+        (&["replay", "--key", "bogus=$x", "x.log"][..], "bogus"),
+        (&["replay", "--key", "customer", "x.log"][..], "PART=$FIELD"),
+        (&["replay", "--format", "xml", "x.log"][..], "--format"),
+        (
+            &[
+                "replay",
+                "--rules",
+                concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/replay-rules.toml"),
+                "/nonexistent/x.log",
+            ][..],
+            "/nonexistent/x.log",
+        ),
+        (
+            &[
+                "replay",
+                "--rules",
+                concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/replay-rules.toml"),
+                "--log-format",
+                "$a$b",
+                "x.log",
+            ][..],
+            "--log-format",
+        ),
         (
             &["bench", "--own-limits", "--callgrind"][..],
             "--own-limits",

@@ -362,8 +362,8 @@ fn a_client_that_never_reads_is_closed_past_its_output_limit() {
 }
 
 /// HTTP asks for the password (401 with the JSON error body) except on /healthz; /metrics is
-/// open only with --metrics-open; reloading needs the admin password, or the --admin listener
-/// on loopback.
+/// open only with --metrics-open; reloading needs the admin password, on every listener
+/// (--admin included) once one is set.
 #[test]
 fn http_needs_credentials_and_reload_needs_admin() {
     let s = Server::start(&[], true);
@@ -394,11 +394,14 @@ fn http_needs_credentials_and_reload_needs_admin() {
     assert_eq!(s.curl("POST", "/v1/reload", None, None).0, 401);
     let (code, body) = s.curl("POST", "/v1/reload", Some(ADMIN), None);
     assert_eq!(code, 200, "{body}");
-    // The --admin listener (loopback) grants it to the client password.
+    // The --admin listener asks for the admin password too, as one is set: neither the
+    // client password nor nothing is enough there.
     let admin = s.admin.unwrap();
     let (code, body) = s.curl_at(admin, "POST", "/v1/reload", Some(PASSWORD), None);
-    assert_eq!(code, 200, "{body}");
+    assert_eq!(code, 403, "{body}");
     assert_eq!(s.curl_at(admin, "POST", "/v1/reload", None, None).0, 401);
+    let (code, body) = s.curl_at(admin, "POST", "/v1/reload", Some(ADMIN), None);
+    assert_eq!(code, 200, "{body}");
     assert_eq!(s.metric("turnstile_reloads_total{result=\"ok\"}"), 2.0);
     drop(s);
 

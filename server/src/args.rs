@@ -98,7 +98,8 @@ pub struct ServeArgs {
     pub envoy_config: Option<PathBuf>,
     /// Snapshot file of every store (CL.THROTTLE's and the rules'): restored on start,
     /// written periodically and on graceful shutdown. A file that cannot be restored is moved
-    /// aside (FILE.corrupt-TIME), never overwritten.
+    /// aside (FILE.corrupt-TIME), never overwritten. A symbolic link at FILE is followed only
+    /// if this user or root owns it; none beside FILE is.
     #[arg(long)]
     pub snapshot: Option<PathBuf>,
     /// How often to write the snapshot ("0": only on shutdown).
@@ -175,7 +176,8 @@ pub struct ServeArgs {
     /// disconnected past it, as Redis's client-output-buffer-limit does.
     #[arg(long, default_value = "1mb", value_parser = bytes)]
     pub client_output_limit: usize,
-    /// Largest HTTP request body, in bytes (larger: 413).
+    /// Largest HTTP request body, and gRPC message, in bytes (larger: 413, gRPC
+    /// RESOURCE_EXHAUSTED).
     #[arg(long, default_value = "64kb", value_parser = bytes)]
     pub max_body: usize,
     /// Largest HTTP request head (request line and headers), in bytes (larger: 431).
@@ -188,16 +190,52 @@ pub struct ServeArgs {
     /// Most headers in one HTTP request (more: 431).
     #[arg(long, default_value_t = 64)]
     pub max_headers: usize,
-    /// Most simultaneous HTTP connections (and gRPC connections, counted apart); more are
-    /// closed at once.
+    /// Most simultaneous HTTP connections; more are closed at once.
     #[arg(long, default_value_t = 10_000)]
     pub max_http_connections: usize,
+    /// Most simultaneous gRPC connections (--grpc); more are closed at once.
+    #[arg(long, default_value_t = 10_000)]
+    pub max_grpc_connections: usize,
+    /// Most simultaneous connections to --admin; more are closed at once. Counted apart from
+    /// the others, so that a flood of the API does not lock the operators out.
+    #[arg(long, default_value_t = 64)]
+    pub max_admin_connections: usize,
+    /// Close a connection that has not shown the password (--requirepass) this long after it
+    /// was accepted: RESP without AUTH, HTTP and gRPC without a request that gave it ("0":
+    /// never).
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    pub auth_timeout: Duration,
+    /// Close an HTTP or gRPC connection whose request body is not whole this long after it
+    /// began ("0": never).
+    #[arg(long, default_value = "30s", value_parser = duration)]
+    pub body_timeout: Duration,
+    /// The slowest a request body may come, in bytes a second, after its first 5 s (slower:
+    /// the connection is closed; "0": no minimum). As Apache's mod_reqtimeout MinRate: each
+    /// such amount received buys one more second.
+    #[arg(long, default_value = "1kb", value_parser = bytes)]
+    pub min_body_rate: usize,
+    /// Most HTTP/2 streams (requests) at once on one connection, HTTP and gRPC.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub max_streams: u32,
+    /// Request bodies the server may hold at once (received, not yet answered), every
+    /// connection's together; past it a request is answered 503 (gRPC: RESOURCE_EXHAUSTED).
+    #[arg(long, default_value = "64mb", value_parser = bytes)]
+    pub body_memory: usize,
+    /// A TLS handshake must finish this long after the connection was accepted.
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    pub tls_handshake_timeout: Duration,
     /// Close an HTTP connection without a request in progress for this long (within 2 s
-    /// after): a client that trickles its headers, or keeps a connection idle between
-    /// requests, does not hold it for good ("0": never; nginx's client_header_timeout is 60 s
-    /// too).
+    /// after), and a gRPC connection that has not begun a call: a client that trickles its
+    /// headers, sends nothing, or keeps a connection idle between requests, does not hold it
+    /// for good ("0": never; nginx's client_header_timeout is 60 s too).
     #[arg(long, default_value = "60s", value_parser = duration)]
     pub header_timeout: Duration,
+    /// Close a gRPC connection without a call in progress for this long, once it has had
+    /// one (before its first call --header-timeout applies): Envoy keeps its connection to a
+    /// rate limit service open between calls, and closes it itself after an hour idle ("0":
+    /// never).
+    #[arg(long, default_value = "1h", value_parser = duration)]
+    pub grpc_idle_timeout: Duration,
     /// How often to look whether the rules file or the Envoy configuration changed ("0":
     /// never; SIGHUP and POST /v1/reload still reload).
     #[arg(long, default_value = "1s", value_parser = duration)]

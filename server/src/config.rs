@@ -5,6 +5,7 @@
 //! with what to do instead.
 
 use crate::args::ServeArgs;
+use crate::listen::{Kind, Limits};
 use crate::resp::Bounds;
 use crate::ServeError;
 use std::net::SocketAddr;
@@ -121,17 +122,17 @@ pub(crate) struct RespConfig {
 pub(crate) struct HttpConfig {
     pub(crate) auth: Auth,
     /// Whether the main HTTP listener grants admin without the admin password (loopback
-    /// with no --admin-pass); the --admin listener always does.
+    /// with no --admin-pass).
     pub(crate) trusted: bool,
+    /// The same for --admin: it must be loopback without --admin-pass (refused at start
+    /// otherwise); with one, it asks for it as every listener does.
+    pub(crate) admin_trusted: bool,
     pub(crate) metrics_open: bool,
     pub(crate) max_body: usize,
     /// The rate-limit headers of `POST /v1/check`.
     pub(crate) ratelimit_headers: crate::RateLimitHeaders,
     pub(crate) max_header_bytes: usize,
     pub(crate) max_headers: usize,
-    pub(crate) max_connections: usize,
-    /// Zero: never.
-    pub(crate) header_timeout: Duration,
 }
 
 /// Reads a password given inline or in a file.
@@ -168,8 +169,38 @@ fn loopback(a: &SocketAddr) -> bool {
     a.ip().is_loopback()
 }
 
+/// Every listener's bounds ([`crate::listen`]) from the flags.
+fn limits(a: &ServeArgs) -> Result<Limits, ServeError> {
+    if a.tls_handshake_timeout.is_zero() {
+        return Err(ServeError::Other(
+            "--tls-handshake-timeout 0: a handshake needs a deadline; give one (10s is the default)".into(),
+        ));
+    }
+    let mut max_connections = [0; 4];
+    for (k, n) in [
+        (Kind::Resp, a.max_connections),
+        (Kind::Http, a.max_http_connections),
+        (Kind::Admin, a.max_admin_connections),
+        (Kind::Grpc, a.max_grpc_connections),
+    ] {
+        max_connections[k as usize] = n.max(1);
+    }
+    Ok(Limits {
+        max_connections,
+        handshake: a.tls_handshake_timeout,
+        auth: a.auth_timeout,
+        header: a.header_timeout,
+        grpc_idle: a.grpc_idle_timeout,
+        body: a.body_timeout,
+        min_body_rate: a.min_body_rate as u64,
+        max_body: a.max_body,
+        max_streams: a.max_streams,
+        body_memory: a.body_memory.max(a.max_body),
+    })
+}
+
 /// The listeners' configurations from the flags, or why the flags are refused.
-pub(crate) fn from_args(a: &ServeArgs) -> Result<(RespConfig, HttpConfig), ServeError> {
+pub(crate) fn from_args(a: &ServeArgs) -> Result<(RespConfig, HttpConfig, Limits), ServeError> {
     let auth = Auth {
         client: secret(&a.requirepass, &a.requirepass_file, "--requirepass")?,
         admin: secret(&a.admin_pass, &a.admin_pass_file, "--admin-pass")?,
@@ -214,15 +245,14 @@ pub(crate) fn from_args(a: &ServeArgs) -> Result<(RespConfig, HttpConfig), Serve
     let http = HttpConfig {
         auth,
         trusted: trusted(&a.http),
+        admin_trusted: no_admin,
         metrics_open: a.metrics_open,
         max_body: a.max_body,
         ratelimit_headers: a.ratelimit_headers,
         max_header_bytes: a.max_header_bytes.max(1024),
         max_headers: a.max_headers.max(8),
-        max_connections: a.max_http_connections.max(1),
-        header_timeout: a.header_timeout,
     };
-    Ok((resp, http))
+    Ok((resp, http, limits(a)?))
 }
 
 #[cfg(test)]

@@ -7,9 +7,11 @@ mod check;
 mod limits;
 
 use crate::config::Access;
+use crate::listen::accept::{accept_loop, Accepted};
+use crate::listen::hyper::{http_builder, spawn_conn, Serve, Stream};
+use crate::listen::{Conn, Kind, Ticket};
 use crate::metrics::C;
-use crate::state::{accepted_or_wait, served, stopped, Server};
-use crate::watchdog::{ConnState, Watchdog};
+use crate::state::Server;
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
@@ -23,7 +25,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use serde_json::json;
 use std::convert::Infallible;
-use std::sync::atomic::Ordering;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -41,6 +43,18 @@ pub enum RateLimitHeaders {
 fn error(shared: &Server, status: StatusCode, msg: impl Into<String>) -> Response {
     shared.metrics.add(C::HttpErrors, 1);
     (status, Json(json!({ "error": msg.into() }))).into_response()
+}
+
+/// 503 for a request whose body the server could not hold (`--body-memory`): retry.
+fn busy(shared: &Server) -> Response {
+    let mut r = error(
+        shared,
+        StatusCode::SERVICE_UNAVAILABLE,
+        crate::listen::body::BodyBudget.to_string(),
+    );
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    r
 }
 
 async fn metrics(State(s): State<Arc<Server>>) -> Response {
@@ -129,8 +143,10 @@ struct Dispatch {
     shared: Arc<Server>,
     /// Whether the listener grants admin without the admin password.
     trusted: bool,
-    /// The connection's state for the idle watchdog (none with `--header-timeout 0`).
-    conn: Option<Arc<ConnState>>,
+    /// The connection's state for the guard: its requests, its bodies, its password.
+    conn: Arc<Conn>,
+    /// The client's address (failed passwords are slowed per address).
+    peer: Option<IpAddr>,
 }
 
 /// What a request must have shown for `method` on `path`: `/healthz` and Envoy's
@@ -149,31 +165,69 @@ fn needs(method: &Method, path: &str, metrics_open: bool) -> Access {
     }
 }
 
+/// What a request showed.
+enum Shown {
+    /// This access (`None`: a password that matches nothing, or another scheme).
+    Access(Option<Access>),
+    /// A password from a source over its wrong attempts: refused unchecked.
+    Throttled(std::time::Duration),
+}
+
 impl Dispatch {
-    /// What the request has shown: its bearer token's grant, or what the listener grants
-    /// without one.
-    fn access<B>(&self, req: &axum::http::Request<B>) -> Option<Access> {
+    /// What the request has shown: its bearer token's grant (slowed per source address: a
+    /// source over its wrong attempts is refused without a check), or what the listener
+    /// grants without one.
+    fn access<B>(&self, req: &axum::http::Request<B>) -> Shown {
         let auth = &self.shared.http.auth;
-        match req.headers().get(header::AUTHORIZATION) {
-            None => Some(auth.initial(self.trusted)),
-            Some(v) => {
-                let token = v.as_bytes().strip_prefix(b"Bearer ")?;
-                auth.grant(None, token, self.trusted)
+        let Some(v) = req.headers().get(header::AUTHORIZATION) else {
+            return Shown::Access(Some(auth.initial(self.trusted)));
+        };
+        if !auth.required() && auth.admin.is_none() {
+            // No password to check: a token changes nothing (as Redis's AUTH with nopass).
+            return Shown::Access(Some(auth.initial(self.trusted)));
+        }
+        let Some(token) = v.as_bytes().strip_prefix(b"Bearer ") else {
+            return Shown::Access(None);
+        };
+        let guard = &self.shared.guard;
+        if let Err(t) = guard.throttle.allow(self.peer) {
+            guard.auth_failed(true);
+            return Shown::Throttled(t.retry_after);
+        }
+        let granted = auth.grant(None, token, self.trusted);
+        match granted {
+            Some(a) if a >= Access::Client => self.conn.authenticated(),
+            _ => {
+                guard.throttle.failed(self.peer);
+                guard.auth_failed(false);
+                self.conn.auth_failed();
             }
         }
+        Shown::Access(granted)
     }
 
     /// The refusal of a request that has not shown enough (answered without reading its body).
-    fn refuse(&self, shown: Option<Access>, method: &Method, path: &str) -> Response {
+    fn refuse(&self, shown: Shown, method: &Method, path: &str) -> Response {
         let s = &self.shared;
         s.metrics.add(C::HttpRequests, 1);
         match shown {
-            Some(a) if a >= Access::Client => error(
+            Shown::Throttled(wait) => {
+                let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
+                let mut r = error(
+                    s,
+                    StatusCode::TOO_MANY_REQUESTS,
+                    format!("too many wrong passwords from this address: the next is checked in {secs} s"),
+                );
+                r.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+                r
+            }
+            Shown::Access(Some(a)) if a >= Access::Client => error(
                 s,
                 StatusCode::FORBIDDEN,
                 format!("{method} {path} changes the server: give the admin password (--admin-pass) as `Authorization: Bearer PASSWORD`, or send it to a loopback listener or --admin when no admin password is set"),
             ),
-            _ => {
+            Shown::Access(_) => {
                 let mut r = error(
                     s,
                     StatusCode::UNAUTHORIZED,
@@ -210,30 +264,32 @@ where
 
     fn call(&mut self, req: axum::http::Request<B>) -> Self::Future {
         use futures_util::future::Either;
-        let req = req.map(Body::new);
-        // The request's headers are in: the connection is busy until its response is made.
-        let busy = self.conn.as_ref().map(ConnState::begin);
+        // The request's head is in: the connection is busy until its response is made.
+        let busy = self.conn.begin();
+        // Its body is metered: the guard's deadlines and the server's body budget.
+        let req = req.map(|b| Body::new(crate::listen::body::Metered::new(b, self.conn.clone())));
         let shown = self.access(&req);
         let need = needs(
             req.method(),
             req.uri().path(),
             self.shared.http.metrics_open,
         );
-        if shown.unwrap_or(Access::None) < need {
+        let enough = need == Access::None || matches!(shown, Shown::Access(Some(a)) if a >= need);
+        if !enough {
             let r = self.refuse(shown, req.method(), req.uri().path());
-            let limit = self.shared.http.max_body;
             return Either::Left(Box::pin(async move {
-                // The body is read (up to --max-body, then dropped) before the refusal: a
-                // client still sending it otherwise sees its HTTP/2 stream reset under it
-                // (curl: "Stream error in the HTTP/2 framing layer") instead of the 401.
-                let _ = axum::body::to_bytes(req.into_body(), limit).await;
+                // At most a small fixed allowance of the body is read (never --max-body, never
+                // the shared budget) before the refusal: a client still sending it otherwise
+                // sees its HTTP/2 stream reset under it (curl: "Stream error in the HTTP/2
+                // framing layer") instead of the 401. Past it, the stream is reset.
+                let _ = axum::body::to_bytes(req.into_body(), crate::listen::PRE_AUTH_BODY).await;
                 drop(busy);
                 Ok(r)
             }));
         }
         if req.method() == Method::POST && req.uri().path() == "/v1/check" {
             let s = self.shared.clone();
-            // Boxed as axum boxes a handler's future (one allocation, as before).
+            // Boxed as axum boxes a handler's future.
             Either::Left(Box::pin(async move {
                 let r = check_direct(s, req.into_body()).await;
                 drop(busy);
@@ -241,79 +297,100 @@ where
             }))
         } else {
             let fut = tower_service::Service::call(&mut self.router, req);
-            match busy {
-                None => Either::Right(fut),
-                // The router's endpoints are not the hot path: one allocation to hold `busy`.
-                Some(busy) => Either::Left(Box::pin(async move {
-                    let r = fut.await;
-                    drop(busy);
-                    r
-                })),
-            }
+            // The router's endpoints are not the hot path: one allocation to hold `busy`.
+            Either::Left(Box::pin(async move {
+                let r = fut.await;
+                drop(busy);
+                r
+            }))
         }
     }
 }
 
-/// Counts an HTTP connection for `--max-http-connections` while it lives.
-struct Slot(Arc<Server>);
-
-impl Slot {
-    fn take(srv: &Arc<Server>) -> Option<Slot> {
-        // Relaxed: a count; no other memory is published through it.
-        let n = srv.http_connections.fetch_add(1, Ordering::Relaxed) + 1;
-        let slot = Slot(srv.clone());
-        (n <= srv.http.max_connections).then_some(slot)
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        // Relaxed: see `take`.
-        self.0.http_connections.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// Serves HTTP on `l` until shutdown; `trusted`: the listener grants admin without the admin
-/// password (a loopback listener with no --admin-pass, or --admin).
-pub(crate) async fn serve(shared: Arc<Server>, l: tokio::net::TcpListener, trusted: bool) {
+/// Serves HTTP on `l` until shutdown, as `kind` (the API or --admin); `trusted`: the listener
+/// grants admin without the admin password (a loopback listener with no --admin-pass).
+pub(crate) async fn serve(
+    shared: Arc<Server>,
+    l: tokio::net::TcpListener,
+    kind: Kind,
+    trusted: bool,
+) {
     let mut stop = shared.shutdown.subscribe();
-    let app = Dispatch {
+    // hyper's connections, served here rather than by `axum::serve`, which closes no
+    // connection a client holds without a request: the guard does (crate::listen).
+    let mut on = Listener {
+        conns: http_builder(
+            &shared.guard.limits,
+            shared.http.max_header_bytes,
+            shared.http.max_headers,
+        ),
+        graceful: GracefulShutdown::new(),
         router: router(&shared),
         shared: shared.clone(),
         trusted,
-        conn: None,
+        kind,
     };
-    // hyper's connections, served here rather than by `axum::serve`, which closes no
-    // connection a client holds without a request (a byte of headers at a time, or idle):
-    // the watchdog does (src/watchdog.rs).
-    let conns = connections(&shared);
-    let dog =
-        (!shared.http.header_timeout.is_zero()).then(|| Watchdog::new(shared.http.header_timeout));
-    if let Some(dog) = &dog {
-        tokio::spawn(dog.clone().run(shared.shutdown.subscribe()));
+    accept_loop(&l, kind, &shared.guard, &mut stop, &mut on).await;
+    on.graceful.shutdown().await;
+}
+
+/// An HTTP listener's side of the accept loop.
+struct Listener {
+    conns: Builder<TokioExecutor>,
+    graceful: GracefulShutdown,
+    router: Router,
+    shared: Arc<Server>,
+    trusted: bool,
+    kind: Kind,
+}
+
+impl Accepted for Listener {
+    fn admitted(&mut self, sock: tokio::net::TcpStream, peer: std::net::SocketAddr, t: Ticket) {
+        let app = Dispatch {
+            router: self.router.clone(),
+            shared: self.shared.clone(),
+            trusted: self.trusted,
+            conn: t.conn().clone(),
+            peer: Some(peer.ip()),
+        };
+        let tls = self.shared.tls.as_ref().map(|t| t.http.clone());
+        let serve = HttpServe {
+            conns: self.conns.clone(),
+            svc: TowerToHyperService::new(app),
+        };
+        let handshake = self.shared.guard.limits.handshake;
+        let name = if self.kind == Kind::Admin {
+            "admin"
+        } else {
+            "HTTP"
+        };
+        spawn_conn(serve, &self.graceful, tls, handshake, sock, t, name);
     }
-    let graceful = GracefulShutdown::new();
-    loop {
-        tokio::select! {
-            accepted = l.accept() => {
-                let Some(sock) = accepted_or_wait(accepted, "HTTP").await else {
-                    continue;
-                };
-                let Some(slot) = Slot::take(&shared) else {
-                    shared.metrics.add(C::HttpRejectedConnections, 1);
-                    drop(sock);
-                    continue;
-                };
-                let registered = dog.as_ref().and_then(|d| d.register(&sock));
-                let mut app = app.clone();
-                app.conn = registered.as_ref().map(|r| r.state.clone());
-                let tls = shared.tls.as_ref().map(|t| t.http.clone());
-                spawn_conn(&conns, &graceful, tls, sock, app, (registered, slot));
-            }
-            () = stopped(&mut stop) => break,
-        }
+
+    fn refused(&mut self, _: tokio::net::TcpStream, _: crate::listen::Refusal) {
+        self.shared.metrics.add(C::HttpRejectedConnections, 1);
     }
-    graceful.shutdown().await;
+}
+
+/// hyper's HTTP/1 and HTTP/2 connection of one [`Dispatch`].
+struct HttpServe {
+    conns: Builder<TokioExecutor>,
+    svc: TowerToHyperService<Dispatch>,
+}
+
+impl Serve for HttpServe {
+    type Conn = hyper_util::server::conn::auto::UpgradeableConnection<
+        'static,
+        TokioIo<Stream>,
+        TowerToHyperService<Dispatch>,
+        TokioExecutor,
+    >;
+
+    fn serve(self, io: TokioIo<Stream>) -> Self::Conn {
+        self.conns
+            .serve_connection_with_upgrades(io, self.svc)
+            .into_owned()
+    }
 }
 
 /// The router of every endpoint but the hot one's POST.
@@ -337,59 +414,7 @@ fn router(shared: &Arc<Server>) -> Router {
         .layer(DefaultBodyLimit::max(shared.http.max_body))
         .with_state(shared.clone());
     match &shared.envoy {
-        Some(e) => app.merge(crate::envoy::json_router(e.clone())),
+        Some(e) => app.merge(crate::envoy::json_router(e.clone(), shared.http.max_body)),
         None => app,
     }
-}
-
-/// hyper's connection builder, HTTP/1 and HTTP/2. A request's head (line and headers) is
-/// bounded in bytes and count: past either, hyper answers 431 and closes.
-fn connections(shared: &Server) -> Builder<TokioExecutor> {
-    let mut conns = Builder::new(TokioExecutor::new());
-    conns
-        .http1()
-        .max_buf_size(shared.http.max_header_bytes.max(8192))
-        .max_headers(shared.http.max_headers);
-    conns
-        .http2()
-        .max_header_list_size(shared.http.max_header_bytes as u32)
-        .max_concurrent_streams(100);
-    conns
-}
-
-/// Serves one accepted connection in a task of its own, watched by `graceful`; with TLS, the
-/// handshake first, in that task and bounded in time. `hold` is kept until the connection ends.
-fn spawn_conn(
-    conns: &Builder<TokioExecutor>,
-    graceful: &GracefulShutdown,
-    tls: Option<tokio_rustls::TlsAcceptor>,
-    sock: tokio::net::TcpStream,
-    app: Dispatch,
-    hold: impl Send + 'static,
-) {
-    let svc = TowerToHyperService::new(app);
-    let Some(tls) = tls else {
-        let conn = graceful.watch(
-            conns
-                .serve_connection_with_upgrades(TokioIo::new(sock), svc)
-                .into_owned(),
-        );
-        tokio::spawn(served(conn, "HTTP", hold));
-        return;
-    };
-    let conns = conns.clone();
-    let watcher = graceful.watcher();
-    tokio::spawn(async move {
-        let stream = match tokio::time::timeout(crate::tls::HANDSHAKE, tls.accept(sock)).await {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => return tracing::debug!(error = %e, "HTTP: TLS handshake failed"),
-            Err(_) => return tracing::debug!("HTTP: TLS handshake timed out"),
-        };
-        let conn = watcher.watch(
-            conns
-                .serve_connection_with_upgrades(TokioIo::new(stream), svc)
-                .into_owned(),
-        );
-        served(conn, "HTTP", hold).await;
-    });
 }

@@ -61,9 +61,9 @@ mod config;
 mod control;
 pub mod envoy;
 mod error;
-mod extra;
 mod http;
 mod limits;
+mod listen;
 mod metrics;
 mod redis_limits;
 pub mod resp;
@@ -72,7 +72,6 @@ mod state;
 pub mod throttle;
 mod tls;
 pub mod trim;
-mod watchdog;
 mod workers;
 
 use state::Server;
@@ -150,6 +149,7 @@ pub fn start(args: ServeArgs) -> Result<Running, ServeError> {
 struct Loaded {
     resp: config::RespConfig,
     http: config::HttpConfig,
+    limits: listen::Limits,
     checks: check::Checks,
     envoy: Option<Arc<envoy::Envoy>>,
     tls: Option<tls::Tls>,
@@ -163,7 +163,7 @@ struct Loaded {
 fn load(args: &ServeArgs) -> Result<Loaded, ServeError> {
     // The flags first, then the rules: a refused file is the likelier mistake, and says so
     // before anything else happens.
-    let (resp, http) = config::from_args(args)?;
+    let (resp, http, limits) = config::from_args(args)?;
     let rules = match &args.rules {
         None => None,
         Some(p) => Some(Rules::from_file(p).map_err(ServeError::Rules)?),
@@ -184,7 +184,7 @@ fn load(args: &ServeArgs) -> Result<Loaded, ServeError> {
         Some(r) => Some(backends.prepare(r).map_err(ServeError::Rules)?),
         None => None,
     };
-    let envoy = extra::envoy(args)?;
+    let envoy = envoy::listener::envoy(args)?;
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(c), Some(k)) => Some(tls::Tls::load(c, k)?),
         _ => None,
@@ -217,6 +217,7 @@ fn load(args: &ServeArgs) -> Result<Loaded, ServeError> {
     Ok(Loaded {
         resp,
         http,
+        limits,
         checks: check::Checks { engine, backends },
         envoy,
         tls,
@@ -273,6 +274,20 @@ fn engine(
 /// The state every listener and worker shares.
 fn server(args: &ServeArgs, l: Loaded, workers: usize) -> Arc<Server> {
     let (tx, _) = tokio::sync::watch::channel(false);
+    // The descriptors' bound is the process's: raised to the hard limit first.
+    let nofile = match listen::raise_nofile() {
+        Some((before, after)) => {
+            tracing::info!(
+                soft_before = before,
+                soft = after,
+                "open files limit (RLIMIT_NOFILE)"
+            );
+            after
+        }
+        None => 1024,
+    };
+    let nofile = usize::try_from(nofile).unwrap_or(usize::MAX);
+    let guard = listen::Guard::new(l.limits, l.resp.auth.required(), nofile);
     Arc::new(Server {
         resp: l.resp,
         http: l.http,
@@ -288,8 +303,7 @@ fn server(args: &ServeArgs, l: Loaded, workers: usize) -> Arc<Server> {
             snapshot_every: args.snapshot_every,
             watch_every: args.watch_every,
         },
-        connections: AtomicUsize::new(0),
-        http_connections: AtomicUsize::new(0),
+        guard,
         buffers: state::Buffers {
             bytes: AtomicUsize::new(0),
             deferred: AtomicUsize::new(0),
@@ -312,9 +326,13 @@ const DEFERRED_BUDGET: usize = 64 << 20;
 fn listen(srv: Arc<Server>, args: &ServeArgs, workers: usize) -> Result<Running, ServeError> {
     // Signal handlers first: a signal that follows the first accepted connection is handled.
     let prepared = control::prepare()?;
+    // The sweeper of the tokio connections' deadlines: detached, it ends within a second of
+    // the shutdown signal (or of the server's end).
+    listen::sweep::Sweeper::spawn(&srv.guard, srv.shutdown.subscribe())
+        .map_err(ServeError::Runtime)?;
     let (bound, mut threads, runtime) = workers::spawn(&srv, args, workers)?;
     let mut grpc = None;
-    let started = extra::spawn(&srv, args).and_then(|(t, g)| {
+    let started = envoy::listener::spawn(&srv, args).and_then(|(t, g)| {
         threads.extend(t);
         grpc = g;
         control::spawn(&srv, prepared)

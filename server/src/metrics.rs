@@ -267,6 +267,8 @@ pub(crate) fn render(s: &Server) -> String {
     latency(&mut o, &s.metrics);
     throttle_store(&mut o, s);
     rules(&mut o, s);
+    // Every listener's guard: connections, refusals, deadlines, passwords, bodies.
+    s.guard.render(&mut o.0);
     // Envoy's rate limit service, in upstream's names.
     if let Some(e) = &s.envoy {
         o.0.push_str(&e.render_metrics());
@@ -290,7 +292,7 @@ fn resp(o: &mut Exposition, s: &Server) {
     o.gauge(
         "turnstile_connections",
         "RESP connections open.",
-        s.connections.load(Ordering::Relaxed) as u64,
+        s.guard.open(crate::listen::Kind::Resp) as u64,
     );
     o.counter(
         "turnstile_resp_commands_total",

@@ -1,7 +1,8 @@
 //! Snapshots of every store: the `CL.THROTTLE` store and the rules engine's (each rule's,
-//! each override's, each elastic pool's). Written to a temporary file, fsynced and renamed
-//! over the old one (a crash leaves the old or the new file, never a mix); read whole and
-//! checked before anything is restored (a bad file restores nothing).
+//! each override's, each elastic pool's). Written to a new temporary file, fsynced and renamed
+//! over the old one (a crash leaves the old or the new file, never a mix; no link beside it is
+//! followed: `snapshot/file.rs`); read whole and checked before anything is restored (a bad file
+//! restores nothing).
 //!
 //! Format (little-endian):
 //!
@@ -38,8 +39,10 @@
 //! never gets the state of another rule or of other limits. (A reload in a running server
 //! carries state over limit changes whose records read alike; a restart does not.)
 
+mod file;
 mod format;
 
+pub use file::{remove_stale, target, writable};
 pub use format::{decode, encode};
 
 use crate::throttle::Throttles;
@@ -187,50 +190,12 @@ pub fn collect(t: &Throttles, engine: Option<&RulesEngine>) -> Snapshot {
     }
 }
 
-/// The directory of `path` and the temporary file [`write`] writes there first.
-fn beside(path: &Path) -> (&Path, std::path::PathBuf) {
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(
-        ".{}.tmp",
-        path.file_name()
-            .map_or("snapshot".into(), |n| n.to_string_lossy())
-    ));
-    (dir, tmp)
-}
-
-/// Whether [`write`] can write `path`: its temporary file is created and removed (at start,
-/// so that a path in a missing or read-only directory is an error then, not at the first
-/// snapshot).
-pub fn writable(path: &Path) -> std::io::Result<()> {
-    if path.is_dir() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::IsADirectory,
-            "it is a directory",
-        ));
-    }
-    let (_, tmp) = beside(path);
-    std::fs::File::create(&tmp)?;
-    std::fs::remove_file(&tmp)
-}
-
-/// Writes `s` to `path`: a temporary file beside it, fsynced, renamed over it, the directory
-/// fsynced.
+/// Writes `s` to `path` (a link there followed as [`target`] says): a new temporary file
+/// beside it, fsynced, renamed over it, the directory fsynced (`snapshot/file.rs`). On an error
+/// the old snapshot is as it was.
 pub fn write(path: &Path, s: &Snapshot) -> std::io::Result<()> {
     let bytes = encode(s);
-    let (dir, tmp) = beside(path);
-    {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&bytes)?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, path)?;
-    if let Ok(d) = std::fs::File::open(dir) {
-        let _ = d.sync_all();
-    }
-    Ok(())
+    file::write_with(path, |f| f.write_all(&bytes))
 }
 
 /// The snapshot to restore at start, if `--snapshot` names one: the file must be writable (or
@@ -251,11 +216,24 @@ pub(crate) fn on_start(
             p.display()
         ))
     })?;
+    match remove_stale(p) {
+        Ok(gone) => {
+            for f in gone {
+                tracing::warn!(file = %f.display(), "removed the temporary file of an unfinished snapshot");
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "could not look for the temporary files of unfinished snapshots")
+        }
+    }
     match read(p) {
         Ok(s) => Ok(s),
         Err(e) if required => Err(crate::ServeError::Snapshot(e)),
         Err(e) => {
-            let aside = quarantine(p);
+            // A link at the path stays, as the next snapshot keeps it: its target is moved.
+            let aside = target(p)
+                .map_err(|e| e.to_string())
+                .and_then(|t| quarantine(&t));
             match &aside {
                 Ok(to) => {
                     tracing::error!(error = %e, moved_to = %to.display(), "snapshot refused and moved aside; starting empty")
@@ -283,7 +261,8 @@ fn quarantine(p: &Path) -> Result<std::path::PathBuf, String> {
             name.push(format!("-{n}"));
         }
         let to = std::path::PathBuf::from(name);
-        if to.exists() {
+        // Anything there, a link (even a dangling one) too, is kept.
+        if std::fs::symlink_metadata(&to).is_ok() {
             continue;
         }
         return std::fs::rename(p, &to)

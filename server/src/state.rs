@@ -6,7 +6,7 @@ use crate::check::Checks;
 use crate::config::{HttpConfig, RespConfig};
 use crate::{control, envoy, metrics, throttle};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -86,10 +86,9 @@ pub(crate) struct Server {
     pub(crate) throttles: throttle::Throttles,
     pub(crate) metrics: metrics::Metrics,
     pub(crate) files: Files,
-    /// RESP connections open.
-    pub(crate) connections: AtomicUsize,
-    /// HTTP connections open (every HTTP listener's).
-    pub(crate) http_connections: AtomicUsize,
+    /// What every listener goes through: connections admitted per listener, deadlines,
+    /// request bodies, failed passwords (crate::listen).
+    pub(crate) guard: Arc<crate::listen::Guard>,
     pub(crate) buffers: Buffers,
     pub(crate) shutdown: tokio::sync::watch::Sender<bool>,
     /// The rules file's modification time at the last reload; held while reloading (the
@@ -105,43 +104,14 @@ pub(crate) struct Server {
     pub(crate) workers_done: AtomicBool,
 }
 
-/// Resolves once `rx` reads `true` (or its sender is gone).
-pub(crate) async fn stopped(rx: &mut tokio::sync::watch::Receiver<bool>) {
-    while !*rx.borrow_and_update() {
-        if rx.changed().await.is_err() {
-            return;
-        }
-    }
-}
+pub(crate) use crate::listen::stopped;
 
-/// The socket of an accept, or `None` after a failed one (out of file descriptors and the
-/// like), logged as `{listener}: accept failed`: the listener stays, and the next accept is
-/// tried shortly rather than at once (no spin).
-pub(crate) async fn accepted_or_wait(
-    r: std::io::Result<(tokio::net::TcpStream, std::net::SocketAddr)>,
-    listener: &str,
-) -> Option<tokio::net::TcpStream> {
-    match r {
-        Ok((sock, _)) => Some(sock),
-        Err(e) => {
-            tracing::warn!(error = %e, "{listener}: accept failed");
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            None
-        }
-    }
-}
+static CONN_ID: AtomicU64 = AtomicU64::new(1);
 
-/// Awaits a served connection and logs how it ended (`{listener} connection ended`, at debug
-/// level), then lets go of `hold` (what counts it for its listener's bound, and the like).
-pub(crate) async fn served<E: std::fmt::Display>(
-    conn: impl std::future::Future<Output = Result<(), E>>,
-    listener: &str,
-    hold: impl Send,
-) {
-    if let Err(e) = conn.await {
-        tracing::debug!(error = %e, "{listener} connection ended");
-    }
-    drop(hold);
+/// A new connection's id (RESP's `CLIENT ID`).
+pub(crate) fn next_conn_id() -> u64 {
+    // Relaxed: a unique number.
+    CONN_ID.fetch_add(1, Ordering::Relaxed)
 }
 
 impl Server {
@@ -152,7 +122,8 @@ impl Server {
         let mut args = crate::ServeArgs::new();
         args.throttle_keys = 1024;
         edit(&mut args);
-        let (resp, http) = crate::config::from_args(&args).expect("test flags are valid");
+        let (resp, http, limits) = crate::config::from_args(&args).expect("test flags are valid");
+        let guard = crate::listen::Guard::new(limits, resp.auth.required(), 1 << 16);
         let (tx, _) = tokio::sync::watch::channel(false);
         Arc::new(Server {
             resp,
@@ -173,8 +144,7 @@ impl Server {
                 snapshot_every: Duration::ZERO,
                 watch_every: Duration::ZERO,
             },
-            connections: AtomicUsize::new(0),
-            http_connections: AtomicUsize::new(0),
+            guard,
             buffers: Buffers {
                 bytes: AtomicUsize::new(0),
                 deferred: AtomicUsize::new(0),

@@ -1,6 +1,6 @@
 //! TLS on every listener (`--tls-cert`, `--tls-key`): rustls (ring), one server
 //! configuration per protocol, differing only in what ALPN offers (RESP: nothing, as Redis;
-//! HTTP: `h2` and `http/1.1`; gRPC: `h2`). A handshake must finish within [`HANDSHAKE`]; until
+//! HTTP: `h2` and `http/1.1`; gRPC: `h2`). A handshake must finish within `--tls-handshake-timeout` (the guard's, crate::listen); until
 //! it has, a connection holds rustls's buffers and nothing else.
 
 use crate::ServeError;
@@ -8,11 +8,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio_rustls::TlsAcceptor;
-
-/// How long a client may take to finish its TLS handshake.
-pub(crate) const HANDSHAKE: Duration = Duration::from_secs(10);
 
 /// The acceptors of each protocol.
 #[derive(Clone)]

@@ -13,17 +13,18 @@
 //! listeners (and --admin) are served by one multi-thread tokio runtime of as many threads,
 //! which also runs the RESP rules commands whose counts live in Redis.
 
+use crate::listen::accept::{accept_loop, Accepted};
+use crate::listen::{Kind, Refusal, Ticket};
 use crate::resp::serve::{accept, Peer};
-use crate::state::{stopped, Server};
+use crate::state::{next_conn_id, Server};
 use crate::{http, RuntimeKind, ServeArgs, ServeError};
 use socket2::{Domain, Protocol, Socket, Type};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
 /// A listening socket on `addr`, with `SO_REUSEPORT` if `reuse_port`.
-fn listener(
+pub(crate) fn listener(
     flag: &'static str,
     addr: SocketAddr,
     reuse_port: bool,
@@ -43,37 +44,38 @@ fn listener(
     bind(addr).map_err(|e| ServeError::Bind(flag, addr, e))
 }
 
-static CONN_ID: AtomicU64 = AtomicU64::new(1);
-
-/// A new RESP connection's id.
-pub(crate) fn next_conn_id() -> u64 {
-    // Relaxed: a unique number.
-    CONN_ID.fetch_add(1, Ordering::Relaxed)
-}
-
 /// Accepts RESP connections until shutdown.
 async fn accept_resp(srv: Arc<Server>, l: tokio::net::TcpListener) {
     let mut stop = srv.shutdown.subscribe();
-    loop {
-        tokio::select! {
-            r = l.accept() => match r {
-                Ok((s, addr)) => {
-                    let id = next_conn_id();
-                    let peer = Peer {
-                        id,
-                        addr: Some(addr),
-                        local: s.local_addr().ok(),
-                        fd: Some(std::os::fd::AsRawFd::as_raw_fd(&s)),
-                    };
-                    tokio::spawn(accept(srv.clone(), s, peer));
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                }
-            },
-            _ = stopped(&mut stop) => return,
-        }
+    let guard = srv.guard.clone();
+    accept_loop(&l, Kind::Resp, &guard, &mut stop, &mut RespListener(srv)).await;
+}
+
+/// The RESP listener's side of the accept loop.
+struct RespListener(Arc<Server>);
+
+impl Accepted for RespListener {
+    fn admitted(&mut self, s: tokio::net::TcpStream, addr: SocketAddr, ticket: Ticket) {
+        let peer = Peer {
+            id: next_conn_id(),
+            addr: Some(addr),
+            local: s.local_addr().ok(),
+            fd: Some(std::os::fd::AsRawFd::as_raw_fd(&s)),
+        };
+        tokio::spawn(accept(self.0.clone(), s, peer, ticket));
+    }
+
+    fn refused(&mut self, s: tokio::net::TcpStream, _: Refusal) {
+        refuse_resp(&self.0, &s);
+    }
+}
+
+/// Tells a refused RESP client why, as Redis does: one write to a new socket, whose send
+/// buffer is empty (plaintext only: a TLS client would read it as a broken handshake).
+pub(crate) fn refuse_resp(srv: &Server, s: &impl std::os::fd::AsFd) {
+    srv.metrics.add(crate::metrics::C::RejectedConnections, 1);
+    if srv.tls.is_none() {
+        let _ = socket2::SockRef::from(s).send(b"-ERR max number of clients reached\r\n");
     }
 }
 
@@ -267,12 +269,10 @@ fn spawn_uring(
             rt.block_on(async move {
                 let mut served = Vec::new();
                 for (h, a) in web {
-                    for (l, trusted) in [(Some(h), shared.http.trusted), (a, true)] {
+                    for (l, kind) in [(Some(h), Kind::Http), (a, Kind::Admin)] {
                         let Some(l) = l else { continue };
                         match tokio::net::TcpListener::from_std(l) {
-                            Ok(l) => {
-                                served.push(tokio::spawn(http::serve(shared.clone(), l, trusted)))
-                            }
+                            Ok(l) => served.push(tokio::spawn(serve_http(shared.clone(), l, kind))),
                             Err(e) => tracing::error!(error = %e, "listener failed"),
                         }
                     }
@@ -334,8 +334,8 @@ async fn serve_listeners(shared: Arc<Server>, l: Listeners) {
             return;
         }
     };
-    let web = tokio::spawn(http::serve(shared.clone(), h, shared.http.trusted));
-    let admin = a.map(|a| tokio::spawn(http::serve(shared.clone(), a, true)));
+    let web = tokio::spawn(serve_http(shared.clone(), h, Kind::Http));
+    let admin = a.map(|a| tokio::spawn(serve_http(shared.clone(), a, Kind::Admin)));
     accept_resp(shared.clone(), r).await;
     let _ = web.await;
     if let Some(a) = admin {
@@ -344,11 +344,20 @@ async fn serve_listeners(shared: Arc<Server>, l: Listeners) {
     wait_for_connections(&shared).await;
 }
 
+/// The API's HTTP listener or --admin, each trusted as its flags say.
+async fn serve_http(shared: Arc<Server>, l: tokio::net::TcpListener, kind: Kind) {
+    let trusted = match kind {
+        Kind::Admin => shared.http.admin_trusted,
+        _ => shared.http.trusted,
+    };
+    http::serve(shared, l, kind, trusted).await;
+}
+
 /// Connections see the shutdown signal and stop after answering what they read; this gives
 /// them a moment (at most 5 s) to write.
 async fn wait_for_connections(shared: &Server) {
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
-    while shared.connections.load(Ordering::Relaxed) > 0 && tokio::time::Instant::now() < deadline {
+    while shared.guard.open(Kind::Resp) > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
 }

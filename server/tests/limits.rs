@@ -402,7 +402,7 @@ fn an_edited_limits_file_is_re_read_and_a_bad_edit_refused() {
     let get = |s: &mut TcpStream| ask(s, &["TURNSTILE.LIMITS", "GET", "customers", "9"]);
     assert!(get(&mut s).contains("free"));
     // mtime resolution: a change within the same tick is told by the length.
-    std::fs::write(d.join("limits.csv"), "key,plan\n9,pro\n10,pro\n").unwrap();
+    replace_file(&d.join("limits.csv"), "key,plan\n9,pro\n10,pro\n");
     eventually("the new entry", || get(&mut s).contains("pro"));
     let metric = |name: &str| {
         let (_, body) = curl("GET", &format!("http://{}/metrics", r.http), None);
@@ -414,7 +414,7 @@ fn an_edited_limits_file_is_re_read_and_a_bad_edit_refused() {
     };
     assert!(metric("turnstile_limits_reads_total{result=\"ok\"}") >= 1.0);
     // A bad line: refused, the entries stay, counted.
-    std::fs::write(d.join("limits.csv"), "key,plan\n9,gold\n").unwrap();
+    replace_file(&d.join("limits.csv"), "key,plan\n9,gold\n");
     eventually("the refusal counted", || {
         metric("turnstile_limits_reads_total{result=\"failed\"}") >= 1.0
     });
@@ -432,7 +432,7 @@ fn an_edited_limits_file_is_re_read_and_a_bad_edit_refused() {
         body.contains("limits.csv:2: class `customers` has no plan `gold`"),
         "{body}"
     );
-    std::fs::write(d.join("limits.csv"), "key,plan\n9,free\n").unwrap();
+    replace_file(&d.join("limits.csv"), "key,plan\n9,free\n");
     eventually("the fixed file", || get(&mut s).contains("free"));
     stop(r);
 }
@@ -525,4 +525,13 @@ fn pipelined_and_in_multi_in_order() {
         );
         stop(r);
     }
+}
+
+/// Writes `path` anew as an editor that saves safely does (a new file renamed over it): the
+/// server's poll never sees it half written (`std::fs::write` truncates first, and a poll in
+/// between reads a file of no entries, which is valid).
+fn replace_file(path: &std::path::Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
 }

@@ -5,6 +5,7 @@
 
 use std::path::Path;
 use std::time::Duration;
+use turnstile_server::snapshot::{self, Snapshot};
 use turnstile_server::{start, Running, ServeArgs};
 
 const RULES: &str = r#"
@@ -136,4 +137,105 @@ fn an_unwritable_snapshot_path_is_refused_at_start() {
     let r = start(a).expect("server starts");
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     stop(r);
+}
+
+/// A snapshot of one `CL.THROTTLE` record, for the tests of the file itself.
+fn small() -> Snapshot {
+    Snapshot {
+        seed: 7,
+        written_ns: 1,
+        throttle: vec![(1, u64::MAX / 2)],
+        rules_now: 0,
+        rules: vec![],
+    }
+}
+
+/// Symbolic links planted beside the snapshot, pointing to a victim file: at the fixed name of
+/// the temporary file older builds used, and at other plausible ones. The start-up check and
+/// two snapshot writes (a new file, then over it) leave the victim as it was and the links
+/// where they were, and the snapshot's path holds the snapshot as a regular file.
+#[test]
+fn links_planted_beside_the_snapshot_are_never_followed() {
+    let dir = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let victim = elsewhere.path().join("victim");
+    std::fs::write(&victim, "precious\n").unwrap();
+    let snap = dir.path().join("state.snap");
+    let planted = [
+        ".state.snap.tmp",
+        "state.snap.tmp",
+        ".state.snap.tmp-0000000000000000",
+        ".state.snap.swp",
+        "state.snap.new",
+        "state.snap~",
+    ];
+    for name in planted {
+        std::os::unix::fs::symlink(&victim, dir.path().join(name)).unwrap();
+    }
+    snapshot::writable(&snap).expect("the directory is writable");
+    snapshot::write(&snap, &small()).expect("written");
+    snapshot::write(&snap, &small()).expect("written over");
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious\n", "victim");
+    let meta = std::fs::symlink_metadata(&snap).unwrap();
+    assert!(meta.file_type().is_file(), "{:?}", meta.file_type());
+    assert_eq!(snapshot::read(&snap).unwrap(), Some(small()));
+    for name in planted {
+        let link = std::fs::read_link(dir.path().join(name)).unwrap();
+        assert_eq!(link, victim, "{name}");
+    }
+    // Nothing else: no temporary file left behind.
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        planted.len() + 1
+    );
+}
+
+/// A link made at the snapshot's path on purpose (to keep the file on another disk) is
+/// followed: the server restores its target and writes there, and the link stays. A corrupt
+/// target is moved aside beside itself, and the next snapshot goes to the link's target again.
+#[test]
+fn a_link_at_the_snapshot_path_keeps_pointing_to_the_snapshot() {
+    let top = tempfile::tempdir().unwrap();
+    let (etc, disk) = (top.path().join("etc"), top.path().join("disk"));
+    std::fs::create_dir(&etc).unwrap();
+    std::fs::create_dir(&disk).unwrap();
+    let rules = etc.join("rules.toml");
+    std::fs::write(&rules, RULES).unwrap();
+    let (snap, real) = (etc.join("state.snap"), disk.join("state.snap"));
+    std::os::unix::fs::symlink("../disk/state.snap", &snap).unwrap();
+    let is_link = |p: &Path| {
+        std::fs::symlink_metadata(p)
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    };
+    let r = server(&rules, &snap);
+    for _ in 0..4 {
+        call(&r, "TURNSTILE.CHECK", "customer", "1");
+    }
+    stop(r);
+    assert!(is_link(&snap));
+    assert!(
+        snapshot::read(&real).unwrap().is_some(),
+        "written to the target"
+    );
+    let r = server(&rules, &snap);
+    assert_eq!(remaining(&r)[0], 6, "restored from the target");
+    stop(r);
+
+    std::fs::write(&real, b"TSNP broken").unwrap();
+    let r = server(&rules, &snap);
+    assert_eq!(remaining(&r)[0], 10, "a corrupt target restores nothing");
+    stop(r);
+    assert!(is_link(&snap));
+    let names: Vec<String> = std::fs::read_dir(&disk)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    assert!(
+        names.iter().any(|n| n.starts_with("state.snap.corrupt-")),
+        "{names:?}"
+    );
+    assert!(snapshot::read(&real).unwrap().is_some(), "a fresh snapshot");
 }

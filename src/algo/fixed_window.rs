@@ -158,6 +158,15 @@ pub fn refund(s: u64, now: u64, p: &Params, n: u64) -> u64 {
     pack(idx, count.saturating_sub(n))
 }
 
+/// Takes `n` more in the current window whatever the limit (a settled cost above the one
+/// checked): the count may pass the limit, up to 2^24 − 1, and the window's next checks are
+/// denied until it ends; what is over the limit is forgotten with the window.
+#[inline]
+pub fn charge(s: u64, now: u64, p: &Params, n: u64) -> u64 {
+    let (idx, count, _) = current(s, now, p);
+    pack(idx, count.saturating_add(n).min(COUNT_MASK))
+}
+
 /// Nanoseconds until the record is equivalent to a fresh one (0: it already is).
 #[inline]
 pub fn idle_in(s: u64, now: u64, p: &Params) -> u64 {

@@ -131,6 +131,13 @@ pub fn refund(tat: u64, now: u64, p: &Params, n: u64) -> u64 {
     Gcra::refund(tat, now, p.interval, n)
 }
 
+/// Adds `n` to the queue whatever it holds (a settled cost above the one checked): past its
+/// burst, the queue drains them before it admits again.
+#[inline]
+pub fn charge(tat: u64, now: u64, p: &Params, n: u64) -> u64 {
+    Gcra::charge(tat, now, p.interval, n)
+}
+
 /// Nanoseconds until empty.
 #[inline]
 pub fn idle_in(tat: u64, now: u64, _p: &Params) -> u64 {

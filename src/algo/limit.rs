@@ -361,6 +361,21 @@ impl Limit {
         }
     }
 
+    /// Takes `n` whatever the limit holds (a settled cost above the one checked): each
+    /// algorithm's `charge` says how far past its limit it can owe. A concurrency limit counts
+    /// permits, not costs: nothing.
+    pub fn charge<C: Cells + ?Sized>(&self, c: &mut C, now: u64, n: u64) {
+        match self {
+            Limit::FixedWindow(p) => c.set(0, fixed_window::charge(c.get(0), now, p, n)),
+            Limit::SlidingWindow(p) => c.set(0, sliding_window::charge(c.get(0), now, p, n)),
+            Limit::TokenBucket(p) => c.set(0, token_bucket::charge(c.get(0), now, p, n)),
+            Limit::LeakyBucket(p) => c.set(0, leaky_bucket::charge(c.get(0), now, p, n)),
+            Limit::SlidingLog(p) => sliding_log::charge(c, now, p, n),
+            Limit::WindowRing(p) => window_ring::charge(c, now, p, n),
+            Limit::Concurrency(_) => {}
+        }
+    }
+
     /// Nanoseconds until this limit's record is equivalent to a fresh one.
     pub fn idle_in<C: Cells + ?Sized>(&self, c: &C, now: u64) -> u64 {
         match self {

@@ -219,6 +219,13 @@ impl Limits {
         }
     }
 
+    /// Takes `n` on every limit whatever they hold ([`Limit::charge`]).
+    pub fn charge<C: Cells + ?Sized>(&self, c: &mut C, now: u64, n: u64) {
+        for (l, &off) in self.limits.iter().zip(self.offsets.iter()) {
+            l.charge(&mut Sub { c: &mut *c, off }, now, n);
+        }
+    }
+
     /// Nanoseconds until every limit is idle.
     pub fn idle_in<C: Cells + ?Sized>(&self, c: &mut C, now: u64) -> u64 {
         let mut m = 0;

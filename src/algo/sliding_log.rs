@@ -245,6 +245,18 @@ pub fn refund<C: Cells + ?Sized>(c: &mut C, p: &Params, n: u64) {
     c.set(1, ((v.count - n) << 32) | head);
 }
 
+/// Logs `n` more admissions at `now` whatever the log holds (a settled cost above the one
+/// checked). The log holds the newest `limit` entries: a charge past the limit fills it with
+/// entries of `now` (the key is then denied for a whole window), and what it displaces does
+/// not come back on a refund.
+pub fn charge<C: Cells + ?Sized>(c: &mut C, now: u64, p: &Params, n: u64) {
+    if n == 0 {
+        return;
+    }
+    let v = view(c);
+    record(c, p, &v, now, n.min(p.limit));
+}
+
 /// Nanoseconds until the record is equivalent to a fresh one.
 pub fn idle_in<C: Cells + ?Sized>(c: &C, now: u64, p: &Params) -> u64 {
     view(c).newest_expiry(c, p, now)

@@ -268,6 +268,15 @@ pub fn refund(s: u64, now: u64, p: &Params, n: u64) -> u64 {
     pack(v.idx, v.prev, v.cur.saturating_sub(n))
 }
 
+/// Takes `n` more in the current window whatever the limit (a settled cost above the one
+/// checked): the current count may pass the limit, up to 2^20 − 1, and weighs on the next
+/// window as any count does.
+#[inline]
+pub fn charge(s: u64, now: u64, p: &Params, n: u64) -> u64 {
+    let v = view(s, now, p);
+    pack(v.idx, v.prev, v.cur.saturating_add(n).min(COUNT_MASK))
+}
+
 /// Nanoseconds until equivalent to a fresh record.
 #[inline]
 pub fn idle_in(s: u64, now: u64, p: &Params) -> u64 {

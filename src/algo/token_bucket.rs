@@ -154,6 +154,15 @@ impl Gcra {
         }
         tat.saturating_sub(n.saturating_mul(interval)).max(now)
     }
+    /// The TAT `tat` with `n` requests of `interval` ns taken at `now` whatever the bucket
+    /// holds: past its depth, the bucket owes them (a debt), and checks wait until it has
+    /// refilled them. The TAT stays below [`MAX_TAT`].
+    #[inline]
+    pub(crate) fn charge(tat: u64, now: u64, interval: u64, n: u64) -> u64 {
+        tat.max(now)
+            .saturating_add(n.saturating_mul(interval))
+            .min(MAX_TAT - 1)
+    }
 }
 
 /// The transition. Cost 0 peeks.
@@ -183,6 +192,15 @@ pub fn decide(tat: u64, now: u64, p: &Params, cost: u64) -> (u64, Decision) {
 #[inline]
 pub fn refund(tat: u64, now: u64, p: &Params, n: u64) -> u64 {
     Gcra::refund(tat, now, p.interval, n)
+}
+
+/// Takes `n` tokens whatever the bucket holds (a settled cost above the one checked): below
+/// empty, the bucket owes them and admits again once it has refilled past them. A debt that
+/// would end past the TAT's range (2^63 ns) is capped there, and the key's next checks are
+/// `NeverFits`.
+#[inline]
+pub fn charge(tat: u64, now: u64, p: &Params, n: u64) -> u64 {
+    Gcra::charge(tat, now, p.interval, n)
 }
 
 /// Nanoseconds until the bucket is full (equivalent to a fresh record).

@@ -455,6 +455,17 @@ pub fn refund<C: Cells + ?Sized>(c: &mut C, now: u64, p: &Params, n: u64) {
     c.set(0, ((v.cur % p.period()) << TOTAL_BITS) | full);
 }
 
+/// Adds `n` to the current sub-window whatever the window holds (a settled cost above the one
+/// checked): the count may pass the limit, up to the counter's width (`max_count`), and slides
+/// out as any count does.
+pub fn charge<C: Cells + ?Sized>(c: &mut C, now: u64, p: &Params, n: u64) {
+    if n == 0 {
+        return;
+    }
+    let v = view(c, now, p);
+    add(c, p, &v, n);
+}
+
 /// Nanoseconds until the record is equivalent to a fresh one: the end of the sub-window in
 /// which the newest non-zero sub-window straddles the window's start.
 pub fn idle_in<C: Cells + ?Sized>(c: &C, now: u64, p: &Params) -> u64 {

@@ -1,5 +1,5 @@
 //! What the store does to one key's record, as operations the table runs ([`Op`]): check,
-//! evaluate, refund, acquire and release a permit, export and import a record.
+//! evaluate, refund, settle, acquire and release a permit, export and import a record.
 //!
 //! Each is written once over [`Cells`], so the same code runs on a packed slot's state (one
 //! word) and on an arena record's words; the table decides which, and owns the loop around it.
@@ -19,6 +19,8 @@ pub(crate) trait Decides {
     fn evaluate<C: Cells + ?Sized>(&self, c: &mut C, now: Nanos, cost: u64) -> Decision;
     /// Gives `n` back.
     fn refund<C: Cells + ?Sized>(&self, c: &mut C, now: Nanos, n: u64);
+    /// Takes `n` whatever the limits hold.
+    fn charge<C: Cells + ?Sized>(&self, c: &mut C, now: Nanos, n: u64);
     /// Nanoseconds until the record is equivalent to a fresh one.
     fn idle_in<C: Cells + ?Sized>(&self, c: &mut C, now: Nanos) -> u64;
     /// The `limit` a refusal reports.
@@ -37,6 +39,9 @@ impl Decides for Limits {
     }
     fn refund<C: Cells + ?Sized>(&self, c: &mut C, now: Nanos, n: u64) {
         Limits::refund(self, c, now, n)
+    }
+    fn charge<C: Cells + ?Sized>(&self, c: &mut C, now: Nanos, n: u64) {
+        Limits::charge(self, c, now, n)
     }
     fn idle_in<C: Cells + ?Sized>(&self, c: &mut C, now: Nanos) -> u64 {
         Limits::idle_in(self, c, now)
@@ -68,6 +73,9 @@ impl Decides for Limit {
     }
     fn refund<C: Cells + ?Sized>(&self, c: &mut C, now: Nanos, n: u64) {
         Limit::refund(self, c, now, n)
+    }
+    fn charge<C: Cells + ?Sized>(&self, c: &mut C, now: Nanos, n: u64) {
+        Limit::charge(self, c, now, n)
     }
     fn idle_in<C: Cells + ?Sized>(&self, c: &mut C, now: Nanos) -> u64 {
         Limit::idle_in(self, c, now)
@@ -191,6 +199,39 @@ impl<D: Decides + ?Sized> Op for Refund<'_, D> {
     }
     fn absent(&mut self) {}
     fn refused(&mut self, _: Refusal) {}
+}
+
+/// Settles a cost checked as `reserved` at `actual`: the difference charged
+/// ([`Limits::charge`]) or given back ([`Limits::refund`]). A charge creates an
+/// absent key's record (a key evicted since its check still owes the difference); a refund of
+/// an absent key has nothing to give back. Whether the record was settled (`false`: absent
+/// with nothing to charge, or refused by a full store).
+pub(crate) struct Settle<'a, D: ?Sized> {
+    pub(crate) by: &'a D,
+    pub(crate) now: Nanos,
+    pub(crate) reserved: u64,
+    pub(crate) actual: u64,
+}
+
+impl<D: Decides + ?Sized> Op for Settle<'_, D> {
+    type Out = bool;
+    fn inserts(&self) -> bool {
+        self.actual > self.reserved
+    }
+    fn apply<C: Cells + ?Sized>(&mut self, rec: &mut C) -> bool {
+        if self.actual > self.reserved {
+            self.by.charge(rec, self.now, self.actual - self.reserved);
+        } else if self.actual < self.reserved {
+            self.by.refund(rec, self.now, self.reserved - self.actual);
+        }
+        true
+    }
+    fn absent(&mut self) -> bool {
+        false
+    }
+    fn refused(&mut self, _: Refusal) -> bool {
+        false
+    }
 }
 
 /// Takes `cost` of a concurrency limit's permits at `now`: the decision, and the lease's stamp

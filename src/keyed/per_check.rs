@@ -27,7 +27,7 @@
 //! so they restore under any limits.
 
 use super::key::Key;
-use super::ops::{Evaluate, Refund};
+use super::ops::{Evaluate, Refund, Settle};
 use super::store::Store;
 use crate::algo::{Algorithm, Limit};
 use crate::clock::{Clock, Nanos};
@@ -194,6 +194,29 @@ impl<C: Clock> Store<C> {
         let mut op = Refund { by: limit, now, n };
         self.run(key.key_id(&self.hasher), now, false, &mut op);
         Ok(())
+    }
+
+    /// [`Store::settle_at`] decided by `limit`: charges or gives back the difference, as
+    /// `limit` counts it.
+    pub fn settle_with_at<K: Key + ?Sized>(
+        &self,
+        key: &K,
+        limit: &Limit,
+        reserved: u64,
+        actual: u64,
+        now: Nanos,
+    ) -> Result<bool, LimitMismatch> {
+        self.accepts(limit)?;
+        if reserved == actual {
+            return Ok(true);
+        }
+        let mut op = Settle {
+            by: limit,
+            now,
+            reserved,
+            actual,
+        };
+        Ok(self.run(key.key_id(&self.hasher), now, false, &mut op))
     }
 }
 

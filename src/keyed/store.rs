@@ -8,7 +8,7 @@
 
 use super::builder::{FullPolicy, StoreBuilder};
 use super::key::{Key, KeyHasher};
-use super::ops::{Check, Decides, Evaluate, Refund};
+use super::ops::{Check, Decides, Evaluate, Refund, Settle};
 use super::table::{Ctx, Loc, Op, Shard, BUCKET};
 use crate::algo::{with_packed, Algorithm, Limit, Limits, Packed, PackedFn};
 use crate::clock::{Clock, DefaultClock, Nanos};
@@ -378,6 +378,38 @@ impl<C: Clock> Store<C> {
             by: &self.limits,
             now,
             n,
+        };
+        self.run(key.key_id(&self.hasher), now, false, &mut op)
+    }
+
+    /// Settles a cost known only after the work: `key` was checked (and admitted) at a cost of
+    /// `reserved`, the work cost `actual`. The difference is charged — whatever the limits
+    /// hold: past a limit the key owes it, and its next checks are denied until it is paid
+    /// (each algorithm's `charge` says how far it can owe) — or given back as
+    /// [`Store::refund`] does; on every limit of the store in one atomic step (all or
+    /// nothing). The same amount changes nothing. Returns whether a record was settled:
+    /// `false` for a refund to an absent key (nothing to give back) or a charge that a full
+    /// store with the `Reject` policy refused.
+    pub fn settle<K: Key + ?Sized>(&self, key: &K, reserved: u64, actual: u64) -> bool {
+        self.settle_at(key, reserved, actual, self.clock.now())
+    }
+
+    /// [`Store::settle`] at `now`.
+    pub fn settle_at<K: Key + ?Sized>(
+        &self,
+        key: &K,
+        reserved: u64,
+        actual: u64,
+        now: Nanos,
+    ) -> bool {
+        if reserved == actual {
+            return true;
+        }
+        let mut op = Settle {
+            by: &self.limits,
+            now,
+            reserved,
+            actual,
         };
         self.run(key.key_id(&self.hasher), now, false, &mut op)
     }

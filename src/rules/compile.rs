@@ -251,6 +251,17 @@ impl<C: Clock> Target<'_, C> {
             }
         }
     }
+
+    /// The store's settle, by the key's own limit if it has one.
+    pub(crate) fn settle_at(&self, id: u64, reserved: u64, actual: u64, now: Nanos) -> bool {
+        match &self.own {
+            None => self.store().settle_at(&id, reserved, actual, now),
+            Some(l) => self
+                .store()
+                .settle_with_at(&id, l, reserved, actual, now)
+                .unwrap_or_else(|_| self.store().settle_at(&id, reserved, actual, now)),
+        }
+    }
 }
 
 pub(crate) struct Compiled<C: Clock> {

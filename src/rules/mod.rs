@@ -53,8 +53,8 @@ mod request;
 mod validate;
 
 pub use engine::{
-    Engine, EngineBuilder, InFlight, LocalEngine, OwnedInFlight, Refusal, ReloadReport, RuleStats,
-    Verdict, UNLIMITED,
+    Engine, EngineBuilder, InFlight, LocalEngine, OwnedInFlight, Refusal, ReloadReport,
+    RuleOutcome, RuleStats, Verdict, UNLIMITED,
 };
 pub use model::{
     redact_url, Backend, BackendPolicy, KeyClass, KeyPart, LoadSettings, Match, Mode, Override,

@@ -271,7 +271,7 @@ fn info(srv: &Server, mut asked: ArgCursor<'_>) -> String {
             "clients" => write!(
                 t,
                 "# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\n",
-                srv.connections.load(Ordering::Relaxed),
+                srv.guard.open(crate::listen::Kind::Resp),
                 srv.resp.max_connections
             ),
             "memory" => write!(

@@ -3,8 +3,18 @@
 
 use super::{ArgCursor, CmdError, Kind};
 use crate::config::{Access, Auth};
+use crate::listen::Guard;
 use crate::resp::connection::Session;
 use crate::resp::{Out, Proto};
+
+/// What a password is checked against: the passwords, whether the listener grants admin
+/// without the admin password, and the guard that slows wrong ones per source address.
+#[derive(Clone, Copy)]
+pub(crate) struct Gate<'a> {
+    pub(crate) auth: &'a Auth,
+    pub(crate) trusted: bool,
+    pub(crate) guard: &'a Guard,
+}
 
 /// The longest client name, library name or version kept (Redis keeps any; a name is for
 /// `CLIENT INFO` and logs).
@@ -75,13 +85,18 @@ impl<'a> SessionCommand<'a> {
     }
 
     /// Runs it.
-    pub(crate) fn apply(
-        &self,
-        auth: &Auth,
-        trusted: bool,
-        s: &mut Session,
-        o: &mut Out<'_>,
-    ) -> Effect {
+    pub(crate) fn apply(&self, gate: Gate<'_>, s: &mut Session, o: &mut Out<'_>) -> Effect {
+        let failures = s.auth_failures;
+        let effect = self.apply_inner(gate, s, o);
+        // Too many wrong passwords on one connection: it is closed (each source is slowed
+        // apart from this, crate::listen::AuthThrottle).
+        if s.auth_failures > failures && s.auth_failures >= crate::listen::MAX_AUTH_FAILURES {
+            return Effect::Close;
+        }
+        effect
+    }
+
+    fn apply_inner(&self, gate: Gate<'_>, s: &mut Session, o: &mut Out<'_>) -> Effect {
         match *self {
             SessionCommand::Ping(None) => o.simple("PONG"),
             SessionCommand::Ping(Some(m)) | SessionCommand::Echo(m) => o.bulk(m),
@@ -89,9 +104,9 @@ impl<'a> SessionCommand<'a> {
                 proto,
                 auth: a,
                 name,
-            } => hello_apply(auth, trusted, s, o, proto, a, name),
+            } => hello_apply(gate, s, o, proto, a, name),
             SessionCommand::Auth { user, password } => {
-                let _ = authenticate(auth, trusted, s, o, user, password);
+                let _ = authenticate(gate, s, o, user, password);
             }
             SessionCommand::ClientId => o.int(s.id as i64),
             SessionCommand::ClientInfo => o.verbatim(s.info_line().as_bytes()),
@@ -139,7 +154,7 @@ impl<'a> SessionCommand<'a> {
                 return Effect::Close;
             }
             SessionCommand::Reset => {
-                s.reset(auth.initial(trusted));
+                s.reset(gate.auth.initial(gate.trusted));
                 o.proto = s.proto;
                 o.simple("RESET");
                 return Effect::Reset;
@@ -212,14 +227,27 @@ fn client<'a>(c: &mut ArgCursor<'a>) -> Result<SessionCommand<'a>, CmdError> {
 
 /// `AUTH [user] password`: what it grants, replied; whether it succeeded.
 fn authenticate(
-    auth: &Auth,
-    trusted: bool,
+    gate: Gate<'_>,
     s: &mut Session,
     o: &mut Out<'_>,
     user: Option<&[u8]>,
     password: &[u8],
 ) -> bool {
-    match auth.grant(user, password, trusted) {
+    let auth = gate.auth;
+    let from = s.peer.map(|p| p.ip());
+    let checked = auth.required() || auth.admin.is_some();
+    if checked {
+        if let Err(t) = gate.guard.throttle.allow(from) {
+            gate.guard.auth_failed(true);
+            s.auth_failures += 1;
+            o.error(&format!(
+                "ERR too many wrong passwords from this address: the next is checked in {} s",
+                t.retry_after.as_secs_f64().ceil().max(1.0)
+            ));
+            return false;
+        }
+    }
+    match auth.grant(user, password, gate.trusted) {
         Some(a) => {
             s.access = s.access.max(a);
             o.simple("OK");
@@ -235,6 +263,11 @@ fn authenticate(
             false
         }
         None => {
+            if checked {
+                gate.guard.throttle.failed(from);
+                gate.guard.auth_failed(false);
+                s.auth_failures += 1;
+            }
             o.error("WRONGPASS invalid username-password pair or user is disabled.");
             false
         }
@@ -242,8 +275,7 @@ fn authenticate(
 }
 
 fn hello_apply(
-    auth: &Auth,
-    trusted: bool,
+    gate: Gate<'_>,
     s: &mut Session,
     o: &mut Out<'_>,
     proto: Option<i64>,
@@ -265,7 +297,7 @@ fn hello_apply(
             buf: &mut Vec::new(),
             proto: s.proto,
         };
-        if !authenticate(auth, trusted, s, &mut scratch, Some(u), p) {
+        if !authenticate(gate, s, &mut scratch, Some(u), p) {
             o.buf.extend_from_slice(scratch.buf);
             return;
         }

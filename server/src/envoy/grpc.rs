@@ -9,7 +9,10 @@
 
 use super::engine::Envoy;
 use super::limits::InvalidRequest;
-use crate::state::{accepted_or_wait, served};
+use crate::config::{Access, Auth};
+use crate::listen::accept::{accept_loop, Accepted};
+use crate::listen::hyper::{grpc_builder, spawn_conn, Serve, Stream};
+use crate::listen::{Busy, Conn, Guard, Kind, Limits, Ticket};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
@@ -18,12 +21,12 @@ use hyper::server::conn::http2::Builder as Http2;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+use std::future::Future;
+use std::net::IpAddr;
+use std::pin::Pin;
 use std::sync::Arc;
-use tonic::service::interceptor::{InterceptedService, Interceptor};
+use std::task::{Context, Poll};
 use tonic::{Request, Response, Status};
-
-/// The largest request message accepted, in bytes (tonic's default is 4 MiB).
-pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
 
 /// The gRPC service over one [`Envoy`].
 #[derive(Clone)]
@@ -47,145 +50,216 @@ impl RateLimitService for Grpc {
     }
 }
 
-/// The tonic service to mount on the `--grpc` listener
-/// (`tonic::transport::Server::builder().add_service(envoy::service(e))`).
-pub fn service(envoy: Arc<Envoy>) -> RateLimitServiceServer<Grpc> {
-    RateLimitServiceServer::new(Grpc { envoy }).max_decoding_message_size(MAX_MESSAGE_BYTES)
-}
-
-/// Whether a bearer token may call.
-pub type Authorize = Arc<dyn Fn(&[u8]) -> bool + Send + Sync>;
-
-/// What guards a gRPC listener: TLS, a password in the `authorization` metadata, a bound on
-/// connections. The default guards nothing (tests and benchmarks).
-#[derive(Clone, Default)]
-pub struct Guard {
-    /// TLS (ALPN `h2`): every connection's handshake must finish within 10 s.
-    pub tls: Option<tokio_rustls::TlsAcceptor>,
-    /// Whether a request's `authorization` value (after `Bearer `) may call; `None`: every
-    /// request may. A refused call gets `UNAUTHENTICATED`.
-    pub authorize: Option<Authorize>,
-    /// The most connections at once (more are closed at once); `0`: no bound.
-    pub max_connections: usize,
-}
-
-/// A connection counted for [`Guard::max_connections`].
-struct Slot(Arc<std::sync::atomic::AtomicUsize>);
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        // Relaxed: a count; no other memory is published through it.
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-    }
+/// The tonic service, its messages at most `max_message` bytes (`--max-body`; larger:
+/// `RESOURCE_EXHAUSTED`).
+pub fn service(envoy: Arc<Envoy>, max_message: usize) -> RateLimitServiceServer<Grpc> {
+    RateLimitServiceServer::new(Grpc { envoy }).max_decoding_message_size(max_message)
 }
 
 /// Serves [`service`] alone on `listener` until `shutdown` completes, then lets the calls in
-/// flight finish (graceful shutdown: each connection gets a GOAWAY). Unguarded: see
-/// [`serve_with`].
+/// flight finish (graceful shutdown: each connection gets a GOAWAY), behind a guard of
+/// `turnstile serve`'s defaults with no password and no TLS (tests and benchmarks; the
+/// server's `--grpc` listener goes through its own guard).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     envoy: Arc<Envoy>,
-    shutdown: impl std::future::Future<Output = ()> + Send,
+    shutdown: impl Future<Output = ()> + Send,
 ) -> std::io::Result<()> {
-    serve_with(listener, envoy, shutdown, Guard::default()).await
+    let args = crate::ServeArgs::new();
+    let (_, http, limits) =
+        crate::config::from_args(&args).map_err(|e| std::io::Error::other(e.to_string()))?;
+    let gate = Gate {
+        guard: Guard::new(limits, false, usize::MAX),
+        auth: http.auth,
+        tls: None,
+        max_header_bytes: http.max_header_bytes,
+    };
+    serve_with(listener, envoy, shutdown, gate).await;
+    Ok(())
 }
 
-/// [`serve`] behind `guard`.
+/// What the `--grpc` listener goes through: the server's guard, the password, TLS.
+pub(crate) struct Gate {
+    pub(crate) guard: Arc<Guard>,
+    /// `--requirepass`, given as `authorization: Bearer PASSWORD` metadata.
+    pub(crate) auth: Auth,
+    /// TLS (ALPN `h2`).
+    pub(crate) tls: Option<tokio_rustls::TlsAcceptor>,
+    /// `--max-header-bytes`: a request's headers (metadata).
+    pub(crate) max_header_bytes: usize,
+}
+
+/// [`serve`] behind `gate`.
 ///
 /// The service is mounted on hyper's HTTP/2 server connection directly rather than through
 /// `tonic::transport::Server`, whose `Routes` put every call through axum's router (route
 /// lookup, a cloned boxed service and more futures) and a gRPC-timeout layer. With one service
 /// on the listener there is nothing to route: the generated server matches the method path
 /// itself (UNIMPLEMENTED for any other). Measured with `envoy_bench` (docs/service.md).
-/// HTTP/1 is refused as tonic's server refuses it (HTTP/2 only, prior knowledge). A request's
-/// headers are bounded (16 KiB), and so are the streams of a connection (100).
-pub async fn serve_with(
+/// HTTP/1 is refused as tonic's server refuses it (HTTP/2 only, prior knowledge). Every bound
+/// of the connection is the guard's (crate::listen).
+pub(crate) async fn serve_with(
     listener: tokio::net::TcpListener,
     envoy: Arc<Envoy>,
-    shutdown: impl std::future::Future<Output = ()> + Send,
-    guard: Guard,
-) -> std::io::Result<()> {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    let svc = InterceptedService::new(service(envoy), Check(guard.authorize.clone()));
-    let mut http2 = Http2::new(TokioExecutor::new());
-    http2
-        .max_header_list_size(16 * 1024)
-        .max_concurrent_streams(100);
-    let graceful = GracefulShutdown::new();
-    let open = Arc::new(AtomicUsize::new(0));
-    let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let Some(sock) = accepted_or_wait(accepted, "envoy gRPC").await else {
-                    continue;
-                };
-                // Relaxed: a count; no other memory is published through it.
-                let n = open.fetch_add(1, Ordering::Relaxed) + 1;
-                let slot = Slot(open.clone());
-                if guard.max_connections > 0 && n > guard.max_connections {
-                    continue;
-                }
-                // Small unary calls: each answer goes out at once.
-                let _ = sock.set_nodelay(true);
-                let svc = TowerToHyperService::new(svc.clone());
-                spawn_conn(&http2, &graceful, guard.tls.clone(), sock, svc, slot);
-            }
-            () = &mut shutdown => break,
+    shutdown: impl Future<Output = ()> + Send,
+    gate: Gate,
+) {
+    let (tx, mut stop) = tokio::sync::watch::channel(false);
+    let limits: &Limits = &gate.guard.limits;
+    let mut on = Listener {
+        http2: grpc_builder(limits, gate.max_header_bytes),
+        graceful: GracefulShutdown::new(),
+        svc: service(envoy, limits.max_body),
+        gate: Arc::new(gate),
+    };
+    let guard = on.gate.guard.clone();
+    let accepting = accept_loop(&listener, Kind::Grpc, &guard, &mut stop, &mut on);
+    tokio::select! {
+        () = accepting => {}
+        () = shutdown => {
+            let _ = tx.send(true);
         }
     }
-    graceful.shutdown().await;
-    Ok(())
+    on.graceful.shutdown().await;
 }
 
-/// The check of a call's `authorization` metadata ([`Guard::authorize`]).
-#[derive(Clone)]
-struct Check(Option<Authorize>);
+/// The gRPC listener's side of the accept loop.
+struct Listener {
+    http2: Http2<TokioExecutor>,
+    graceful: GracefulShutdown,
+    svc: RateLimitServiceServer<Grpc>,
+    gate: Arc<Gate>,
+}
 
-impl Interceptor for Check {
-    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
-        let Some(ok) = &self.0 else {
-            return Ok(req);
+impl Accepted for Listener {
+    fn admitted(&mut self, sock: tokio::net::TcpStream, peer: std::net::SocketAddr, t: Ticket) {
+        // Small unary calls: each answer goes out at once.
+        let _ = sock.set_nodelay(true);
+        let conn = GrpcConn {
+            svc: self.svc.clone(),
+            gate: self.gate.clone(),
+            conn: t.conn().clone(),
+            peer: Some(peer.ip()),
         };
+        let serve = GrpcServe {
+            http2: self.http2.clone(),
+            svc: TowerToHyperService::new(conn),
+        };
+        let (tls, handshake) = (self.gate.tls.clone(), self.gate.guard.limits.handshake);
+        spawn_conn(serve, &self.graceful, tls, handshake, sock, t, "envoy gRPC");
+    }
+}
+
+/// hyper's HTTP/2 connection of one [`GrpcConn`].
+struct GrpcServe {
+    http2: Http2<TokioExecutor>,
+    svc: TowerToHyperService<GrpcConn>,
+}
+
+impl Serve for GrpcServe {
+    type Conn = hyper::server::conn::http2::Connection<
+        TokioIo<Stream>,
+        TowerToHyperService<GrpcConn>,
+        TokioExecutor,
+    >;
+
+    fn serve(self, io: TokioIo<Stream>) -> Self::Conn {
+        self.http2.serve_connection(io, self.svc)
+    }
+}
+
+/// One connection's service: the call's password checked (slowed per source address), its
+/// body metered, the connection busy until the answer is made.
+#[derive(Clone)]
+struct GrpcConn {
+    svc: RateLimitServiceServer<Grpc>,
+    gate: Arc<Gate>,
+    conn: Arc<Conn>,
+    peer: Option<IpAddr>,
+}
+
+impl GrpcConn {
+    /// Whether the call may go on: its `authorization` metadata (`Bearer PASSWORD`) when a
+    /// password is set.
+    fn authorize<B>(&self, req: &http::Request<B>) -> Result<(), Status> {
+        let auth = &self.gate.auth;
+        if !auth.required() {
+            return Ok(());
+        }
         let token = req
-            .metadata()
+            .headers()
             .get("authorization")
             .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
-        match token {
-            Some(t) if ok(t) => Ok(req),
-            _ => Err(Status::unauthenticated(
-                "this rate limit service needs the server's password: send `authorization: Bearer PASSWORD` metadata (--requirepass)",
-            )),
+        let Some(token) = token else {
+            return Err(Status::unauthenticated(NEEDS_PASSWORD));
+        };
+        let guard = &self.gate.guard;
+        if let Err(t) = guard.throttle.allow(self.peer) {
+            guard.auth_failed(true);
+            return Err(Status::resource_exhausted(format!(
+                "too many wrong passwords from this address: the next is checked in {} s",
+                t.retry_after.as_secs_f64().ceil().max(1.0)
+            )));
+        }
+        match auth.grant(None, token, false) {
+            Some(a) if a >= Access::Client => {
+                self.conn.authenticated();
+                Ok(())
+            }
+            _ => {
+                guard.throttle.failed(self.peer);
+                guard.auth_failed(false);
+                self.conn.auth_failed();
+                Err(Status::unauthenticated(NEEDS_PASSWORD))
+            }
         }
     }
 }
 
-/// One connection's service: [`service`] behind the [`Check`].
-type ConnService = TowerToHyperService<InterceptedService<RateLimitServiceServer<Grpc>, Check>>;
+const NEEDS_PASSWORD: &str = "this rate limit service needs the server's password: send `authorization: Bearer PASSWORD` metadata (--requirepass)";
 
-/// Serves one accepted connection in a task of its own, its TLS handshake first (bounded in
-/// time) if the listener speaks TLS; its `slot` is held until it ends.
-fn spawn_conn(
-    http2: &Http2<TokioExecutor>,
-    graceful: &GracefulShutdown,
-    tls: Option<tokio_rustls::TlsAcceptor>,
-    sock: tokio::net::TcpStream,
-    svc: ConnService,
-    slot: Slot,
-) {
-    let Some(tls) = tls else {
-        let conn = graceful.watch(http2.serve_connection(TokioIo::new(sock), svc));
-        tokio::spawn(served(conn, "envoy gRPC", slot));
-        return;
-    };
-    let (http2, watcher) = (http2.clone(), graceful.watcher());
-    tokio::spawn(async move {
-        let handshake = tokio::time::timeout(std::time::Duration::from_secs(10), tls.accept(sock));
-        let stream = match handshake.await {
-            Ok(Ok(s)) => s,
-            _ => return tracing::debug!("envoy gRPC: TLS handshake failed or timed out"),
-        };
-        let conn = watcher.watch(http2.serve_connection(TokioIo::new(stream), svc));
-        served(conn, "envoy gRPC", slot).await;
-    });
+type Answer = http::Response<tonic::body::Body>;
+type Inner = <RateLimitServiceServer<Grpc> as tower_service::Service<
+    http::Request<crate::listen::body::Metered<hyper::body::Incoming>>,
+>>::Future;
+
+impl tower_service::Service<http::Request<hyper::body::Incoming>> for GrpcConn {
+    type Response = Answer;
+    type Error = std::convert::Infallible;
+    type Future = Call;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // The generated server is always ready.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<hyper::body::Incoming>) -> Call {
+        let busy = self.conn.begin();
+        if let Err(status) = self.authorize(&req) {
+            return Call::Refused(Some(status.into_http()));
+        }
+        let req = req.map(|b| crate::listen::body::Metered::new(b, self.conn.clone()));
+        Call::Serving {
+            call: tower_service::Service::call(&mut self.svc, req),
+            _busy: busy,
+        }
+    }
+}
+
+/// A call's answer: refused at once, or the service's, the connection busy until it is made.
+enum Call {
+    Refused(Option<Answer>),
+    Serving { call: Inner, _busy: Busy },
+}
+
+impl Future for Call {
+    type Output = Result<Answer, std::convert::Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.get_mut() {
+            Call::Refused(a) => Poll::Ready(Ok(a.take().expect("polled after completion"))),
+            // The service's future is boxed (Unpin); `busy` drops with the call.
+            Call::Serving { call, .. } => Pin::new(call).poll(cx),
+        }
+    }
 }

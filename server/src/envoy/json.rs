@@ -29,15 +29,13 @@ use envoy_types::pb::google::protobuf::{Struct, UInt64Value, Value as PbValue};
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 
-/// The largest JSON body read.
-pub const MAX_BODY_BYTES: usize = 4 << 20;
-
-/// The routes `POST /json` and `GET /healthcheck`, to merge into the HTTP listener's router.
-pub fn json_router(envoy: Arc<Envoy>) -> Router {
+/// The routes `POST /json` and `GET /healthcheck`, to merge into the HTTP listener's router;
+/// a body of at most `max_body` bytes (`--max-body`, as every route's).
+pub fn json_router(envoy: Arc<Envoy>, max_body: usize) -> Router {
     Router::new()
         .route("/json", post(handle_json))
         .route("/healthcheck", get(|| async { "OK" }))
-        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::extract::DefaultBodyLimit::max(max_body))
         .with_state(envoy)
 }
 

@@ -24,6 +24,7 @@ pub mod grpc;
 mod import;
 pub mod json;
 pub mod limits;
+pub(crate) mod listener;
 pub mod matcher;
 pub mod metrics;
 mod response;

@@ -135,6 +135,7 @@ pub(super) async fn check_direct(s: Arc<Server>, body: Body) -> Response {
     let limit = s.http.max_body;
     let body = match http_body_util::Limited::new(body, limit).collect().await {
         Ok(b) => b.to_bytes(),
+        Err(e) if crate::listen::body::is_budget(&*e) => return super::busy(&s),
         Err(e) => {
             let (status, what) = if e.is::<http_body_util::LengthLimitError>() {
                 (

@@ -42,6 +42,7 @@ pub(super) async fn put(
     s.metrics.add(C::HttpRequests, 1);
     let bytes = match axum::body::to_bytes(body, s.http.max_body).await {
         Ok(b) => b,
+        Err(e) if crate::listen::body::is_budget(&e) => return super::busy(&s),
         Err(_) => {
             return error(
                 &s,

@@ -178,6 +178,7 @@ impl Connection {
                 in_multi: false,
                 fd: None,
                 buffers: BufferStats::default(),
+                auth_failures: 0,
             },
             queue: None,
             exec: None,
@@ -273,6 +274,17 @@ impl Connection {
     /// The socket's descriptor, for `CLIENT INFO`.
     pub(crate) fn set_fd(&mut self, fd: i32) {
         self.session.fd = Some(fd);
+    }
+
+    /// Whether the client has shown the password (or none is needed): the authentication
+    /// deadline no longer applies, and its output may borrow from the shared budget.
+    pub(crate) fn authenticated(&self) -> bool {
+        self.session.access > Access::None
+    }
+
+    /// The driver closes it for `why` (counted with every listener's).
+    pub(crate) fn expired(&self, why: crate::listen::Expired) {
+        self.srv.guard.expired(crate::listen::Kind::Resp, why);
     }
 
     /// The session (for the driver's log lines).
@@ -555,8 +567,12 @@ fn apply(
             return (call, Effect::None);
         }
         Command::Session(sc) => {
-            let e = sc.apply(&srv.resp.auth, srv.resp.trusted, s, o);
-            return (None, e);
+            let gate = crate::cmd::session::Gate {
+                auth: &srv.resp.auth,
+                trusted: srv.resp.trusted,
+                guard: &srv.guard,
+            };
+            return (None, sc.apply(gate, s, o));
         }
         Command::Introspect(i) => i.apply(srv, o),
         Command::Watch => o.error(

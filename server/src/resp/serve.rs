@@ -10,11 +10,11 @@
 //! [`DRAIN_ROUNDS`] reads), then the connection closes.
 
 use super::connection::{Connection, Step};
+use crate::listen::Ticket;
 use crate::metrics::C;
 use crate::state::Server;
 use futures_util::FutureExt;
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -32,31 +32,6 @@ pub(crate) const SEND_BUFFER: usize = 128 << 10;
 /// No idle timeout: a wait this long is forever.
 const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
-/// Counts a connection for `--max-connections` while it lives.
-pub(crate) struct Slot(Arc<Server>);
-
-impl Slot {
-    /// A slot, or `None` at `--max-connections` (counted as rejected).
-    pub(crate) fn take(srv: &Arc<Server>) -> Option<Slot> {
-        // Relaxed: a count; no other memory is published through it.
-        let n = srv.connections.fetch_add(1, Ordering::Relaxed) + 1;
-        let slot = Slot(srv.clone());
-        if n > srv.resp.max_connections {
-            srv.metrics.add(C::RejectedConnections, 1);
-            return None;
-        }
-        srv.metrics.add(C::Connections, 1);
-        Some(slot)
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        // Relaxed: see `take`.
-        self.0.connections.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
 /// Where the connection is, for its log line and `CLIENT INFO`.
 pub(crate) struct Peer {
     pub(crate) id: u64,
@@ -65,20 +40,15 @@ pub(crate) struct Peer {
     pub(crate) fd: Option<i32>,
 }
 
-/// Serves one accepted TCP connection: its slot taken (or the client told the server is full),
-/// its TLS handshake done if the listener speaks TLS, then [`serve`].
-pub(crate) async fn accept(srv: Arc<Server>, sock: tokio::net::TcpStream, peer: Peer) {
-    let Some(slot) = Slot::take(&srv) else {
-        if srv.tls.is_none() {
-            let mut sock = sock;
-            let _ = tokio::time::timeout(
-                LAST_WRITE,
-                sock.write_all(b"-ERR max number of clients reached\r\n"),
-            )
-            .await;
-        }
-        return;
-    };
+/// Serves one admitted TCP connection (its `ticket` held until it ends): its TLS handshake
+/// done if the listener speaks TLS (within `--tls-handshake-timeout`), then [`serve`].
+pub(crate) async fn accept(
+    srv: Arc<Server>,
+    sock: tokio::net::TcpStream,
+    peer: Peer,
+    ticket: Ticket,
+) {
+    srv.metrics.add(C::Connections, 1);
     let _ = sock.set_nodelay(true);
     // The kernel's send queue is bounded too. Left to autotuning it grows to tcp_wmem's
     // maximum (4 MiB on Linux's defaults) for a client that stops reading, which the server
@@ -88,21 +58,24 @@ pub(crate) async fn accept(srv: Arc<Server>, sock: tokio::net::TcpStream, peer: 
     match srv.tls.as_ref().map(|t| t.resp.clone()) {
         None => {
             let (r, w) = sock.into_split();
-            serve(srv, r, w, peer, slot).await;
+            serve(srv, r, w, peer, ticket).await;
         }
-        Some(tls) => match tokio::time::timeout(crate::tls::HANDSHAKE, tls.accept(sock)).await {
-            Ok(Ok(stream)) => {
-                let (r, w) = tokio::io::split(stream);
-                serve(srv, r, w, peer, slot).await;
+        Some(tls) => {
+            let handshake = srv.guard.limits.handshake;
+            match tokio::time::timeout(handshake, tls.accept(sock)).await {
+                Ok(Ok(stream)) => {
+                    let (r, w) = tokio::io::split(stream);
+                    serve(srv, r, w, peer, ticket).await;
+                }
+                Ok(Err(e)) => tracing::debug!(conn = peer.id, error = %e, "TLS handshake failed"),
+                Err(_) => tracing::debug!(conn = peer.id, "TLS handshake timed out"),
             }
-            Ok(Err(e)) => tracing::debug!(conn = peer.id, error = %e, "TLS handshake failed"),
-            Err(_) => tracing::debug!(conn = peer.id, "TLS handshake timed out"),
-        },
+        }
     }
 }
 
 /// Serves one connection until the client leaves, an error, idleness or shutdown.
-pub(crate) async fn serve<R, W>(srv: Arc<Server>, mut r: R, mut w: W, peer: Peer, _slot: Slot)
+pub(crate) async fn serve<R, W>(srv: Arc<Server>, mut r: R, mut w: W, peer: Peer, _ticket: Ticket)
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -111,6 +84,11 @@ where
         FOREVER
     } else {
         srv.resp.idle_timeout
+    };
+    let deadlines = Deadlines {
+        idle,
+        auth: srv.guard.limits.auth,
+        started: tokio::time::Instant::now(),
     };
     let mut shutdown = srv.shutdown.subscribe();
     let mut conn = Connection::new(srv.clone(), peer.id, peer.addr, peer.local);
@@ -153,7 +131,16 @@ where
             }
             return close(&mut conn, &mut w).await;
         }
-        if !wait(&mut conn, &mut r, &mut w, &mut shutdown, idle, &mut eof).await {
+        if !wait(
+            &mut conn,
+            &mut r,
+            &mut w,
+            &mut shutdown,
+            &deadlines,
+            &mut eof,
+        )
+        .await
+        {
             return;
         }
     }
@@ -209,14 +196,39 @@ fn drain_read<R: AsyncRead + Unpin>(conn: &mut Connection, r: &mut R, round: u32
     }
 }
 
+/// A connection's deadlines: no progress for `idle`; not authenticated `auth` after it
+/// started (zero: never), as the guard says for every listener ([`crate::listen::Limits`]).
+struct Deadlines {
+    idle: Duration,
+    auth: Duration,
+    started: tokio::time::Instant,
+}
+
+impl Deadlines {
+    /// How long the next wait may last, and whether its end is the authentication deadline.
+    fn next(&self, authenticated: bool) -> (Duration, bool) {
+        if authenticated || self.auth.is_zero() {
+            return (self.idle, false);
+        }
+        let left =
+            (self.started + self.auth).saturating_duration_since(tokio::time::Instant::now());
+        if left < self.idle {
+            (left, true)
+        } else {
+            (self.idle, false)
+        }
+    }
+}
+
 /// Waits for the client to send (unless it closed its side: `eof`) or to read the output,
-/// for the idle timeout, or for shutdown. Whether the connection goes on.
+/// for the idle timeout (or what is left of the authentication deadline), or for shutdown.
+/// Whether the connection goes on.
 async fn wait<R, W>(
     conn: &mut Connection,
     r: &mut R,
     w: &mut W,
     shutdown: &mut tokio::sync::watch::Receiver<bool>,
-    idle: Duration,
+    deadlines: &Deadlines,
     eof: &mut bool,
 ) -> bool
 where
@@ -224,6 +236,7 @@ where
     W: AsyncWrite + Unpin,
 {
     let id = conn.id();
+    let (timeout, for_auth) = deadlines.next(conn.authenticated());
     let (buf, out) = conn.io();
     let (reading, writing) = (buf.is_some() && !*eof, !out.is_empty());
     let out_len = out.len();
@@ -249,8 +262,13 @@ where
                 return false;
             }
         },
-        () = tokio::time::sleep(idle) => {
-            tracing::debug!(conn = id, writing, "no progress for the idle timeout; closing");
+        () = tokio::time::sleep(timeout) => {
+            if for_auth {
+                tracing::debug!(conn = id, "not authenticated within --auth-timeout; closing");
+                conn.expired(crate::listen::Expired::Auth);
+            } else {
+                tracing::debug!(conn = id, writing, "no progress for the idle timeout; closing");
+            }
             conn.abandon();
             return false;
         }

@@ -19,15 +19,21 @@ struct Why {
 }
 
 /// What a check notes down along the way: nothing for [`Engine::check`] ([`Quiet`], compiled
-/// away), a [`Why`] for [`Engine::explain`].
+/// away), a [`Why`] for [`Engine::explain`], every rule's step for [`Engine::trace_at`].
+/// Rules are named by their index in the compiled rules.
 pub(super) trait Track {
     /// Whether the check takes the general path (every candidate of the route, filtered by
     /// its mask, the method always parsed) rather than the precomputed fast paths.
     const GENERAL: bool = false;
     fn shed(&mut self) {}
-    fn matched(&mut self) {}
-    fn denied(&mut self, _rule: u32) {}
-    fn would_deny(&mut self) {}
+    /// An enforcing rule admitted (`pooled`: from its elastic pool).
+    fn matched(&mut self, _rule: u32, _pooled: bool) {}
+    /// An enforcing rule denied; `d` is the answer.
+    fn denied(&mut self, _rule: u32, _d: &Decision) {}
+    /// A shadow rule would have denied (`d`: its decision).
+    fn would_deny(&mut self, _rule: u32, _d: &Decision) {}
+    /// A shadow rule would have admitted.
+    fn would_admit(&mut self, _rule: u32) {}
 }
 
 /// Notes nothing.
@@ -54,7 +60,7 @@ pub(super) struct Denier {
 }
 
 impl Track for Denier {
-    fn denied(&mut self, rule: u32) {
+    fn denied(&mut self, rule: u32, _d: &Decision) {
         self.rule = Some(rule);
     }
 }
@@ -64,13 +70,13 @@ impl Track for Why {
     fn shed(&mut self) {
         self.shed = true;
     }
-    fn matched(&mut self) {
+    fn matched(&mut self, _rule: u32, _pooled: bool) {
         self.matched += 1;
     }
-    fn denied(&mut self, rule: u32) {
+    fn denied(&mut self, rule: u32, _d: &Decision) {
         self.rule = Some(rule);
     }
-    fn would_deny(&mut self) {
+    fn would_deny(&mut self, _rule: u32, _d: &Decision) {
         self.would_deny += 1;
     }
 }
@@ -269,15 +275,15 @@ impl<C: Clock> Engine<C> {
             }
             match self.apply(&c.rules[cand.rule as usize], req, now, load, &mut acc) {
                 Step::Skipped => {}
-                Step::Admitted => why.matched(),
+                Step::Admitted => why.matched(cand.rule, false),
                 Step::Pooled => {
                     pooled[k / 64] |= 1 << (k % 64);
-                    why.matched();
+                    why.matched(cand.rule, true);
                 }
                 Step::Denied => {
                     self.deny(c, req, &enforce[..k], now, &pooled, sel, cand.rule);
                     self.latest(c, req, &enforce[k + 1..], sel, now, load, &mut acc);
-                    why.denied(cand.rule);
+                    why.denied(cand.rule, &acc);
                     // `apply` left the denial in `acc`.
                     return acc;
                 }
@@ -317,7 +323,7 @@ impl<C: Clock> Engine<C> {
                 Ok((d, _)) => d,
                 Err(d) => {
                     self.deny(c, req, &[], now, &[], sel, rule);
-                    why.denied(rule);
+                    why.denied(rule, &d);
                     return d;
                 }
             }
@@ -426,9 +432,12 @@ impl<C: Clock> Engine<C> {
             let Some((r, id, cost)) = self.keyed(c, req, cand, sel) else {
                 continue;
             };
-            if !r.target(id).check_at(id, cost, now).allowed() {
+            let d = r.target(id).check_at(id, cost, now);
+            if d.allowed() {
+                why.would_admit(cand.rule);
+            } else {
                 r.counters.add(self.load.shard(), WOULD);
-                why.would_deny();
+                why.would_deny(cand.rule, &d);
             }
         }
     }

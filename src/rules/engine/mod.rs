@@ -1,16 +1,20 @@
 //! The engine: compiled rules (`compile`) behind an `ArcSwap`, one `check` per request, hot
 //! reload. The check's protocol (consume, then refund) is described in the [module
 //! docs](super); it is in `check` (with `explain`), the refund of an admitted request in
-//! `refund`, the in-flight guards and the load in `inflight`, the rules' counters in `stats`.
+//! `refund`, a cost settled after the work in `settle`, the in-flight guards and the load in
+//! `inflight`, the rules' counters in `stats`, the per-rule report of a check in `trace`.
 
 mod check;
 mod inflight;
 mod refund;
+mod settle;
 mod stats;
+mod trace;
 
 use check::Quiet;
 pub(super) use check::{by_mode, merge, pooled};
 pub use inflight::{InFlight, OwnedInFlight};
+pub use trace::RuleOutcome;
 
 use super::compile::{compile, Compiled};
 pub use super::compile::{ReloadReport, RuleStats};

@@ -7,7 +7,7 @@ use crate::rules::matcher::sel;
 use crate::rules::request::{method_slot, Priority, Request};
 
 /// Whether a peek shows a charge (less than the whole limit remains).
-fn charged(d: &Decision) -> bool {
+pub(super) fn charged(d: &Decision) -> bool {
     d.remaining < d.limit
 }
 

@@ -100,6 +100,11 @@ impl Connection {
             self.out.reserve_exact(to - self.out.len());
             return true;
         }
+        // Before authentication, nothing is lent: the client's own allowance is all it may
+        // make the server hold (a flood of NOAUTH replies cannot take the budget).
+        if !self.authenticated() {
+            return false;
+        }
         // Borrowed, doubling (so that the copies stay linear in the bytes answered), or just
         // enough when the budget cannot lend that much.
         let step = |n: usize| n.div_ceil(BUDGET_STEP) * BUDGET_STEP;

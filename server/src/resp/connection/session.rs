@@ -27,6 +27,8 @@ pub(crate) struct Session {
     pub(crate) fd: Option<i32>,
     /// The connection's buffers when its last connection command ran (for `CLIENT INFO`).
     pub(crate) buffers: BufferStats,
+    /// Wrong passwords it gave (too many close it).
+    pub(crate) auth_failures: u32,
 }
 
 /// A connection's buffers, as `CLIENT INFO` reports them.

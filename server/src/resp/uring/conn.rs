@@ -4,11 +4,11 @@
 
 use super::{token, Op, Worker, BUF_SIZE, MULTISHOT_LIMIT, SEND_KEEP, SEND_MAX};
 use crate::cmd::rules::RemoteCall;
+use crate::listen::Ticket;
 use crate::resp::connection::{Connection, Step};
-use crate::resp::serve::{Slot, DRAIN_ROUNDS, LAST_WRITE};
+use crate::resp::serve::{DRAIN_ROUNDS, LAST_WRITE};
 use crate::state::Server;
 use io_uring::{cqueue, opcode, squeue, types};
-use std::io;
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::time::Instant;
@@ -19,7 +19,10 @@ pub(super) struct Conn {
     pub(super) conn: Connection,
     pub(super) sock: TcpStream,
     pub(super) gen: u32,
-    pub(super) _slot: Slot,
+    /// Its place in the guard's count (after `sock`: uncounted once closed).
+    pub(super) _ticket: Ticket,
+    /// When it was accepted (the authentication deadline).
+    pub(super) started: Instant,
     /// A receive is in flight.
     pub(super) recv: bool,
     /// A send of `send_buf[..n]` is in flight.
@@ -261,15 +264,15 @@ pub(super) fn limited(e: squeue::Entry, bytes: u32) -> squeue::Entry {
 
 impl Worker {
     pub(super) fn accepted(&mut self, sock: TcpStream) {
-        let Some(slot) = Slot::take(&self.srv) else {
-            // One short write to a new socket: its send buffer is empty.
-            let _ = io::Write::write(&mut &sock, b"-ERR max number of clients reached\r\n");
-            return;
+        let ticket = match self.srv.guard.admit(crate::listen::Kind::Resp) {
+            Ok(t) => t,
+            Err(_) => return crate::workers::refuse_resp(&self.srv, &sock),
         };
+        self.srv.metrics.add(crate::metrics::C::Connections, 1);
         let _ = sock.set_nodelay(true);
         // The kernel's queue of unread replies bounded as on tokio (resp::serve).
         let _ = socket2::SockRef::from(&sock).set_send_buffer_size(crate::resp::serve::SEND_BUFFER);
-        let id = crate::workers::next_conn_id();
+        let id = crate::state::next_conn_id();
         let mut conn = Connection::new(
             self.srv.clone(),
             id,
@@ -282,7 +285,8 @@ impl Worker {
             conn,
             sock,
             gen: self.gens & 0xff_ffff,
-            _slot: slot,
+            _ticket: ticket,
+            started: self.now,
             recv: false,
             send: None,
             send_round: 0,

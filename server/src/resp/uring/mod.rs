@@ -243,6 +243,10 @@ struct Worker {
     bufs: BufRing,
     listener: std::net::TcpListener,
     accepting: bool,
+    /// Failed accepts (out of descriptors): the accept is armed again at this time, not at
+    /// once (crate::listen::Backoff).
+    accept_backoff: crate::listen::Backoff,
+    accept_again: Option<Instant>,
     /// The connections' slots. A slot is a pointer: the table never shrinks (slot numbers are
     /// in the tokens of operations in flight), so after a burst it is 8 bytes per connection the
     /// worker once held at a time, not a whole `Conn` (about 1 KiB: a few hundred
@@ -341,6 +345,8 @@ pub(crate) fn serve(
         bufs,
         listener,
         accepting: false,
+        accept_backoff: crate::listen::Backoff::new(crate::listen::Kind::Resp),
+        accept_again: None,
         conns: Vec::new(),
         free: Vec::new(),
         gens: 0,
@@ -502,6 +508,16 @@ impl Worker {
         }
     }
 
+    /// Arms the accept again if it ended, unless a failure asked to wait ([`Worker::tick`]
+    /// arms it then), or the worker is stopping.
+    fn rearm_accept(&mut self) {
+        let waiting = self.accept_again.is_some_and(|at| self.now < at);
+        if !self.accepting && !waiting && self.stopping.is_none() && !self.finishing {
+            self.accept_again = None;
+            self.arm_accept();
+        }
+    }
+
     fn arm_accept(&mut self) {
         let fd = types::Fd(self.listener.as_raw_fd());
         let e = opcode::AcceptMulti::new(fd)
@@ -540,13 +556,14 @@ impl Worker {
                 if res >= 0 {
                     // SAFETY: a new descriptor the kernel just made for this worker.
                     let fd = unsafe { OwnedFd::from_raw_fd(res) };
+                    self.accept_backoff.ok();
                     self.accepted(TcpStream::from(fd));
                 } else if res != -libc::ECANCELED {
-                    tracing::warn!(error = %io::Error::from_raw_os_error(-res), "accept failed");
+                    let e = io::Error::from_raw_os_error(-res);
+                    let wait = self.accept_backoff.failed(&e, self.now, &self.srv.guard);
+                    self.accept_again = Some(self.now + wait);
                 }
-                if !self.accepting && self.stopping.is_none() && !self.finishing {
-                    self.arm_accept();
-                }
+                self.rearm_accept();
             }
             Some(Op::Recv) => self.received(i, gen, res, flags),
             Some(Op::Send) => self.sent_done(i, gen, res),
@@ -592,23 +609,33 @@ impl Worker {
                 }
             }
         }
+        if self.accept_again.is_some() {
+            self.rearm_accept();
+        }
         let idle = self.srv.resp.idle_timeout;
+        let srv = self.srv.clone();
+        let limits = &srv.guard.limits;
         for i in 0..self.conns.len() {
             let Some(c) = self.conns[i].as_deref_mut() else {
                 continue;
             };
-            let over = match c.state {
+            let (over, why) = match c.state {
                 State::Open => {
-                    !idle.is_zero() && !c.parked && self.now.duration_since(c.progress) >= idle
+                    let age = self.now.duration_since(c.started);
+                    if limits.auth_expired(age, c.conn.authenticated()) {
+                        c.conn.expired(crate::listen::Expired::Auth);
+                        (true, "not authenticated within --auth-timeout; closing")
+                    } else {
+                        let stalled = self.now.duration_since(c.progress) >= idle;
+                        let over = !idle.is_zero() && !c.parked && stalled;
+                        (over, "no progress for the idle timeout; closing")
+                    }
                 }
-                State::Closing(deadline) => self.now >= deadline,
-                State::Gone { .. } => false,
+                State::Closing(deadline) => (self.now >= deadline, "closing deadline"),
+                State::Gone { .. } => (false, ""),
             };
             if over {
-                tracing::debug!(
-                    conn = c.conn.id(),
-                    "no progress for the idle timeout; closing"
-                );
+                tracing::debug!(conn = c.conn.id(), "{why}");
                 c.gone();
                 self.mark(i);
             }

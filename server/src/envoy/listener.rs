@@ -1,9 +1,9 @@
 //! Envoy's rate limit service beside RESP and HTTP: [`envoy`] builds it from `--envoy-config`
 //! (the HTTP listener then serves `POST /json` and `GET /healthcheck` too), and [`spawn`]
-//! starts its gRPC listener (`--grpc`). Each listener binds before [`spawn`] returns (so that a bad
-//! address fails the start), runs on its own thread(s), answers from the shared state, and
-//! stops accepting when `Shared::shutdown` turns `true`; [`start`] joins the threads returned
-//! before it writes the final snapshot.
+//! starts its gRPC listener (`--grpc`), behind the server's guard like every listener. It binds
+//! before [`spawn`] returns (so that a bad address fails the start), runs on its own thread,
+//! answers from the shared state, and stops accepting when the server's shutdown signal turns
+//! `true`; [`start`] joins the thread before it writes the final snapshot.
 //!
 //! [`start`]: crate::start
 
@@ -45,11 +45,8 @@ pub(crate) fn spawn(shared: &Arc<Server>, args: &ServeArgs) -> Result<Grpc, Serv
     let (Some(addr), Some(service)) = (args.grpc, shared.envoy.clone()) else {
         return Ok((Vec::new(), None));
     };
-    let listener =
-        std::net::TcpListener::bind(addr).map_err(|e| ServeError::Bind("--grpc", addr, e))?;
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| ServeError::Bind("--grpc", addr, e))?;
+    // Bound as the other listeners are (SO_REUSEADDR, a backlog of 1024).
+    let listener = crate::workers::listener("--grpc", addr, false)?;
     let bound = listener
         .local_addr()
         .map_err(|e| ServeError::Bind("--grpc", addr, e))?;
@@ -58,13 +55,11 @@ pub(crate) fn spawn(shared: &Arc<Server>, args: &ServeArgs) -> Result<Grpc, Serv
         .on_thread_park(crate::trim::park)
         .build()
         .map_err(ServeError::Runtime)?;
-    let auth = shared.http.auth.clone();
-    let guard = envoy::grpc::Guard {
+    let gate = envoy::grpc::Gate {
+        guard: shared.guard.clone(),
+        auth: shared.http.auth.clone(),
         tls: shared.tls.as_ref().map(|t| t.grpc.clone()),
-        authorize: auth.required().then(|| -> envoy::grpc::Authorize {
-            Arc::new(move |token: &[u8]| auth.grant(None, token, false).is_some())
-        }),
-        max_connections: shared.http.max_connections,
+        max_header_bytes: shared.http.max_header_bytes,
     };
     let mut rx = shared.shutdown.subscribe();
     let mut rx_grace = shared.shutdown.subscribe();
@@ -84,7 +79,7 @@ pub(crate) fn spawn(shared: &Arc<Server>, args: &ServeArgs) -> Result<Grpc, Serv
                     l,
                     service,
                     async move { stopped(&mut rx).await },
-                    guard,
+                    gate,
                 );
                 // Envoy keeps its connection open: after the shutdown signal, calls in
                 // flight get GRACE to finish, then the runtime closes what is left.
@@ -93,9 +88,7 @@ pub(crate) fn spawn(shared: &Arc<Server>, args: &ServeArgs) -> Result<Grpc, Serv
                     tokio::time::sleep(GRACE).await;
                 };
                 tokio::select! {
-                    r = serve => if let Err(e) = r {
-                        tracing::error!(error = %e, "envoy gRPC service stopped");
-                    },
+                    () = serve => {}
                     _ = grace => tracing::info!("envoy gRPC: connections closed after the grace period"),
                 }
             })

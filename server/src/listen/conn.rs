@@ -1,0 +1,217 @@
+//! [`Conn`]: what the guard knows of one connection, written by the connection (a request
+//! begins or ends, a body's bytes arrive, the password is shown) and read by the sweeper.
+//! Every field is an uncontended atomic of the connection's own: a request costs two relaxed
+//! updates, a body frame one.
+
+use super::limits::Seen;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Why a connection was closed by the guard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Expired {
+    /// Not authenticated within `--auth-timeout`.
+    Auth,
+    /// No request in progress for `--header-timeout` (a head trickled, a silent connection,
+    /// an idle keep-alive).
+    Idle,
+    /// A body not finished within `--body-timeout`.
+    Body,
+    /// A body slower than `--min-body-rate`.
+    BodyRate,
+}
+
+impl Expired {
+    /// Every reason, in the order of their counters.
+    pub(crate) const ALL: [Expired; 4] = [
+        Expired::Auth,
+        Expired::Idle,
+        Expired::Body,
+        Expired::BodyRate,
+    ];
+
+    /// The reason's name in logs and metrics.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Expired::Auth => "auth",
+            Expired::Idle => "idle",
+            Expired::Body => "body",
+            Expired::BodyRate => "body_rate",
+        }
+    }
+}
+
+/// One connection's state, shared by the connection and the sweeper.
+pub(crate) struct Conn {
+    /// Its listener.
+    kind: super::Kind,
+    /// Whether it has had a request.
+    requested: AtomicBool,
+    /// The guard's clock (whole seconds, advanced by the sweeper).
+    clock: Arc<AtomicU64>,
+    /// The server-wide budget its request bodies are held against.
+    pub(crate) budget: Arc<super::body::Bodies>,
+    /// The second it was admitted.
+    started: u64,
+    authed: AtomicBool,
+    /// Wrong passwords it gave.
+    auth_failures: AtomicU32,
+    /// Requests whose head has arrived and whose response is not yet made.
+    busy: AtomicU32,
+    /// The second `busy` last went to 0 (or it was admitted).
+    idle_since: AtomicU64,
+    /// Bodies being received.
+    bodies: AtomicU32,
+    /// The second `bodies` last went from 0 to 1.
+    body_since: AtomicU64,
+    /// Bytes of bodies received since `body_since`.
+    body_bytes: AtomicU64,
+}
+
+// Relaxed throughout: advisory state read by the sweeper once a second; a race closes a
+// connection a second early or late at worst, and publishes no other memory.
+impl Conn {
+    pub(crate) fn new(
+        kind: super::Kind,
+        clock: Arc<AtomicU64>,
+        budget: Arc<super::body::Bodies>,
+        authed: bool,
+    ) -> Self {
+        let now = clock.load(Ordering::Relaxed);
+        Self {
+            kind,
+            requested: AtomicBool::new(false),
+            clock,
+            budget,
+            started: now,
+            authed: AtomicBool::new(authed),
+            auth_failures: AtomicU32::new(0),
+            busy: AtomicU32::new(0),
+            idle_since: AtomicU64::new(now),
+            bodies: AtomicU32::new(0),
+            body_since: AtomicU64::new(now),
+            body_bytes: AtomicU64::new(0),
+        }
+    }
+
+    fn now(&self) -> u64 {
+        self.clock.load(Ordering::Relaxed)
+    }
+
+    /// The connection has shown the password: the authentication deadline no longer applies.
+    pub(crate) fn authenticated(&self) {
+        if !self.authed.load(Ordering::Relaxed) {
+            self.authed.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether it has.
+    #[cfg(test)]
+    pub(crate) fn is_authenticated(&self) -> bool {
+        self.authed.load(Ordering::Relaxed)
+    }
+
+    /// It gave a wrong password; how many it has given.
+    pub(crate) fn auth_failed(&self) -> u32 {
+        self.auth_failures.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// A request's head has arrived.
+    #[inline]
+    pub(crate) fn begin(self: &Arc<Self>) -> Busy {
+        if !self.requested.load(Ordering::Relaxed) {
+            self.requested.store(true, Ordering::Relaxed);
+        }
+        self.busy.fetch_add(1, Ordering::Relaxed);
+        Busy(self.clone())
+    }
+
+    /// A body begins to be received.
+    pub(crate) fn body_begins(&self) {
+        if self.bodies.fetch_add(1, Ordering::Relaxed) == 0 {
+            self.body_bytes.store(0, Ordering::Relaxed);
+            self.body_since.store(self.now(), Ordering::Relaxed);
+        }
+    }
+
+    /// `n` bytes of a body arrived.
+    #[inline]
+    pub(crate) fn body_bytes(&self, n: usize) {
+        self.body_bytes.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// A body ended (received whole, refused or dropped).
+    pub(crate) fn body_ends(&self) {
+        self.bodies.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// What the sweeper judges, at its second `now`.
+    pub(crate) fn seen(&self, now: u64) -> Seen {
+        Seen {
+            kind: self.kind,
+            requested: self.requested.load(Ordering::Relaxed),
+            age: now.saturating_sub(self.started),
+            authed: self.authed.load(Ordering::Relaxed),
+            auth_failures: self.auth_failures.load(Ordering::Relaxed),
+            busy: self.busy.load(Ordering::Relaxed),
+            idle_for: now.saturating_sub(self.idle_since.load(Ordering::Relaxed)),
+            bodies: self.bodies.load(Ordering::Relaxed),
+            body_for: now.saturating_sub(self.body_since.load(Ordering::Relaxed)),
+            body_bytes: self.body_bytes.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A request in progress on its connection: made when its head has arrived, dropped when its
+/// response is made or the request is dropped (a client gone, an HTTP/2 stream reset).
+pub(crate) struct Busy(Arc<Conn>);
+
+impl Drop for Busy {
+    #[inline]
+    fn drop(&mut self) {
+        let c = &self.0;
+        // The second is stored before the count drops, so that the sweeper does not find
+        // the connection idle since an earlier second.
+        c.idle_since.store(c.now(), Ordering::Relaxed);
+        c.busy.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_and_bodies_are_seen_as_they_happen() {
+        let clock = Arc::new(AtomicU64::new(100));
+        let bodies = Arc::new(super::super::body::Bodies::new(1 << 20));
+        let c = Arc::new(Conn::new(
+            super::super::Kind::Http,
+            clock.clone(),
+            bodies,
+            false,
+        ));
+        clock.store(103, Ordering::Relaxed);
+        let s = c.seen(103);
+        assert_eq!((s.age, s.authed, s.busy, s.idle_for), (3, false, 0, 3));
+        let busy = c.begin();
+        c.body_begins();
+        c.body_bytes(10);
+        clock.store(110, Ordering::Relaxed);
+        c.body_begins(); // a second stream's body: the run goes on
+        c.body_bytes(5);
+        let s = c.seen(110);
+        assert_eq!((s.busy, s.bodies, s.body_for, s.body_bytes), (1, 2, 7, 15));
+        c.body_ends();
+        c.body_ends();
+        drop(busy);
+        c.authenticated();
+        let s = c.seen(112);
+        assert_eq!((s.busy, s.bodies, s.idle_for, s.authed), (0, 0, 2, true));
+        // The next body starts a new run.
+        clock.store(112, Ordering::Relaxed);
+        c.body_begins();
+        let s = c.seen(112);
+        assert_eq!((s.body_for, s.body_bytes), (0, 0));
+    }
+}
