@@ -56,8 +56,8 @@ fn memory(r: &Value) {
     );
     let b = &m["bound"];
     println!(
-        "bound: {} RESP connections x {} KiB + {} MiB deferred + {} HTTP connections x {} KiB + {} HTTP/2 and gRPC connections x {} KiB ({} streams) = {} MiB, + CL.THROTTLE store {} MiB",
-        b["resp_connections"], f(&b["per_resp_connection_kib"]), f(&b["deferred_mib"]), b["http_connections"], f(&b["per_http_connection_kib"]), b["http2_connections"], f(&b["per_http2_connection_kib"]), b["http2_max_streams"], f(&b["connections_mib"]), f(&b["stores_mib"]),
+        "bound: {} RESP connections x {} KiB + {} MiB deferred + {} HTTP connections x {} KiB + {} HTTP/2 and gRPC connections x {} KiB ({} streams) + {} MiB of bodies = {} MiB, + CL.THROTTLE store {} MiB",
+        b["resp_connections"], f(&b["per_resp_connection_kib"]), f(&b["deferred_mib"]), b["http_connections"], f(&b["per_http_connection_kib"]), b["http2_connections"], f(&b["per_http2_connection_kib"]), b["http2_max_streams"], f(&b["bodies_mib"]), f(&b["connections_mib"]), f(&b["stores_mib"]),
     );
     let sb = &m["server_stated_bound_mib"];
     if !sb.is_null() {

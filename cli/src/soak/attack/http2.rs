@@ -22,7 +22,7 @@ pub(super) type H2Conn<'s> = h2::client::Connection<&'s mut TcpStream, Bytes>;
 pub(super) type Sender = h2::client::SendRequest<Bytes>;
 
 /// The attacker's own cap on streams per connection (the server's own limit, from its
-/// SETTINGS, is lower: 100 today).
+/// SETTINGS, is lower: `--max-streams`).
 const MAX_STREAMS: usize = 256;
 
 /// The gRPC method every gRPC attacker calls.
