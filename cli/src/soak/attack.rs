@@ -13,6 +13,7 @@ mod http2;
 mod idle;
 mod kind;
 mod resp;
+mod source;
 mod stats;
 
 use conn::Conn;
@@ -260,7 +261,7 @@ async fn one(
     let Some(addr) = t.addr(proto) else {
         return Outcome::Connect(format!("no {} address", proto.name()));
     };
-    let mut c = match Conn::open(addr, st, s.proto(proto)).await {
+    let mut c = match Conn::open(addr, kind, st, s.proto(proto)).await {
         Ok(c) => c,
         Err(o) => return o,
     };

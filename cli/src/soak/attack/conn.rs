@@ -2,7 +2,7 @@
 //! counted open (per kind and per listener) while it lives.
 
 use super::stats::{Gauge, KindStats};
-use super::Outcome;
+use super::{source, Kind, Outcome};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -27,12 +27,15 @@ pub(super) enum End {
 }
 
 impl<'a> Conn<'a> {
+    /// A connection to `addr` from the address of `kind`'s attackers ([`source::of`]).
     pub(super) async fn open(
         addr: SocketAddr,
+        kind: Kind,
         st: &'a KindStats,
         gauge: &'a Gauge,
     ) -> Result<Conn<'a>, Outcome> {
-        let s = timeout(Duration::from_secs(5), TcpStream::connect(addr))
+        let from = source::of(kind, addr);
+        let s = timeout(Duration::from_secs(5), source::connect(addr, from))
             .await
             .map_err(|_| Outcome::Connect("no connection within 5 s".into()))?
             .map_err(|e| Outcome::Connect(e.to_string()))?;

@@ -36,7 +36,7 @@ pub(super) async fn fd_hog<'a>(
     while held.len() < t.hog_each && Instant::now() < until {
         let p = on[(task + held.len()) % on.len()];
         let Some(addr) = t.addr(p) else { break };
-        match Conn::open(addr, st, s.proto(p)).await {
+        match Conn::open(addr, Kind::FdHog, st, s.proto(p)).await {
             Ok(c) => held.push(c),
             Err(o) => {
                 // As many as it could: the rest of this attempt holds those.
