@@ -13,8 +13,19 @@ use tokio::time::Instant;
 /// How long one connection guesses before it is closed (and another made).
 const GUESS_FOR: Duration = Duration::from_secs(5);
 
-/// Wrong passwords answered per second on one connection above which it was not slowed.
+/// Wrong passwords checked (and refused) per second on one connection above which it was not
+/// slowed. A refusal without a check (the source over its attempts: 429, RESOURCE_EXHAUSTED,
+/// `-ERR too many wrong passwords`) tells a guesser nothing and is counted apart.
 pub const SLOWED_PER_SECOND: f64 = 10.0;
+
+/// The answers to one connection's wrong passwords.
+#[derive(Default)]
+struct Count {
+    /// Checked and refused.
+    checked: u64,
+    /// Refused without a check.
+    unchecked: u64,
+}
 
 /// How a run of guesses on one connection ended.
 enum Guessed {
@@ -42,36 +53,40 @@ pub(super) async fn guess(
     }
     let start = Instant::now();
     let stop = until.min(start + GUESS_FOR);
-    let mut n = 0u64;
+    let mut n = Count::default();
     let end = match proto {
         Proto::Http => http_guesses(c, attempt, stop, &mut n).await,
         Proto::Grpc => grpc_guesses(c, t, attempt, stop, &mut n).await,
         _ => resp_guesses(c, attempt, stop, &mut n).await,
     };
-    c.st.did(n);
+    c.st.did(n.checked + n.unchecked);
     let secs = start.elapsed().as_secs_f64().max(1e-3);
+    let checked = n.checked;
     Ok(match end {
         Guessed::Wrong(e) => Outcome::Unexpected(e),
         Guessed::Closed => Outcome::Expected("closed by the server after wrong passwords"),
         Guessed::Delayed => Outcome::Expected("answers held past 5 s (slowed)"),
-        Guessed::Stopped if n as f64 / secs > SLOWED_PER_SECOND && secs >= 1.0 => {
+        Guessed::Stopped if checked as f64 / secs > SLOWED_PER_SECOND && secs >= 1.0 => {
             Outcome::Unexpected(format!(
-                "{n} wrong passwords refused in {secs:.1} s on one {} connection: not slowed",
+                "{checked} wrong passwords checked in {secs:.1} s on one {} connection: not slowed",
                 proto.name()
             ))
         }
         // Slowed by the server, or by the attackers' own thread when it is busy: the rate
         // alone cannot tell which.
-        Guessed::Stopped => Outcome::Expected("at most 10 refused a second"),
+        Guessed::Stopped if n.unchecked > 0 => {
+            Outcome::Expected("at most 10 checked a second, the rest refused unchecked")
+        }
+        Guessed::Stopped => Outcome::Expected("at most 10 checked a second"),
     })
 }
 
 /// `AUTH wrong-password`, 16 at a time.
-async fn resp_guesses(c: &mut Conn<'_>, attempt: u64, stop: Instant, n: &mut u64) -> Guessed {
+async fn resp_guesses(c: &mut Conn<'_>, attempt: u64, stop: Instant, n: &mut Count) -> Guessed {
     while Instant::now() < stop {
         let mut batch = Vec::new();
         for i in 0..16 {
-            let pw = format!("soak-guess-{attempt}-{}", *n + i);
+            let pw = format!("soak-guess-{attempt}-{}", n.checked + n.unchecked + i);
             batch.extend(frame(&[b"AUTH", pw.as_bytes()]));
         }
         if c.send(&batch).await.is_err() {
@@ -79,7 +94,8 @@ async fn resp_guesses(c: &mut Conn<'_>, attempt: u64, stop: Instant, n: &mut u64
         }
         for _ in 0..16 {
             match c.line(WAIT).await {
-                Ok(l) if l.starts_with('-') => *n += 1,
+                Ok(l) if l.starts_with("-ERR too many wrong passwords") => n.unchecked += 1,
+                Ok(l) if l.starts_with('-') => n.checked += 1,
                 Ok(l) => return Guessed::Wrong(format!("a wrong AUTH answered {l:.80}")),
                 Err(End::Quiet) => return Guessed::Delayed,
                 Err(_) => return Guessed::Closed,
@@ -90,10 +106,10 @@ async fn resp_guesses(c: &mut Conn<'_>, attempt: u64, stop: Instant, n: &mut u64
 }
 
 /// `POST /v1/check` with a wrong Bearer token, one after another on one connection.
-async fn http_guesses(c: &mut Conn<'_>, attempt: u64, stop: Instant, n: &mut u64) -> Guessed {
+async fn http_guesses(c: &mut Conn<'_>, attempt: u64, stop: Instant, n: &mut Count) -> Guessed {
     let body = b"{\"key_class\":\"customer\",\"key\":\"1\"}";
     while Instant::now() < stop {
-        let pw = format!("soak-guess-{attempt}-{n}");
+        let pw = format!("soak-guess-{attempt}-{}", n.checked + n.unchecked);
         let mut req = request(
             "POST",
             "/v1/check",
@@ -108,7 +124,8 @@ async fn http_guesses(c: &mut Conn<'_>, attempt: u64, stop: Instant, n: &mut u64
             return Guessed::Closed;
         }
         match answer(c).await {
-            Ok(r) if matches!(r.status, 401 | 403 | 429 | 503) => *n += 1,
+            Ok(r) if matches!(r.status, 429 | 503) => n.unchecked += 1,
+            Ok(r) if matches!(r.status, 401 | 403) => n.checked += 1,
             Ok(r) => {
                 return Guessed::Wrong(format!(
                     "a wrong Bearer token answered {} {:.80}",
@@ -129,7 +146,7 @@ async fn grpc_guesses(
     t: &Target,
     attempt: u64,
     stop: Instant,
-    n: &mut u64,
+    n: &mut Count,
 ) -> Guessed {
     let Ok((mut send, mut conn)) = handshake(&mut c.s).await else {
         return Guessed::Closed;
@@ -139,7 +156,7 @@ async fn grpc_guesses(
         if !ready(&mut send, &mut conn, WAIT).await {
             return Guessed::Delayed;
         }
-        let pw = format!("soak-guess-{attempt}-{n}");
+        let pw = format!("soak-guess-{attempt}-{}", n.checked + n.unchecked);
         let Ok((answer, mut stream)) = send.send_request(grpc_head(t, Some(pw.as_bytes())), false)
         else {
             return Guessed::Closed;
@@ -158,7 +175,9 @@ async fn grpc_guesses(
                         r.headers().get("grpc-status")
                     ))
                 }
-                Some(_) => *n += 1,
+                // RESOURCE_EXHAUSTED: refused unchecked.
+                Some(b"8") => n.unchecked += 1,
+                Some(_) => n.checked += 1,
             },
         }
     }
