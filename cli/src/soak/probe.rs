@@ -203,6 +203,9 @@ pub struct HttpResponse {
     pub body: Vec<u8>,
 }
 
+/// What [`read_response`] says when the connection closed before a response.
+pub const CLOSED: &str = "closed before a response";
+
 /// Reads one response (head, then a `Content-Length` body) from `s`; `extra` holds what was
 /// read past the previous response. Bounded: a head over 64 KiB or a body over 16 MiB is an
 /// error.
@@ -218,7 +221,7 @@ pub async fn read_response(s: &mut TcpStream, extra: &mut Vec<u8>) -> Result<Htt
         let mut chunk = [0u8; 8192];
         let n = s.read(&mut chunk).await.map_err(|e| e.to_string())?;
         if n == 0 {
-            return Err("closed before a response".into());
+            return Err(CLOSED.into());
         }
         buf.extend_from_slice(&chunk[..n]);
     };

@@ -3,7 +3,7 @@
 
 use super::conn::Conn;
 use super::{Outcome, Stats, Target, WAIT};
-use crate::soak::probe::{read_response, HttpResponse};
+use crate::soak::probe::{read_response, HttpResponse, CLOSED};
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
 use tokio::time::{sleep, timeout, timeout_at, Instant};
@@ -21,6 +21,23 @@ pub(super) async fn answer(c: &mut Conn<'_>) -> Result<HttpResponse, Outcome> {
         Ok(Err(e)) => Err(Outcome::Unexpected(e)),
         Err(_) => Err(Outcome::Unexpected("no answer within 5 s".into())),
     }
+}
+
+/// The server's answer on `c` within [`WAIT`], or `None` when it closed the connection
+/// before answering (closed, or reset with bytes unread); no answer in time is unexpected.
+pub(super) async fn answer_or_closed(c: &mut Conn<'_>) -> Result<Option<HttpResponse>, Outcome> {
+    match timeout(WAIT, read_response(&mut c.s, &mut c.buf)).await {
+        Ok(Ok(r)) => Ok(Some(r)),
+        Ok(Err(e)) if e == CLOSED || e.contains("reset by peer") => Ok(None),
+        Ok(Err(e)) => Err(Outcome::Unexpected(e)),
+        Err(_) => Err(Outcome::Unexpected("no answer within 5 s".into())),
+    }
+}
+
+/// Whether `r` is a `status` refusing a body because the server holds as many bodies as
+/// `--body-memory` allows.
+fn body_memory_full(r: &HttpResponse, status: u16) -> bool {
+    r.status == status && text(r).contains("--body-memory")
 }
 
 /// An answer's body as text.
@@ -170,6 +187,9 @@ pub(super) async fn big_body(
             } else {
                 "413 past --max-body"
             }),
+            Ok(Ok(r)) if want == 413 && body_memory_full(&r, 503) => {
+                Outcome::Expected("503 with --body-memory in use by others")
+            }
             Ok(Ok(r)) => {
                 Outcome::Unexpected(format!("{} {:.120} to a 16 MiB body", r.status, text(&r)))
             }
@@ -188,6 +208,7 @@ pub(super) async fn no_creds(
 ) -> Result<Outcome, Outcome> {
     let protected = t.password.is_some();
     let body = b"{\"key_class\":\"customer\",\"key\":\"1\"}";
+    let opened = Instant::now();
     let mut i = 0u64;
     while Instant::now() < until {
         i += 1;
@@ -216,10 +237,19 @@ pub(super) async fn no_creds(
             (1, false) => (request("GET", "/metrics", None, ""), 200),
             _ => (request("GET", "/healthz", None, ""), 200),
         };
+        // A connection that never authenticates is closed by the server's authentication
+        // deadline: expected once it has answered.
+        let closed = if i > 1 {
+            Outcome::Expected(closed_label(opened))
+        } else {
+            Outcome::Unexpected("closed before the first answer".into())
+        };
         if c.send(&req).await.is_err() {
-            return Ok(Outcome::Unexpected("closed while sending".into()));
+            return Ok(closed);
         }
-        let r = answer(c).await?;
+        let Some(r) = answer_or_closed(c).await? else {
+            return Ok(closed);
+        };
         if r.status != want {
             return Ok(Outcome::Unexpected(format!(
                 "{} (wanted {want}) {:.120}",
@@ -399,6 +429,14 @@ pub(super) async fn json_big(
         401 if refused_without => Outcome::Expected("401 without the password"),
         413 => Outcome::Expected("413 past --max-body"),
         404 => Outcome::Expected("404: no /json (the server has no --envoy-config)"),
+        503 if body_memory_full(&r, 503) => {
+            Outcome::Expected("503 with --body-memory in use by others")
+        }
+        400 if body_memory_full(&r, 400) => Outcome::Unexpected(format!(
+            "400 (a client error; 503 expected) to a {} MiB /json body refused for --body-memory: {:.100}",
+            len >> 20,
+            text(&r)
+        )),
         s if len <= t.max_body => Outcome::Expected(if s == 400 {
             "read whole (within --max-body), 400"
         } else {
