@@ -220,11 +220,14 @@ fn per_phase(samples: &[Sample]) -> Vec<Value> {
     (0..PHASES.len())
         .map(|ph| {
             let v: Vec<&Sample> = samples.iter().filter(|s| s.phase == ph).collect();
+            // Between the phase's first and last samples that have the figure (a /metrics
+            // not read within its wait leaves a sample without it).
             let rate = |f: fn(&Sample) -> Option<f64>| {
-                let (a, b) = (v.first()?, v.last()?);
-                let dt = b.t - a.t;
-                let d = f(b)? - f(a)?;
-                (dt > 0.0).then(|| d / dt)
+                let mut got = v.iter().filter_map(|s| Some((s.t, f(s)?)));
+                let a = got.next()?;
+                let b = got.last()?;
+                let dt = b.0 - a.0;
+                (dt > 0.0).then(|| (b.1 - a.1) / dt)
             };
             json!({ "phase": PHASES[ph], "server_cpu": rate(|s| s.cpu), "resp_commands_per_s": rate(|s| s.commands) })
         })
