@@ -225,7 +225,7 @@ fn per_phase(samples: &[Sample]) -> Vec<Value> {
             let rate = |f: fn(&Sample) -> Option<f64>| {
                 let mut got = v.iter().filter_map(|s| Some((s.t, f(s)?)));
                 let a = got.next()?;
-                let b = got.last()?;
+                let b = got.next_back()?;
                 let dt = b.0 - a.0;
                 (dt > 0.0).then(|| (b.1 - a.1) / dt)
             };
@@ -285,4 +285,46 @@ fn attacks(st: &attack::Stats) -> Vec<Value> {
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(t: f64, phase: usize, cpu: f64, commands: Option<f64>) -> Sample {
+        Sample {
+            t,
+            phase,
+            rss: None,
+            buffers: None,
+            deferred: None,
+            resp_connections: None,
+            kernel_tcp: None,
+            server_queues: None,
+            p99_resp_ms: None,
+            p99_http_ms: None,
+            p99_grpc_ms: None,
+            fds: None,
+            log_lines_per_s: None,
+            attack_open: 0,
+            cpu: Some(cpu),
+            commands,
+        }
+    }
+
+    #[test]
+    fn a_phase_rate_skips_the_samples_without_the_figure() {
+        let v = vec![
+            sample(0.0, 1, 0.0, None),
+            sample(1.0, 1, 0.5, Some(100.0)),
+            sample(3.0, 1, 1.5, Some(500.0)),
+            sample(4.0, 1, 2.0, None),
+        ];
+        let out = per_phase(&v);
+        assert_eq!(out[1]["server_cpu"], json!(0.5));
+        assert_eq!(out[1]["resp_commands_per_s"], json!(200.0));
+        // One sample with it: no rate.
+        let one = vec![sample(0.0, 2, 0.0, Some(1.0)), sample(1.0, 2, 1.0, None)];
+        assert_eq!(per_phase(&one)[2]["resp_commands_per_s"], Value::Null);
+    }
 }

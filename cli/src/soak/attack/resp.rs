@@ -171,9 +171,7 @@ pub(super) async fn unauth_flood(
             match c.reply(WAIT).await {
                 Ok(l) if t.password.is_none() || l.starts_with("-NOAUTH") => answered = true,
                 Ok(l) => return Ok(Outcome::Unexpected(format!("answered {l:.80} before AUTH"))),
-                Err(e @ (End::Closed | End::Error(_))) => {
-                    return Ok(closed(answered, ended(&e)))
-                }
+                Err(e @ (End::Closed | End::Error(_))) => return Ok(closed(answered, ended(&e))),
                 Err(e) => return Ok(Outcome::Unexpected(format!("flood: {}", ended(&e)))),
             }
         }
