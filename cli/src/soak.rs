@@ -250,6 +250,8 @@ struct Shared {
     resp_rec: Arc<Recorder>,
     http_rec: Arc<Recorder>,
     grpc_rec: Arc<Recorder>,
+    /// How late the honest clients' thread wakes up (its own share of their latencies).
+    late_rec: Arc<Recorder>,
     attack: Arc<attack::Stats>,
     /// Lines of the server's log read so far (unset without `--server-log`).
     log_lines: std::sync::OnceLock<Arc<std::sync::atomic::AtomicU64>>,
@@ -264,6 +266,7 @@ impl Shared {
             resp_rec: Arc::new(Recorder::new(PHASES.len())),
             http_rec: Arc::new(Recorder::new(PHASES.len())),
             grpc_rec: Arc::new(Recorder::new(PHASES.len())),
+            late_rec: Arc::new(Recorder::new(PHASES.len())),
             attack: Arc::new(attack::Stats::new()),
             log_lines: std::sync::OnceLock::new(),
         }
@@ -276,6 +279,7 @@ impl Shared {
         self.resp_rec.set_phase(ph);
         self.http_rec.set_phase(ph);
         self.grpc_rec.set_phase(ph);
+        self.late_rec.set_phase(ph);
     }
 }
 

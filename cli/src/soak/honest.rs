@@ -222,6 +222,18 @@ impl Pace {
     }
 }
 
+/// How late the honest clients' thread wakes up: a timer every millisecond, each wake-up's
+/// delay past its deadline recorded until `stop`. The thread runs every honest client, so a
+/// late wake-up there is latency the clients measure that the server did not cause (this
+/// machine's CPU, or the thread's other clients).
+async fn lateness(rec: Arc<Recorder>, stop: Arc<AtomicBool>) {
+    while !stop.load(Ordering::Relaxed) {
+        let due = tokio::time::Instant::now() + Duration::from_millis(1);
+        tokio::time::sleep_until(due).await;
+        rec.record(due.elapsed());
+    }
+}
+
 /// The client's connection in `slot`, made by `connect` if there is none; a failure is
 /// counted in `seen` (and the client tries again at its next turn).
 async fn connected<'a, C, F>(
@@ -433,6 +445,7 @@ impl Honest {
                             })
                             .collect();
                     }
+                    tokio::spawn(lateness(sh.late_rec.clone(), st.clone()));
                     let grpcs: Vec<_> = (0..grpcs)
                         .filter_map(|c| {
                             let (pw, rec) = (password.clone(), sh.grpc_rec.clone());

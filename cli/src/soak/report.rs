@@ -179,7 +179,7 @@ pub(super) fn build(a: &SoakArgs, r: &Run, sh: &Shared) -> Value {
         "memory": m.json(&bound, peak_from_vmhwm, server_bound(r.before.as_ref())),
         "descriptors": descriptors(r),
         "log": log(r.log.as_ref()),
-        "latency": { "resp": lat(&sh.resp_rec), "http": lat(&sh.http_rec), "grpc": lat(&sh.grpc_rec) },
+        "latency": { "resp": lat(&sh.resp_rec), "http": lat(&sh.http_rec), "grpc": lat(&sh.grpc_rec), "client_wakeup_late": lat(&sh.late_rec) },
         "honest": { "resp": seen(&r.seen.resp), "http": seen(&r.seen.http), "grpc": seen(&r.seen.grpc) },
         "keys": { "checked": keys.keys, "admissions_seen": keys.seen, "consumed": keys.consumed, "mismatches": keys.mismatches },
         "metrics": metric_checks,

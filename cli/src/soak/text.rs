@@ -135,6 +135,7 @@ fn latency(r: &Value) {
         ("resp", "CL.THROTTLE"),
         ("http", "POST /v1/check"),
         ("grpc", "gRPC ShouldRateLimit"),
+        ("client_wakeup_late", "soak's own wake-up delay"),
     ] {
         for ph in PHASES {
             let l = &r["latency"][proto][ph];
