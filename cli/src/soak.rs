@@ -1,27 +1,35 @@
 //! `turnstile soak`: an abuse soak of a running `turnstile serve` on this machine (a
-//! benchmark, not a test). Honest clients send `CL.THROTTLE` and `POST /v1/check` at a fixed
-//! pace and record their latencies; first alone (the quiet run), then while `--connections`
-//! hostile clients attack at once ([`attack::Kind`]: giant frames, clients that never read,
-//! unauthenticated floods, new `CL.THROTTLE` parameter sets, garbage, `MULTI` without `EXEC`,
-//! tagged customer ids, slow headers, oversized bodies, no credentials), then alone again
-//! while the server settles. Every phase is bounded in time, every attacker to one connection
-//! at a time, and only loopback addresses are accepted.
+//! benchmark, not a test). Honest clients send `CL.THROTTLE`, `POST /v1/check` and gRPC
+//! `ShouldRateLimit` at a fixed pace and record their latencies; first alone (the quiet run),
+//! then while `--connections` hostile clients attack at once ([`attack::Kind`]: giant frames,
+//! clients that never read, unauthenticated floods and holders, new `CL.THROTTLE` parameter
+//! sets, garbage, `MULTI` without `EXEC`, tagged customer ids, slow headers and bodies,
+//! oversized and big `/json` bodies, no credentials, HTTP/2 streams left unfinished, silent and
+//! slow gRPC, descriptor hogs, password guessing, the admin listener without its password),
+//! then alone again while the server settles. Every phase is bounded in time, every attacker
+//! to one connection at a time (a descriptor hog to its share of `--connections`), and only
+//! loopback addresses are accepted.
 //!
 //! It reports the server's resident memory (from `/proc/PID/status`) at idle, at its peak
 //! under attack and after the settle, against the bound computed from the server's own flags
-//! ([`bound::Bound`]); the honest latencies under attack against the quiet run's; what the
-//! server did to each kind of attacker; and whether every admission the honest clients saw is
-//! in the server's counts afterwards (each honest key looked at once more, and `/metrics`).
+//! ([`bound::Bound`]); its open descriptors (`/proc/PID/fd`) likewise; the honest latencies
+//! under attack against the quiet run's; the lines per second of each kind of message in its
+//! log ([`logs`]); what the server did to each kind of attacker; and whether every admission
+//! the honest clients saw is in the server's counts afterwards (each honest key looked at once
+//! more, and `/metrics`).
 
+mod args;
 mod attack;
 mod bound;
 mod check;
 mod honest;
+mod logs;
 pub(crate) mod plot;
 pub(crate) mod probe;
 mod report;
 mod text;
 
+pub use args::SoakArgs;
 use attack::Kind;
 use hdrhistogram::Histogram;
 use honest::Recorder;
@@ -31,80 +39,6 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use turnstile_server::ServeArgs;
-
-/// The options of `turnstile soak`.
-#[derive(clap::Args, Debug)]
-#[command(
-    after_help = "Example (a release server on free ports, with a password):\n  \
-    turnstile serve --requirepass-file pw --rules examples/rules.toml --resp 127.0.0.1:6390 --http 127.0.0.1:8090 &\n  \
-    turnstile soak --target 127.0.0.1:6390 --http 127.0.0.1:8090 --password-file pw --plot soak.svg\n\n\
-    The server's process is found from the port it listens on (or give --pid); its flags are read\n\
-    from its command line to compute the memory bound. Figures depend on the machine's load:\n\
-    the load average is reported with them."
-)]
-pub struct SoakArgs {
-    /// The server's RESP address (a loopback address: the soak attacks nothing else).
-    #[arg(long)]
-    pub target: SocketAddr,
-    /// The server's HTTP address (loopback): honest POST /v1/check, the HTTP attacks and
-    /// /metrics. Without it, RESP only.
-    #[arg(long)]
-    pub http: Option<SocketAddr>,
-    /// A file holding the server's password (--requirepass-file).
-    #[arg(long)]
-    pub password_file: Option<PathBuf>,
-    /// Attacking connections at once.
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=20_000))]
-    pub connections: u32,
-    /// How long the attack lasts (seconds, or a duration such as 2m).
-    #[arg(long, default_value = "60", value_parser = seconds)]
-    pub seconds: Duration,
-    /// The quiet run before it: the honest clients alone.
-    #[arg(long, default_value = "10", value_parser = seconds)]
-    pub quiet: Duration,
-    /// How long to watch the server after the attackers leave (its memory at the end is the
-    /// "after" figure).
-    #[arg(long, default_value = "60", value_parser = seconds)]
-    pub settle: Duration,
-    /// The server's process id (default: the process listening on --target).
-    #[arg(long)]
-    pub pid: Option<u32>,
-    /// Honest RESP clients (CL.THROTTLE).
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
-    pub honest_resp: u32,
-    /// Honest HTTP clients (POST /v1/check).
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(0..=256))]
-    pub honest_http: u32,
-    /// Each honest client sends one request this often.
-    #[arg(long, default_value = "5ms", value_parser = turnstile::rules::parse_duration)]
-    pub every: Duration,
-    /// Only these kinds of attackers (comma-separated), in their shares of the mix; all by
-    /// default.
-    #[arg(long, value_enum, value_delimiter = ',')]
-    pub kinds: Vec<Kind>,
-    /// The server's log: a `panicked` in it fails the no-panic target.
-    #[arg(long)]
-    pub server_log: Option<PathBuf>,
-    /// Print the report as JSON on standard output.
-    #[arg(long)]
-    pub json: bool,
-    /// Draw RSS and the honest p99 over time into this SVG file.
-    #[arg(long)]
-    pub plot: Option<PathBuf>,
-}
-
-/// Seconds as a number, or a duration with its unit.
-fn seconds(s: &str) -> Result<Duration, String> {
-    let d = match s.trim().parse::<f64>() {
-        Ok(x) if x.is_finite() && x >= 0.0 => Duration::from_secs_f64(x),
-        Ok(_) => return Err(format!("`{s}` is not a number of seconds")),
-        Err(_) => turnstile::rules::parse_duration(s)?,
-    };
-    if d > Duration::from_secs(3600) {
-        return Err(format!("`{s}`: at most an hour"));
-    }
-    Ok(d)
-}
 
 /// The phases, in order.
 const PHASES: [&str; 3] = ["quiet", "attack", "settle"];
@@ -116,6 +50,8 @@ const SAMPLE: Duration = Duration::from_millis(500);
 const MAX_GROWTH: u64 = 256 << 20;
 const MAX_P99_MS: f64 = 10.0;
 const SETTLE_WITHIN: f64 = 0.10;
+/// Log lines a second of one kind of message, at most.
+const MAX_LOG_PER_SECOND: u64 = 10;
 
 /// One sample of the server.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -137,6 +73,11 @@ pub struct Sample {
     /// Honest p99 over the interval (ms).
     pub p99_resp_ms: Option<f64>,
     pub p99_http_ms: Option<f64>,
+    pub p99_grpc_ms: Option<f64>,
+    /// The server's open descriptors (`/proc/PID/fd`).
+    pub fds: Option<u64>,
+    /// Lines its log gained over the interval, per second.
+    pub log_lines_per_s: Option<f64>,
     pub attack_open: u64,
     /// The server's CPU time so far (s).
     pub cpu: Option<f64>,
@@ -203,7 +144,13 @@ fn say(json: bool, msg: impl AsRef<str>) {
 
 /// `turnstile soak`.
 pub fn run(a: SoakArgs) -> Result<(), String> {
-    for (flag, addr) in [("--target", Some(a.target)), ("--http", a.http)] {
+    let addrs = [
+        ("--target", Some(a.target)),
+        ("--http", a.http),
+        ("--grpc", a.grpc),
+        ("--admin", a.admin),
+    ];
+    for (flag, addr) in addrs {
         if let Some(addr) = addr {
             if !addr.ip().is_loopback() {
                 return Err(format!(
@@ -213,7 +160,9 @@ pub fn run(a: SoakArgs) -> Result<(), String> {
         }
     }
     let password = read_password(&a.password_file)?;
-    enough_files(u64::from(a.connections) + u64::from(a.honest_resp + a.honest_http) + 256)?;
+    let (plan, hog_each, hog_total) = plan(&a)?;
+    let honest = a.honest_resp + a.honest_http + a.honest_grpc;
+    enough_files(u64::from(a.connections) + hog_total as u64 + u64::from(honest) + 256)?;
     let pid = a.pid.or_else(|| probe::find_pid(a.target));
     if let Some(pid) = pid {
         if probe::rss(pid).is_none() {
@@ -246,7 +195,52 @@ pub fn run(a: SoakArgs) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
-    control.block_on(soak(&a, pid, password, flags, flags_read, run_id))
+    let run = Start {
+        pid,
+        password,
+        flags,
+        flags_read,
+        run_id,
+        plan,
+        hog_each,
+    };
+    control.block_on(soak(&a, run))
+}
+
+/// The attackers of `a`, and the idle connections each descriptor hog holds and all of them
+/// together.
+fn plan(a: &SoakArgs) -> Result<(Vec<Kind>, usize, usize), String> {
+    let listeners = attack::Listeners {
+        http: a.http.is_some(),
+        grpc: a.grpc.is_some(),
+        admin: a.admin.is_some(),
+    };
+    let plan = attack::plan(a.connections as usize, listeners, &a.kinds);
+    if plan.is_empty() {
+        return Err(
+            "--kinds: none of these attacks can run (the HTTP ones need --http, the gRPC ones --grpc, admin-nocreds --admin)"
+                .into(),
+        );
+    }
+    let hogs = plan.iter().filter(|k| **k == Kind::FdHog).count();
+    let hog_total = if hogs > 0 {
+        (a.connections as usize).min(attack::FD_HOG_LIMIT)
+    } else {
+        0
+    };
+    let hog_each = hog_total.div_ceil(hogs.max(1)).max(1);
+    Ok((plan, hog_each, hog_total))
+}
+
+/// What the soak starts from.
+struct Start {
+    pid: Option<u32>,
+    password: Option<Vec<u8>>,
+    flags: ServeArgs,
+    flags_read: bool,
+    run_id: u64,
+    plan: Vec<Kind>,
+    hog_each: usize,
 }
 
 struct Shared {
@@ -255,7 +249,12 @@ struct Shared {
     stop_sampler: AtomicBool,
     resp_rec: Arc<Recorder>,
     http_rec: Arc<Recorder>,
+    grpc_rec: Arc<Recorder>,
+    /// How late the honest clients' thread wakes up (its own share of their latencies).
+    late_rec: Arc<Recorder>,
     attack: Arc<attack::Stats>,
+    /// Lines of the server's log read so far (unset without `--server-log`).
+    log_lines: std::sync::OnceLock<Arc<std::sync::atomic::AtomicU64>>,
 }
 
 impl Shared {
@@ -266,7 +265,10 @@ impl Shared {
             stop_sampler: AtomicBool::new(false),
             resp_rec: Arc::new(Recorder::new(PHASES.len())),
             http_rec: Arc::new(Recorder::new(PHASES.len())),
+            grpc_rec: Arc::new(Recorder::new(PHASES.len())),
+            late_rec: Arc::new(Recorder::new(PHASES.len())),
             attack: Arc::new(attack::Stats::new()),
+            log_lines: std::sync::OnceLock::new(),
         }
     }
 
@@ -276,6 +278,8 @@ impl Shared {
         self.phase.store(ph, Ordering::Relaxed);
         self.resp_rec.set_phase(ph);
         self.http_rec.set_phase(ph);
+        self.grpc_rec.set_phase(ph);
+        self.late_rec.set_phase(ph);
     }
 }
 
@@ -287,8 +291,10 @@ fn sampler(
     password: Option<Vec<u8>>,
     t0: Instant,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
-    let ports: Vec<u16> = std::iter::once(a.target.port())
-        .chain(a.http.map(|h| h.port()))
+    let ports: Vec<u16> = [Some(a.target), a.http, a.grpc, a.admin]
+        .iter()
+        .flatten()
+        .map(|x| x.port())
         .collect();
     sample_until_stopped(sh, pid, ports, a.http, password, t0)
 }
@@ -303,10 +309,20 @@ async fn sample_until_stopped(
 ) {
     let mut tick = tokio::time::interval(SAMPLE);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let lines = || sh.log_lines.get().map(|n| n.load(Ordering::Relaxed));
+    let mut last = (t0.elapsed().as_secs_f64(), lines());
     while !sh.stop_sampler.load(Ordering::Relaxed) {
         tick.tick().await;
+        let now = (t0.elapsed().as_secs_f64(), lines());
+        let log_lines_per_s = match (now.1, last.1) {
+            (Some(n), Some(l)) => Some(n.saturating_sub(l) as f64 / (now.0 - last.0).max(1e-3)),
+            _ => None,
+        };
+        last = now;
         let m = match http {
-            Some(h) => probe::metrics(h, password.as_deref()).await,
+            // Within two samples: a server that cannot accept (out of descriptors) must not
+            // stop the sampling of its memory.
+            Some(h) => probe::metrics_within(h, password.as_deref(), 2 * SAMPLE).await,
             None => None,
         };
         let g = |k: &str| m.as_ref().and_then(|m| m.get(k).copied());
@@ -321,6 +337,9 @@ async fn sample_until_stopped(
             server_queues: probe::server_queues(&ports),
             p99_resp_ms: p(&sh.resp_rec.take_interval(), 0.99),
             p99_http_ms: p(&sh.http_rec.take_interval(), 0.99),
+            p99_grpc_ms: p(&sh.grpc_rec.take_interval(), 0.99),
+            fds: pid.and_then(probe::fd_count),
+            log_lines_per_s,
             attack_open: sh.attack.open(),
             cpu: pid.and_then(probe::cpu_seconds),
             commands: g("turnstile_resp_commands_total"),
@@ -330,33 +349,36 @@ async fn sample_until_stopped(
 }
 
 /// The quiet run, the attack and the settle, then the report.
-async fn soak(
-    a: &SoakArgs,
-    pid: Option<u32>,
-    password: Option<Vec<u8>>,
-    flags: ServeArgs,
-    flags_read: bool,
-    run_id: u64,
-) -> Result<(), String> {
-    let json = a.json;
+async fn soak(a: &SoakArgs, start: Start) -> Result<(), String> {
+    let (json, pid, password) = (a.json, start.pid, start.password.clone());
     let (client, mut con) = preflight(a.target, password.as_deref()).await?;
     let before = metrics_before(a, password.as_deref()).await;
     let sh = Arc::new(Shared::new());
     let t0 = Instant::now();
+    let follower = match &a.server_log {
+        Some(f) => Some(follow(&sh, f, t0, json)?),
+        None => None,
+    };
     let load_start = probe::load_average();
     let sampling = tokio::spawn(sampler(sh.clone(), a, pid, password.clone(), t0));
-    let honest = honest::Honest::start(a, &sh, client, run_id, password.clone())?;
+    let honest = honest::Honest::start(a, &sh, client, start.run_id, password.clone())?;
     tokio::time::sleep(a.quiet).await;
-    let idle = idle_rss(&sh, a.quiet, pid);
+    let idle = quiet_median(&sh, a.quiet, |s| s.rss).or_else(|| pid.and_then(probe::rss));
+    let idle_fds = quiet_median(&sh, a.quiet, |s| s.fds);
     let peak_reset = pid.is_some_and(probe::reset_peak);
 
-    let t_attack = attack(a, &sh, &flags, password.clone(), idle, t0).await?;
+    let t_attack = attack(a, &sh, &start, idle, t0).await?;
     let hwm = pid.and_then(|p| probe::status_bytes(p, "VmHWM"));
     let t_settle = t0.elapsed().as_secs_f64();
     sh.set_phase(2);
     say(json, format!("attackers gone; settling for {:?}", a.settle));
     tokio::time::sleep(a.settle).await;
     let after = pid.and_then(probe::rss);
+    // Before the honest clients leave: their connections are in the idle count too.
+    let fds_after = settled(
+        &sh.samples.lock().expect("not poisoned"),
+        t0.elapsed().as_secs_f64(),
+    );
     let load_end = probe::load_average();
 
     // The honest clients stop; what they saw is checked against the server.
@@ -368,30 +390,46 @@ async fn soak(
         None => None,
     };
     let keys = check::check_keys(&mut con, &resp_keys, &seen.resp).await;
+    let samples = sh.samples.lock().expect("not poisoned").clone();
+    let log = match follower {
+        Some(f) => f.finish().await,
+        None => None,
+    };
     let run = report::Run {
         pid,
-        flags,
-        flags_read,
+        flags: start.flags,
+        flags_read: start.flags_read,
         load: [load_start, load_end],
         idle,
         hwm,
         peak_reset,
         after,
+        fds: [idle_fds, fds_after],
         before,
         metrics_after,
         seen,
         keys,
         alive: pid.is_none_or(probe::alive),
-        panicked: a.server_log.as_deref().and_then(panics),
-        samples: sh.samples.lock().expect("not poisoned").clone(),
+        panicked: log
+            .as_ref()
+            .filter(|l| l.readable)
+            .map(|l| l.panics.clone()),
+        log,
+        samples,
     };
-    let report = report::build(a, &run, &sh);
+    publish(a, &run, &sh, [t_attack, t_settle])
+}
+
+/// The report of `run`, printed (as JSON with `--json`), and its plot drawn; `marks`: when the
+/// attack started and ended (s).
+fn publish(a: &SoakArgs, run: &report::Run, sh: &Shared, marks: [f64; 2]) -> Result<(), String> {
+    let report = report::build(a, run, sh);
     if let Some(f) = &a.plot {
-        plot::draw(f, &run.samples, [t_attack, t_settle], idle)
+        plot::draw(f, &run.samples, marks, [run.idle, run.fds[0]])
             .map_err(|e| format!("cannot write the plot to {}: {e}", f.display()))?;
-        say(json, format!("wrote {}", f.display()));
+        say(a.json, format!("wrote {}", f.display()));
     }
-    if json {
+    if a.json {
         println!(
             "{}",
             serde_json::to_string_pretty(&report).expect("serializable")
@@ -400,6 +438,26 @@ async fn soak(
         text::print(&report);
     }
     Ok(())
+}
+
+/// Follows the server's log at `f` (said when it cannot be read), its lines counted in `sh`.
+fn follow(
+    sh: &Shared,
+    f: &std::path::Path,
+    t0: Instant,
+    json: bool,
+) -> Result<logs::Follower, String> {
+    let log = logs::Log::open(f);
+    if !log.readable {
+        let e = format!(
+            "--server-log {}: cannot be read: its lines are not counted",
+            f.display()
+        );
+        say(json, e);
+    }
+    let follower = logs::Follower::start(log, t0, SAMPLE).map_err(|e| e.to_string())?;
+    let _ = sh.log_lines.set(follower.lines.clone());
+    Ok(follower)
 }
 
 /// The server answers, and the password is right: a client and a connection for the checks
@@ -435,23 +493,28 @@ async fn metrics_before(
     m
 }
 
-/// The idle RSS: the median of the quiet run's second half (of all of it if that has no
-/// sample), or read now.
-fn idle_rss(sh: &Shared, quiet: Duration, pid: Option<u32>) -> Option<u64> {
+/// The idle figure of `f`: its median over the quiet run's second half (over all of it if
+/// that has no sample).
+fn quiet_median(sh: &Shared, quiet: Duration, f: fn(&Sample) -> Option<u64>) -> Option<u64> {
     let s = sh.samples.lock().expect("not poisoned");
     let half = quiet.as_secs_f64() / 2.0;
-    let mut v: Vec<u64> = s
-        .iter()
-        .filter(|x| x.t >= half)
-        .filter_map(|x| x.rss)
-        .collect();
+    let mut v: Vec<u64> = s.iter().filter(|x| x.t >= half).filter_map(f).collect();
     if v.is_empty() {
-        v = s.iter().filter_map(|x| x.rss).collect();
+        v = s.iter().filter_map(f).collect();
     }
     v.sort_unstable();
-    v.get(v.len() / 2)
-        .copied()
-        .or_else(|| pid.and_then(probe::rss))
+    v.get(v.len() / 2).copied()
+}
+
+/// The server's descriptors once settled: the fewest over the settle's last 5 s (ending at
+/// `end`, s since the start), so that the sampler's own /metrics connection, closing, is not
+/// counted; with the honest clients still connected, as in the idle count.
+fn settled(samples: &[Sample], end: f64) -> Option<u64> {
+    samples
+        .iter()
+        .filter(|s| s.phase == 2 && s.t >= end - 5.0)
+        .filter_map(|s| s.fds)
+        .min()
 }
 
 /// The attack, on a thread of its own, until every attacker has left: when it started (s
@@ -459,28 +522,32 @@ fn idle_rss(sh: &Shared, quiet: Duration, pid: Option<u32>) -> Option<u64> {
 async fn attack(
     a: &SoakArgs,
     sh: &Shared,
-    flags: &ServeArgs,
-    password: Option<Vec<u8>>,
+    start: &Start,
     idle: Option<u64>,
     t0: Instant,
 ) -> Result<f64, String> {
+    let flags = &start.flags;
     let target = Arc::new(attack::Target {
         resp: a.target,
         http: a.http,
-        password,
+        grpc: a.grpc,
+        admin: a.admin,
+        password: start.password.clone(),
+        admin_password: start
+            .flags_read
+            .then_some(flags.admin_pass.is_some() || flags.admin_pass_file.is_some()),
         max_args: flags.max_args.max(1),
         max_bulk: flags.max_bulk,
         max_inline: flags.max_inline,
+        max_body: flags.max_body,
         metrics_open: flags.metrics_open,
+        hog_each: start.hog_each,
     });
-    let plan = attack::plan(a.connections as usize, a.http.is_some(), &a.kinds);
-    if plan.is_empty() {
-        return Err("--kinds: none of these attacks can run (the HTTP ones need --http)".into());
-    }
+    let plan = start.plan.clone();
     say(
         a.json,
         format!(
-            "attack: {} connections for {:?} (idle RSS {})",
+            "attack: {} attackers for {:?} (idle RSS {})",
             plan.len(),
             a.seconds,
             idle.map_or("?".into(), |r| format!("{:.1} MiB", mib(r)))
@@ -502,29 +569,4 @@ async fn attack(
     }
     let _ = attack_thread.join();
     Ok(t_attack)
-}
-
-/// The first `panicked` lines of the server's log; `None` if it cannot be read.
-fn panics(log: &std::path::Path) -> Option<Vec<String>> {
-    let log = std::fs::read_to_string(log).ok()?;
-    Some(
-        log.lines()
-            .filter(|l| l.contains("panicked"))
-            .take(3)
-            .map(str::to_string)
-            .collect(),
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(seconds("60"), Ok(Duration::from_secs(60)));
-        assert_eq!(seconds("2m"), Ok(Duration::from_secs(120)));
-        assert!(seconds("2h").is_err());
-        assert!(seconds("soon").is_err());
-    }
 }

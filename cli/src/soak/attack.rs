@@ -1,103 +1,75 @@
 //! The attackers: each of `--connections` tasks plays one [`Kind`] of hostile client over
-//! raw sockets, on a runtime of its own (one thread, niced, so that the honest clients'
-//! measurements are not delayed by the attack's own work on the client side). A task
-//! connects, attacks, notes what the server did ([`Outcome`]), waits about a second and
-//! starts again, until the attack's end: at most one connection per task at any time, and
+//! raw sockets (HTTP/2 through h2's client, driven by hand), on a runtime of its own (one
+//! thread, niced, so that the honest clients' measurements are not delayed by the attack's
+//! own work on the client side). A task connects, attacks, notes what the server did
+//! ([`Outcome`]), waits about a second and starts again, until the attack's end: one
+//! connection per task at any time (a descriptor hog: at most [`Target::hog_each`]), and
 //! every wait is bounded by the end. Dropping the runtime closes every attacking socket.
 
+mod auth;
 mod conn;
 mod http;
+mod http2;
+mod idle;
+mod kind;
 mod resp;
+mod source;
+mod stats;
 
 use conn::Conn;
-use http::{big_body, no_creds, slowloris, tagged_http};
+use http::{big_body, json_big, no_creds, slow_body, slowloris, tagged_http};
+pub use idle::FD_HOG_LIMIT;
+pub use kind::{Kind, Listeners};
 use resp::{garbage, giant, hold_frame, multi, never_read, new_params, tagged_resp, unauth_flood};
-use std::collections::BTreeMap;
+use stats::KindStats;
+pub use stats::{Proto, Stats};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::{sleep, timeout_at, Instant};
-
-/// A kind of hostile client.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
-pub enum Kind {
-    /// Frames past every bound, before and after AUTH: `*128` arrays of 512 KiB bulks, a bulk
-    /// longer than `--max-bulk`, an inline line past its limit; each followed by 256 KiB.
-    Giant,
-    /// Authenticated, sends all of the largest frame the bounds allow but its last byte, and
-    /// waits: the server must hold it whole.
-    HoldFrame,
-    /// Authenticated, pipelines COMMAND, INFO and CL.THROTTLE and never reads a reply.
-    NeverRead,
-    /// Never authenticates and floods commands: half read the NOAUTH replies, half never read.
-    UnauthFlood,
-    /// Authenticated, each CL.THROTTLE with a parameter set never seen before.
-    NewParams,
-    /// RESP garbage: random bytes, wrong types, negative and huge lengths, NULs, bare CRLFs.
-    Garbage,
-    /// Authenticated, opens a MULTI, queues commands past its bound and never sends EXEC.
-    MultiNoExec,
-    /// Tagged customer ids (`customer user:7`), over RESP and POST /v1/check.
-    TaggedIds,
-    /// HTTP headers one byte a second (slowloris).
-    Slowloris,
-    /// POST /v1/check with a body far past `--max-body` (a length, chunked, no password).
-    BigBody,
-    /// HTTP without credentials: /v1/check, /metrics, /v1/reload; and /healthz.
-    NoCreds,
-}
-
-impl Kind {
-    /// Every kind with its share of the connections (per cent).
-    pub const MIX: [(Kind, u32); 11] = [
-        (Kind::Giant, 10),
-        (Kind::HoldFrame, 10),
-        (Kind::NeverRead, 15),
-        (Kind::UnauthFlood, 10),
-        (Kind::NewParams, 3),
-        (Kind::Garbage, 7),
-        (Kind::MultiNoExec, 10),
-        (Kind::TaggedIds, 5),
-        (Kind::Slowloris, 10),
-        (Kind::BigBody, 10),
-        (Kind::NoCreds, 10),
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Kind::Giant => "giant frames",
-            Kind::HoldFrame => "largest frame held",
-            Kind::NeverRead => "never reads",
-            Kind::UnauthFlood => "unauthenticated flood",
-            Kind::NewParams => "new CL.THROTTLE parameters",
-            Kind::Garbage => "RESP garbage",
-            Kind::MultiNoExec => "MULTI without EXEC",
-            Kind::TaggedIds => "tagged customer ids",
-            Kind::Slowloris => "slow HTTP headers",
-            Kind::BigBody => "oversized HTTP bodies",
-            Kind::NoCreds => "HTTP without credentials",
-        }
-    }
-
-    fn http(self) -> bool {
-        matches!(self, Kind::Slowloris | Kind::BigBody | Kind::NoCreds)
-    }
-}
 
 /// What the attackers aim at.
 pub struct Target {
     pub resp: SocketAddr,
     pub http: Option<SocketAddr>,
+    pub grpc: Option<SocketAddr>,
+    pub admin: Option<SocketAddr>,
     pub password: Option<Vec<u8>>,
+    /// Whether the server has an admin password (`None`: its flags could not be read).
+    pub admin_password: Option<bool>,
     pub max_args: usize,
     pub max_bulk: usize,
     pub max_inline: usize,
+    pub max_body: usize,
     pub metrics_open: bool,
+    /// Idle connections each descriptor hog holds at most.
+    pub hog_each: usize,
+}
+
+impl Target {
+    /// The listeners besides RESP.
+    pub fn listeners(&self) -> Listeners {
+        Listeners {
+            http: self.http.is_some(),
+            grpc: self.grpc.is_some(),
+            admin: self.admin.is_some(),
+        }
+    }
+
+    /// The address of `p` (HTTP/2 with prior knowledge goes to the HTTP listener).
+    fn addr(&self, p: Proto) -> Option<SocketAddr> {
+        match p {
+            Proto::Resp => Some(self.resp),
+            Proto::Http | Proto::HttpH2 => self.http,
+            Proto::Grpc => self.grpc,
+            Proto::Admin => self.admin,
+        }
+    }
 }
 
 /// What one attempt of an attacker ended with.
-enum Outcome {
+pub(super) enum Outcome {
     /// What a bounded server does (the label says what).
     Expected(&'static str),
     /// What it should not do.
@@ -106,76 +78,14 @@ enum Outcome {
     Connect(String),
 }
 
-/// The counts of one kind.
-#[derive(Default)]
-pub struct KindStats {
-    /// Tasks of this kind.
-    pub tasks: AtomicU64,
-    /// Connections made.
-    pub connections: AtomicU64,
-    /// Connections open now.
-    pub open: AtomicU64,
-    pub connect_errors: AtomicU64,
-    pub unexpected: AtomicU64,
-    pub bytes_sent: AtomicU64,
-    /// Expected outcomes by label.
-    pub outcomes: Mutex<BTreeMap<&'static str, u64>>,
-    /// The first unexpected outcomes and connect errors, as said.
-    pub samples: Mutex<Vec<String>>,
-}
-
-/// The counts of every kind.
-pub struct Stats {
-    pub kinds: Vec<(Kind, KindStats)>,
-    /// CL.THROTTLE answered with an admission to the attackers that read their replies.
-    pub throttle_allowed_seen: AtomicU64,
-    /// CL.THROTTLE answered limited to them.
-    pub throttle_limited_seen: AtomicU64,
-    /// CL.THROTTLE sent by attackers that never read (each may have been counted).
-    pub throttle_unread: AtomicU64,
-    /// The next new parameter set.
-    next_params: AtomicU64,
-}
-
-impl Stats {
-    pub fn new() -> Self {
-        Self {
-            kinds: Kind::MIX
-                .iter()
-                .map(|(k, _)| (*k, KindStats::default()))
-                .collect(),
-            throttle_allowed_seen: AtomicU64::new(0),
-            throttle_limited_seen: AtomicU64::new(0),
-            throttle_unread: AtomicU64::new(0),
-            next_params: AtomicU64::new(0),
-        }
-    }
-
-    pub fn of(&self, k: Kind) -> &KindStats {
-        &self
-            .kinds
-            .iter()
-            .find(|(x, _)| *x == k)
-            .expect("every kind")
-            .1
-    }
-
-    /// Attacking connections open now.
-    pub fn open(&self) -> u64 {
-        self.kinds
-            .iter()
-            .map(|(_, s)| s.open.load(Ordering::Relaxed))
-            .sum()
-    }
-}
-
-/// The kinds of `n` attackers, in the shares of [`Kind::MIX`] (largest remainders), HTTP kinds
-/// left out when there is no HTTP address, and only the kinds of `only` if it is not empty.
-pub fn plan(n: usize, http: bool, only: &[Kind]) -> Vec<Kind> {
+/// The kinds of `n` attackers, in the shares of [`Kind::MIX`] (largest remainders), the kinds
+/// the server's listeners cannot take left out, and only the kinds of `only` if it is not
+/// empty.
+pub fn plan(n: usize, listeners: Listeners, only: &[Kind]) -> Vec<Kind> {
     let mix: Vec<(Kind, u32)> = Kind::MIX
         .iter()
         .copied()
-        .filter(|(k, _)| (http || !k.http()) && (only.is_empty() || only.contains(k)))
+        .filter(|(k, _)| k.runs_with(listeners) && (only.is_empty() || only.contains(k)))
         .collect();
     if mix.is_empty() {
         return Vec::new();
@@ -314,6 +224,30 @@ fn note(st: &KindStats, o: Outcome) {
 /// How long an attacker waits for a reply it expects.
 const WAIT: Duration = Duration::from_secs(5);
 
+/// The listener the `task`-th attacker of `kind` goes to.
+fn proto_of(kind: Kind, task: usize, t: &Target) -> Proto {
+    let l = t.listeners();
+    match kind {
+        Kind::TaggedIds if task % 2 == 1 && l.http => Proto::Http,
+        k if k.http() => Proto::Http,
+        Kind::H2Streams if l.grpc && (task % 2 == 1 || !l.http) => Proto::Grpc,
+        Kind::H2Streams => Proto::HttpH2,
+        Kind::GrpcSilent | Kind::GrpcSlow => Proto::Grpc,
+        Kind::AdminNocreds => Proto::Admin,
+        Kind::AuthGuess => {
+            let mut on = vec![Proto::Resp];
+            if l.http {
+                on.push(Proto::Http);
+            }
+            if l.grpc {
+                on.push(Proto::Grpc);
+            }
+            on[task % on.len()]
+        }
+        _ => Proto::Resp,
+    }
+}
+
 async fn one(
     kind: Kind,
     task: usize,
@@ -323,16 +257,17 @@ async fn one(
     until: Instant,
 ) -> Outcome {
     let st = s.of(kind);
-    // Half the tagged-id attackers use POST /v1/check.
-    let http = kind.http() || (kind == Kind::TaggedIds && task % 2 == 1 && t.http.is_some());
-    let addr = match t.http {
-        Some(h) if http => h,
-        _ => t.resp,
+    let proto = proto_of(kind, task, t);
+    let Some(addr) = t.addr(proto) else {
+        return Outcome::Connect(format!("no {} address", proto.name()));
     };
-    let mut c = match Conn::open(addr, st).await {
+    let mut c = match Conn::open(addr, kind, st, s.proto(proto)).await {
         Ok(c) => c,
         Err(o) => return o,
     };
+    // The variant of the newer kinds: each task starts at its own, so that a run too short
+    // for a second attempt (an attempt may hold to the end) still has every variant.
+    let variant = attempt + task as u64;
     let r = match kind {
         Kind::Giant => giant(&mut c, t, attempt).await,
         Kind::HoldFrame => hold_frame(&mut c, t, until).await,
@@ -342,11 +277,22 @@ async fn one(
         Kind::NewParams => new_params(&mut c, t, s, task, until).await,
         Kind::Garbage => garbage(&mut c, attempt, task).await,
         Kind::MultiNoExec => multi(&mut c, t, until).await,
-        Kind::TaggedIds if http => tagged_http(&mut c, t, until).await,
+        Kind::TaggedIds if proto == Proto::Http => tagged_http(&mut c, t, until).await,
         Kind::TaggedIds => tagged_resp(&mut c, t, attempt, until).await,
         Kind::Slowloris => slowloris(&mut c, until).await,
         Kind::BigBody => big_body(&mut c, t, attempt).await,
         Kind::NoCreds => no_creds(&mut c, t, until).await,
+        Kind::SlowBody => slow_body(&mut c, t, variant, until).await,
+        Kind::H2Streams => http2::streams(&mut c, t, s, proto, variant, until).await,
+        Kind::JsonBig => json_big(&mut c, t, s, variant).await,
+        Kind::GrpcSilent => Ok(c
+            .held(until, "closed by the server", "held to the end")
+            .await),
+        Kind::GrpcSlow => http2::grpc_slow(&mut c, t, variant, until).await,
+        Kind::UnauthHolder => idle::unauth_holder(&mut c, t, task, until).await,
+        Kind::AuthGuess => auth::guess(&mut c, t, proto, attempt, until).await,
+        Kind::AdminNocreds => auth::admin(&mut c, t, task).await,
+        Kind::FdHog => idle::fd_hog(c, t, s, task, until).await,
     };
     r.unwrap_or_else(|o| o)
 }
@@ -357,7 +303,12 @@ mod tests {
 
     #[test]
     fn the_plan_follows_the_mix() {
-        let p = plan(1000, true, &[]);
+        let all = Listeners {
+            http: true,
+            grpc: true,
+            admin: true,
+        };
+        let p = plan(1000, all, &[]);
         assert_eq!(p.len(), 1000);
         for (k, w) in Kind::MIX {
             assert_eq!(
@@ -366,11 +317,17 @@ mod tests {
                 "{k:?}"
             );
         }
-        let p = plan(7, false, &[]);
+        let resp_only = Listeners::default();
+        let p = plan(7, resp_only, &[]);
         assert_eq!(p.len(), 7);
-        assert!(p.iter().all(|k| !k.http()));
-        assert_eq!(plan(5, true, &[Kind::Garbage]), vec![Kind::Garbage; 5]);
-        assert!(plan(5, false, &[Kind::Slowloris]).is_empty());
-        assert_eq!(Kind::MIX.iter().map(|m| m.1).sum::<u32>(), 100);
+        assert!(p.iter().all(|k| k.runs_with(resp_only) && !k.http()));
+        assert_eq!(plan(5, all, &[Kind::Garbage]), vec![Kind::Garbage; 5]);
+        assert!(plan(5, resp_only, &[Kind::Slowloris]).is_empty());
+        assert!(plan(5, resp_only, &[Kind::GrpcSilent, Kind::AdminNocreds]).is_empty());
+        let grpc_only = Listeners {
+            grpc: true,
+            ..resp_only
+        };
+        assert_eq!(plan(3, grpc_only, &[Kind::H2Streams]).len(), 3);
     }
 }

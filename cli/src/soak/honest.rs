@@ -1,8 +1,8 @@
-//! The honest clients: `CL.THROTTLE` over RESP (redis-rs, one multiplexed connection each) and
-//! `POST /v1/check` over HTTP (hyper's client, one keep-alive connection each), each sending
-//! one request at a time at a fixed pace, recording every latency (hdrhistogram), and keeping
-//! what each key was admitted, so that the counts can be checked against the server's
-//! afterwards.
+//! The honest clients: `CL.THROTTLE` over RESP (redis-rs, one multiplexed connection each),
+//! `POST /v1/check` over HTTP (hyper's client, one keep-alive connection each) and Envoy's
+//! `ShouldRateLimit` over gRPC ([`grpc`]), each sending one request at a time at a fixed pace,
+//! recording every latency (hdrhistogram), and keeping what each key was admitted, so that
+//! the counts can be checked against the server's afterwards.
 //!
 //! Keys: each RESP client owns [`KEYS`] keys of one parameter set with a budget that does not
 //! refill during a soak ([`BURST`] + 1 requests, then one more every [`PERIOD`] s), sends one
@@ -21,6 +21,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::{say, Shared, SoakArgs};
+
+mod grpc;
 
 /// Keys per RESP client.
 pub const KEYS: usize = 16;
@@ -220,6 +222,18 @@ impl Pace {
     }
 }
 
+/// How late the honest clients' thread wakes up: a timer every millisecond, each wake-up's
+/// delay past its deadline recorded until `stop`. The thread runs every honest client, so a
+/// late wake-up there is latency the clients measure that the server did not cause (this
+/// machine's CPU, or the thread's other clients).
+async fn lateness(rec: Arc<Recorder>, stop: Arc<AtomicBool>) {
+    while !stop.load(Ordering::Relaxed) {
+        let due = tokio::time::Instant::now() + Duration::from_millis(1);
+        tokio::time::sleep_until(due).await;
+        rec.record(due.elapsed());
+    }
+}
+
 /// The client's connection in `slot`, made by `connect` if there is none; a failure is
 /// counted in `seen` (and the client tries again at its next turn).
 async fn connected<'a, C, F>(
@@ -378,6 +392,7 @@ pub async fn http_client(
 pub struct HonestRun {
     pub resp: Vec<Seen>,
     pub http: Vec<Seen>,
+    pub grpc: Vec<Seen>,
 }
 
 /// The honest clients, on a thread of their own, until stopped.
@@ -403,7 +418,8 @@ impl Honest {
             .map(|c| customers(run_id, c))
             .collect();
         let (st, sh, keys) = (stop.clone(), sh.clone(), resp_keys.clone());
-        let (http, every) = (a.http, a.every);
+        let (http, grpc, every) = (a.http, a.grpc, a.every);
+        let grpcs = if grpc.is_some() { a.honest_grpc } else { 0 } as usize;
         let thread = std::thread::Builder::new()
             .name("soak-honest".into())
             .spawn(move || {
@@ -429,9 +445,19 @@ impl Honest {
                             })
                             .collect();
                     }
+                    tokio::spawn(lateness(sh.late_rec.clone(), st.clone()));
+                    let grpcs: Vec<_> = (0..grpcs)
+                        .filter_map(|c| {
+                            let (pw, rec) = (password.clone(), sh.grpc_rec.clone());
+                            let run = (run_id, c);
+                            let client = grpc::grpc_client(grpc?, pw, run, every, st.clone(), rec);
+                            Some(tokio::spawn(client))
+                        })
+                        .collect();
                     HonestRun {
                         resp: joined(resp).await,
                         http: joined(https).await,
+                        grpc: joined(grpcs).await,
                     }
                 })
             })
@@ -439,9 +465,10 @@ impl Honest {
         say(
             a.json,
             format!(
-                "quiet run: {} RESP and {} HTTP honest clients, one request each every {:?}",
+                "quiet run: {} RESP, {} HTTP and {} gRPC honest clients, one request each every {:?}",
                 a.honest_resp,
                 if a.http.is_some() { a.honest_http } else { 0 },
+                if a.grpc.is_some() { a.honest_grpc } else { 0 },
                 a.every
             ),
         );

@@ -1,5 +1,7 @@
-//! `soak --plot FILE`: the server's resident memory (and its RESP buffers) and the honest
-//! clients' p99 over time, the attack's start and end marked, drawn as an SVG with plotters.
+//! `soak --plot FILE`: the server's resident memory (and its RESP buffers), the honest
+//! clients' p99 per protocol, the server's open descriptors and its log's lines per second
+//! over time, the attack's start and end marked and each target drawn as a line, as an SVG
+//! with plotters.
 
 use super::{mib, Sample};
 use plotters::coord::types::RangedCoordf64;
@@ -14,21 +16,74 @@ const BLUE: RGBColor = RGBColor(30, 80, 200);
 const GREY: RGBColor = RGBColor(120, 120, 120);
 
 /// Draws `samples` into `file`; `marks` are the attack's start and end (s), `idle` the idle
-/// RSS.
+/// RSS and descriptors.
 pub fn draw(
     file: &Path,
     samples: &[Sample],
     marks: [f64; 2],
-    idle: Option<u64>,
+    idle: [Option<u64>; 2],
 ) -> Result<(), Box<dyn Error>> {
-    let root = SVGBackend::new(file, (960, 720)).into_drawing_area();
+    let root = SVGBackend::new(file, (960, 1180)).into_drawing_area();
     root.fill(&WHITE)?;
-    let (top, bottom) = root.split_vertically(400);
+    let (top, rest) = root.split_vertically(400);
+    let (middle, rest) = rest.split_vertically(320);
+    let (fds, log) = rest.split_vertically(230);
     let t_max = samples.iter().map(|s| s.t).fold(1.0, f64::max);
-    memory(&top, samples, marks, idle, t_max)?;
-    latency(&bottom, samples, marks, t_max)?;
+    memory(&top, samples, marks, idle[0], t_max)?;
+    latency(&middle, samples, marks, t_max)?;
+    descriptors(&fds, samples, marks, idle[1], t_max)?;
+    log_rate(&log, samples, marks, t_max)?;
     root.present()?;
     Ok(())
+}
+
+/// The server's open descriptors, the idle count as a line.
+fn descriptors(
+    area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    samples: &[Sample],
+    marks: [f64; 2],
+    idle: Option<u64>,
+    t_max: f64,
+) -> Result<(), Box<dyn Error>> {
+    let fds: Vec<(f64, f64)> = samples
+        .iter()
+        .filter_map(|s| Some((s.t, s.fds? as f64)))
+        .collect();
+    let y_max = fds.iter().map(|p| p.1).fold(16.0, f64::max) * 1.15;
+    let caption = "server: open descriptors (/proc/PID/fd)";
+    let mut chart = chart(area, caption, "descriptors", t_max, y_max, marks)?;
+    if let Some(i) = idle {
+        threshold(
+            &mut chart,
+            i as f64,
+            t_max,
+            GREY,
+            "idle (target after the settle)",
+        )?;
+    }
+    line(&mut chart, fds, BLUE, "descriptors")?;
+    legend(&mut chart)
+}
+
+/// The server log's lines per second (all kinds), the per-kind target as a line.
+fn log_rate(
+    area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    samples: &[Sample],
+    marks: [f64; 2],
+    t_max: f64,
+) -> Result<(), Box<dyn Error>> {
+    let rate: Vec<(f64, f64)> = samples
+        .iter()
+        .filter_map(|s| Some((s.t, s.log_lines_per_s?)))
+        .collect();
+    let limit = super::MAX_LOG_PER_SECOND as f64;
+    let y_max = rate.iter().map(|p| p.1).fold(limit * 2.0, f64::max) * 1.15;
+    let caption = "server log: lines per second (all kinds of message)";
+    let mut chart = chart(area, caption, "lines/s", t_max, y_max, marks)?;
+    let red = RGBColor(200, 40, 40);
+    threshold(&mut chart, limit, t_max, red, "target: 10/s per kind")?;
+    line(&mut chart, rate, BLUE, "log lines/s (--server-log)")?;
+    legend(&mut chart)
 }
 
 /// The server's RSS and its RESP buffers over time, the idle RSS + 10 % as a line.
@@ -84,9 +139,14 @@ fn latency(
         .iter()
         .filter_map(|s| Some((s.t, s.p99_http_ms?)))
         .collect();
+    let grpc: Vec<(f64, f64)> = samples
+        .iter()
+        .filter_map(|s| Some((s.t, s.p99_grpc_ms?)))
+        .collect();
     let l_max = resp
         .iter()
         .chain(&http)
+        .chain(&grpc)
         .map(|p| p.1)
         .fold(super::MAX_P99_MS, f64::max)
         * 1.15;
@@ -97,6 +157,8 @@ fn latency(
     line(&mut chart, resp, BLUE, "CL.THROTTLE p99")?;
     let orange = RGBColor(230, 130, 20);
     line(&mut chart, http, orange, "POST /v1/check p99")?;
+    let purple = RGBColor(130, 50, 170);
+    line(&mut chart, grpc, purple, "gRPC ShouldRateLimit p99")?;
     legend(&mut chart)
 }
 

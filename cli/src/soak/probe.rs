@@ -1,7 +1,7 @@
 //! What the soak reads of the server and the machine: the server's resident memory from
-//! `/proc/PID/status` (and its process found from the port it listens on), its flags from
-//! `/proc/PID/cmdline`, its `/metrics` over HTTP, the kernel's TCP buffer memory from
-//! `/proc/net/sockstat`, and the load average.
+//! `/proc/PID/status` and its descriptors from `/proc/PID/fd` (its process found from the port
+//! it listens on), its flags from `/proc/PID/cmdline`, its `/metrics` over HTTP, the kernel's
+//! TCP buffer memory from `/proc/net/sockstat`, and the load average.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -25,6 +25,11 @@ pub fn status_bytes(pid: u32, field: &str) -> Option<u64> {
 /// The server's resident memory now.
 pub fn rss(pid: u32) -> Option<u64> {
     status_bytes(pid, "VmRSS")
+}
+
+/// The process's open file descriptors (the entries of `/proc/PID/fd`).
+pub fn fd_count(pid: u32) -> Option<u64> {
+    Some(std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64)
 }
 
 /// Resets the process's peak resident memory (`VmHWM`) to its current resident memory, so that
@@ -198,6 +203,9 @@ pub struct HttpResponse {
     pub body: Vec<u8>,
 }
 
+/// What [`read_response`] says when the connection closed before a response.
+pub const CLOSED: &str = "closed before a response";
+
 /// Reads one response (head, then a `Content-Length` body) from `s`; `extra` holds what was
 /// read past the previous response. Bounded: a head over 64 KiB or a body over 16 MiB is an
 /// error.
@@ -213,7 +221,7 @@ pub async fn read_response(s: &mut TcpStream, extra: &mut Vec<u8>) -> Result<Htt
         let mut chunk = [0u8; 8192];
         let n = s.read(&mut chunk).await.map_err(|e| e.to_string())?;
         if n == 0 {
-            return Err("closed before a response".into());
+            return Err(CLOSED.into());
         }
         buf.extend_from_slice(&chunk[..n]);
     };
@@ -251,6 +259,15 @@ pub async fn read_response(s: &mut TcpStream, extra: &mut Vec<u8>) -> Result<Htt
 /// `/metrics` of the server, as `name{labels}` → value; `None` if it cannot be read (no
 /// HTTP address, closed without the password, or an error).
 pub async fn metrics(http: SocketAddr, password: Option<&[u8]>) -> Option<HashMap<String, f64>> {
+    metrics_within(http, password, Duration::from_secs(5)).await
+}
+
+/// [`metrics`], given up after `wait`.
+pub async fn metrics_within(
+    http: SocketAddr,
+    password: Option<&[u8]>,
+    wait: Duration,
+) -> Option<HashMap<String, f64>> {
     let fetch = async {
         let mut s = TcpStream::connect(http).await.ok()?;
         let mut req =
@@ -265,10 +282,7 @@ pub async fn metrics(http: SocketAddr, password: Option<&[u8]>) -> Option<HashMa
         let r = read_response(&mut s, &mut Vec::new()).await.ok()?;
         (r.status == 200).then(|| parse_metrics(&String::from_utf8_lossy(&r.body)))
     };
-    tokio::time::timeout(Duration::from_secs(5), fetch)
-        .await
-        .ok()
-        .flatten()
+    tokio::time::timeout(wait, fetch).await.ok().flatten()
 }
 
 /// Prometheus text → sample name (with its labels) → value.
@@ -290,6 +304,7 @@ mod tests {
     fn reads_this_process() {
         let me = std::process::id();
         assert!(rss(me).unwrap() > 0);
+        assert!(fd_count(me).unwrap() >= 3);
         assert!(alive(me));
         assert!(cpu_seconds(me).is_some());
         assert_eq!(server_queues(&[1]), Some((0, 0)));

@@ -1,11 +1,14 @@
-//! The soak's report: what a run measured, summed up against the targets, as JSON (printed
-//! as is with `--json`, or as text by `text::print`).
+//! The soak's report: what a run measured, summed up against the targets ([`targets`]), as
+//! JSON (printed as is with `--json`, or as text by `text::print`).
 
+mod targets;
+
+use super::attack::{self, Proto};
 use super::bound::Bound;
 use super::check::{metric_checks, KeyCheck};
 use super::honest::{HonestRun, Recorder, Seen};
-use super::{attack, mib, p, Sample, Shared, SoakArgs, PHASES};
-use super::{MAX_GROWTH, MAX_P99_MS, SETTLE_WITHIN};
+use super::logs::Log;
+use super::{mib, p, Sample, Shared, SoakArgs, PHASES};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -24,6 +27,8 @@ pub(super) struct Run {
     pub hwm: Option<u64>,
     pub peak_reset: bool,
     pub after: Option<u64>,
+    /// The server's descriptors: idle (the quiet run's median), and once settled.
+    pub fds: [Option<u64>; 2],
     /// `/metrics` before the quiet run and after the settle.
     pub before: Option<HashMap<String, f64>>,
     pub metrics_after: Option<HashMap<String, f64>>,
@@ -32,6 +37,8 @@ pub(super) struct Run {
     pub alive: bool,
     /// The `panicked` lines of the server's log (`None`: not read).
     pub panicked: Option<Vec<String>>,
+    /// The server's log as read during the run (`None`: no `--server-log`).
+    pub log: Option<Log>,
     pub samples: Vec<Sample>,
 }
 
@@ -119,9 +126,13 @@ impl Memory {
             "bound": {
                 "per_resp_connection_kib": bound.per_resp as f64 / 1024.0,
                 "per_http_connection_kib": bound.per_http as f64 / 1024.0,
+                "per_http2_connection_kib": bound.per_h2 as f64 / 1024.0,
+                "http2_max_streams": bound.max_streams,
+                "bodies_mib": mib(bound.bodies),
                 "deferred_mib": mib(bound.deferred),
                 "resp_connections": bound.resp_connections,
                 "http_connections": bound.http_connections,
+                "http2_connections": bound.h2_connections,
                 "connections_mib": mib(bound.connections()),
                 "stores_mib": mib(bound.stores),
                 "total_mib": mib(bound.total()),
@@ -135,58 +146,73 @@ impl Memory {
 pub(super) fn build(a: &SoakArgs, r: &Run, sh: &Shared) -> Value {
     let m = Memory::of(r);
     let st = &sh.attack;
-    let resp_conns = m.peak_conns.map_or(
-        u64::from(a.connections) + u64::from(a.honest_resp) + 2,
-        |c| c as u64,
-    );
-    let bound = Bound::of(
-        &r.flags,
-        resp_conns,
-        plan_http(st) + u64::from(a.honest_http) + 2,
-    );
+    let peak = |p: Proto| st.proto(p).peak();
+    let resp_conns = m
+        .peak_conns
+        .map_or(peak(Proto::Resp) + u64::from(a.honest_resp) + 2, |c| {
+            c as u64
+        });
+    // The honest clients, the sampler's /metrics and the preflight's connection.
+    let http_conns = peak(Proto::Http) + peak(Proto::Admin) + u64::from(a.honest_http) + 2;
+    let h2_conns = peak(Proto::HttpH2) + peak(Proto::Grpc) + u64::from(a.honest_grpc);
+    let bound = Bound::of(&r.flags, resp_conns, http_conns, h2_conns);
     let metric_checks = metric_checks(r.before.as_ref(), r.metrics_after.as_ref(), &r.seen, st);
-    let targets = targets(a, r, sh, &m, &bound, &metric_checks);
+    let targets = targets::all(a, r, sh, &m, &bound, &metric_checks);
     let peak_from_vmhwm = r.peak_reset;
     let lat = |rec: &Recorder| json!({ "quiet": latency(rec, 0), "attack": latency(rec, 1), "settle": latency(rec, 2) });
     let keys = &r.keys;
+    let count = |on: Option<std::net::SocketAddr>, n: u32| if on.is_some() { n } else { 0 };
     json!({
         "target": a.target.to_string(),
         "http": a.http.map(|h| h.to_string()),
+        "grpc": a.grpc.map(|h| h.to_string()),
+        "admin": a.admin.map(|h| h.to_string()),
         "pid": r.pid,
         "flags_read": r.flags_read,
         "connections": a.connections,
         "seconds": a.seconds.as_secs_f64(),
         "quiet_seconds": a.quiet.as_secs_f64(),
         "settle_seconds": a.settle.as_secs_f64(),
-        "honest": { "resp": a.honest_resp, "http": if a.http.is_some() { a.honest_http } else { 0 }, "every_ms": a.every.as_secs_f64() * 1e3 },
+        "honest_clients": { "resp": a.honest_resp, "http": count(a.http, a.honest_http), "grpc": count(a.grpc, a.honest_grpc), "every_ms": a.every.as_secs_f64() * 1e3 },
         "load_average": { "start": r.load[0], "end": r.load[1] },
         "server": per_phase(&r.samples),
         "memory": m.json(&bound, peak_from_vmhwm, server_bound(r.before.as_ref())),
-        "latency": { "resp": lat(&sh.resp_rec), "http": lat(&sh.http_rec) },
-        "honest": { "resp": seen(&r.seen.resp), "http": seen(&r.seen.http) },
+        "descriptors": descriptors(r),
+        "log": log(r.log.as_ref()),
+        "latency": { "resp": lat(&sh.resp_rec), "http": lat(&sh.http_rec), "grpc": lat(&sh.grpc_rec), "client_wakeup_late": lat(&sh.late_rec) },
+        "honest": { "resp": seen(&r.seen.resp), "http": seen(&r.seen.http), "grpc": seen(&r.seen.grpc) },
         "keys": { "checked": keys.keys, "admissions_seen": keys.seen, "consumed": keys.consumed, "mismatches": keys.mismatches },
         "metrics": metric_checks,
         "attacks": attacks(st),
+        "attacking_connections_peak": Proto::ALL.iter().map(|p| (p.name(), peak(*p))).collect::<std::collections::BTreeMap<_, _>>(),
         "targets": targets,
         "samples": r.samples,
     })
 }
 
-/// HTTP attackers of the plan.
-fn plan_http(st: &attack::Stats) -> u64 {
-    st.kinds
+/// The server's descriptors: idle, at the attack's peak, once settled.
+fn descriptors(r: &Run) -> Value {
+    let peak = r
+        .samples
         .iter()
-        .filter(|(k, _)| {
-            matches!(
-                k,
-                attack::Kind::Slowloris
-                    | attack::Kind::BigBody
-                    | attack::Kind::NoCreds
-                    | attack::Kind::TaggedIds
-            )
-        })
-        .map(|(_, s)| s.tasks.load(Ordering::Relaxed))
-        .sum()
+        .filter(|s| s.phase == 1)
+        .filter_map(|s| s.fds)
+        .max();
+    json!({ "idle": r.fds[0], "peak": peak, "after_settle": r.fds[1] })
+}
+
+/// The server's log: its lines, and the kinds of message with the most in one second.
+fn log(l: Option<&Log>) -> Value {
+    let Some(l) = l.filter(|l| l.readable) else {
+        return Value::Null;
+    };
+    let worst: Vec<Value> = l
+        .worst()
+        .iter()
+        .take(8)
+        .map(|(k, c)| json!({ "kind": k, "lines": c.lines, "max_per_second": c.max() }))
+        .collect();
+    json!({ "lines": l.lines, "kinds": l.kinds.len(), "skipped_bytes": l.skipped_bytes, "worst": worst })
 }
 
 /// Per phase: the server's CPU share (of one core) and RESP commands per second.
@@ -194,11 +220,14 @@ fn per_phase(samples: &[Sample]) -> Vec<Value> {
     (0..PHASES.len())
         .map(|ph| {
             let v: Vec<&Sample> = samples.iter().filter(|s| s.phase == ph).collect();
+            // Between the phase's first and last samples that have the figure (a /metrics
+            // not read within its wait leaves a sample without it).
             let rate = |f: fn(&Sample) -> Option<f64>| {
-                let (a, b) = (v.first()?, v.last()?);
-                let dt = b.t - a.t;
-                let d = f(b)? - f(a)?;
-                (dt > 0.0).then(|| d / dt)
+                let mut got = v.iter().filter_map(|s| Some((s.t, f(s)?)));
+                let a = got.next()?;
+                let b = got.next_back()?;
+                let dt = b.0 - a.0;
+                (dt > 0.0).then(|| (b.1 - a.1) / dt)
             };
             json!({ "phase": PHASES[ph], "server_cpu": rate(|s| s.cpu), "resp_commands_per_s": rate(|s| s.commands) })
         })
@@ -222,7 +251,7 @@ fn server_bound(before: Option<&HashMap<String, f64>>) -> Option<Value> {
 
 fn latency(r: &Recorder, ph: usize) -> Value {
     let h = r.phase(ph);
-    json!({ "requests": h.len(), "p50_ms": p(&h, 0.5), "p99_ms": p(&h, 0.99), "max_ms": p(&h, 1.0) })
+    json!({ "requests": h.len(), "p50_ms": p(&h, 0.5), "p99_ms": p(&h, 0.99), "p999_ms": p(&h, 0.999), "max_ms": p(&h, 1.0) })
 }
 
 fn sum(v: &[Seen], f: fn(&Seen) -> u64) -> u64 {
@@ -243,8 +272,11 @@ fn attacks(st: &attack::Stats) -> Vec<Value> {
         .map(|(kind, k)| {
             json!({
                 "kind": kind.name(),
+                "flag": kind.flag(),
                 "tasks": k.tasks.load(Ordering::Relaxed),
                 "connections": k.connections.load(Ordering::Relaxed),
+                "ops": k.ops.load(Ordering::Relaxed),
+                "longest_connection_s": k.longest_ms.load(Ordering::Relaxed) as f64 / 1e3,
                 "sent_mib": mib(k.bytes_sent.load(Ordering::Relaxed)),
                 "outcomes": *k.outcomes.lock().expect("not poisoned"),
                 "unexpected": k.unexpected.load(Ordering::Relaxed),
@@ -255,103 +287,44 @@ fn attacks(st: &attack::Stats) -> Vec<Value> {
         .collect()
 }
 
-/// One target: met, missed or not measured (`None`), with its figure.
-fn target(name: &str, met: Option<bool>, figure: String) -> Value {
-    json!({ "target": name, "met": met, "figure": figure })
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// The soak's targets, each met, missed or not measured, with its figure.
-fn targets(
-    a: &SoakArgs,
-    r: &Run,
-    sh: &Shared,
-    m: &Memory,
-    bound: &Bound,
-    metric_checks: &[Value],
-) -> Vec<Value> {
-    let mut targets = memory_targets(a, m, bound);
-    let p99_attack = [
-        ("honest CL.THROTTLE p99 under attack <= 10 ms", &sh.resp_rec),
-        (
-            "honest POST /v1/check p99 under attack <= 10 ms",
-            &sh.http_rec,
-        ),
-    ];
-    for (name, rec) in p99_attack {
-        if name.contains("/v1/check") && a.http.is_none() {
-            continue;
+    fn sample(t: f64, phase: usize, cpu: f64, commands: Option<f64>) -> Sample {
+        Sample {
+            t,
+            phase,
+            rss: None,
+            buffers: None,
+            deferred: None,
+            resp_connections: None,
+            kernel_tcp: None,
+            server_queues: None,
+            p99_resp_ms: None,
+            p99_http_ms: None,
+            p99_grpc_ms: None,
+            fds: None,
+            log_lines_per_s: None,
+            attack_open: 0,
+            cpu: Some(cpu),
+            commands,
         }
-        let v = p(&rec.phase(1), 0.99);
-        targets.push(target(
-            name,
-            v.map(|x| x <= MAX_P99_MS),
-            v.map_or("?".into(), |x| format!("{x:.2} ms")),
-        ));
     }
-    let (keys, alive, panicked) = (&r.keys, r.alive, &r.panicked);
-    targets.push(target(
-        "no panic",
-        Some(alive && panicked.as_ref().is_none_or(Vec::is_empty)),
-        format!(
-            "server {}{}",
-            if alive { "alive" } else { "gone" },
-            match panicked {
-                None => ", log not read".to_string(),
-                Some(v) if v.is_empty() => ", no panic in its log".to_string(),
-                Some(v) => format!(": {}", v.join(" | ")),
-            }
-        ),
-    ));
-    targets.push(target(
-        "nothing admitted lost",
-        Some(keys.mismatches.is_empty() && metric_checks.iter().all(|c| c["ok"] != json!(false))),
-        format!(
-            "{} keys: {} admissions seen, {} consumed; {} mismatches",
-            keys.keys,
-            keys.seen,
-            keys.consumed,
-            keys.mismatches.len()
-        ),
-    ));
-    let honest_errors = sum(&r.seen.resp, |s| s.errors) + sum(&r.seen.http, |s| s.errors);
-    targets.push(target(
-        "no honest errors",
-        Some(honest_errors == 0),
-        format!("{honest_errors} errors"),
-    ));
-    targets
-}
 
-/// The memory targets: the peak within the bound and 256 MiB, back near idle after the
-/// settle.
-fn memory_targets(a: &SoakArgs, m: &Memory, bound: &Bound) -> Vec<Value> {
-    let growth = m.growth;
-    let growth_mib = growth.map_or("?".into(), |g| format!("{:.1}", mib(g)));
-    vec![
-        target(
-            "peak RSS <= idle + the documented bound",
-            growth.map(|g| g <= bound.total()),
-            format!(
-                "+{growth_mib} MiB against +{:.1} MiB (connections {:.1} MiB + CL.THROTTLE store {:.1} MiB)",
-                mib(bound.total()),
-                mib(bound.connections()),
-                mib(bound.stores)
-            ),
-        ),
-        target(
-            "peak RSS <= idle + 256 MiB",
-            growth.map(|g| g <= MAX_GROWTH),
-            format!("+{growth_mib} MiB"),
-        ),
-        target(
-            "RSS within 10 % of idle after the settle",
-            m.settle_ratio.map(|r| r.abs() <= SETTLE_WITHIN),
-            format!(
-                "{} after {:?}",
-                m.settle_ratio
-                    .map_or("?".into(), |r| format!("{:+.1} %", r * 100.0)),
-                a.settle
-            ),
-        ),
-    ]
+    #[test]
+    fn a_phase_rate_skips_the_samples_without_the_figure() {
+        let v = vec![
+            sample(0.0, 1, 0.0, None),
+            sample(1.0, 1, 0.5, Some(100.0)),
+            sample(3.0, 1, 1.5, Some(500.0)),
+            sample(4.0, 1, 2.0, None),
+        ];
+        let out = per_phase(&v);
+        assert_eq!(out[1]["server_cpu"], json!(0.5));
+        assert_eq!(out[1]["resp_commands_per_s"], json!(200.0));
+        // One sample with it: no rate.
+        let one = vec![sample(0.0, 2, 0.0, Some(1.0)), sample(1.0, 2, 1.0, None)];
+        assert_eq!(per_phase(&one)[2]["resp_commands_per_s"], Value::Null);
+    }
 }

@@ -24,6 +24,7 @@ pub(super) fn print(r: &Value) {
     );
     println!();
     memory(r);
+    descriptors_and_log(r);
     println!();
     latency(r);
     println!();
@@ -55,8 +56,8 @@ fn memory(r: &Value) {
     );
     let b = &m["bound"];
     println!(
-        "bound: {} RESP connections x {} KiB + {} MiB deferred + {} HTTP connections x {} KiB = {} MiB, + CL.THROTTLE store {} MiB",
-        b["resp_connections"], f(&b["per_resp_connection_kib"]), f(&b["deferred_mib"]), b["http_connections"], f(&b["per_http_connection_kib"]), f(&b["connections_mib"]), f(&b["stores_mib"]),
+        "bound: {} RESP connections x {} KiB + {} MiB deferred + {} HTTP connections x {} KiB + {} HTTP/2 and gRPC connections x {} KiB ({} streams) + {} MiB of bodies = {} MiB, + CL.THROTTLE store {} MiB",
+        b["resp_connections"], f(&b["per_resp_connection_kib"]), f(&b["deferred_mib"]), b["http_connections"], f(&b["per_http_connection_kib"]), b["http2_connections"], f(&b["per_http2_connection_kib"]), b["http2_max_streams"], f(&b["bodies_mib"]), f(&b["connections_mib"]), f(&b["stores_mib"]),
     );
     let sb = &m["server_stated_bound_mib"];
     if !sb.is_null() {
@@ -94,35 +95,76 @@ fn memory(r: &Value) {
     }
 }
 
-/// The honest clients' latencies per phase.
+/// The server's descriptors and its log's busiest kinds of message.
+fn descriptors_and_log(r: &Value) {
+    let d = &r["descriptors"];
+    println!(
+        "server descriptors: {} idle, {} at the attack's peak, {} after the settle",
+        d["idle"], d["peak"], d["after_settle"]
+    );
+    let l = &r["log"];
+    if l.is_null() {
+        return;
+    }
+    println!(
+        "server log: {} lines of {} kinds while the soak ran; the most in one second:",
+        l["lines"], l["kinds"]
+    );
+    for k in l["worst"].as_array().into_iter().flatten().take(5) {
+        println!(
+            "  {:>7}/s {:>9} lines  {}",
+            k["max_per_second"],
+            k["lines"],
+            k["kind"]
+                .as_str()
+                .unwrap_or("?")
+                .chars()
+                .take(110)
+                .collect::<String>()
+        );
+    }
+}
+
+/// The honest clients' latencies and errors per phase.
 fn latency(r: &Value) {
     println!(
-        "{:<22} {:>9} {:>9} {:>9} {:>9}",
-        "honest latency (ms)", "requests", "p50", "p99", "max"
+        "{:<28} {:>9} {:>8} {:>8} {:>8} {:>8}",
+        "honest latency (ms)", "requests", "p50", "p99", "p99.9", "max"
     );
-    for (proto, name) in [("resp", "CL.THROTTLE"), ("http", "POST /v1/check")] {
+    for (proto, name) in [
+        ("resp", "CL.THROTTLE"),
+        ("http", "POST /v1/check"),
+        ("grpc", "gRPC ShouldRateLimit"),
+        ("client_wakeup_late", "soak's own wake-up delay"),
+    ] {
         for ph in PHASES {
             let l = &r["latency"][proto][ph];
             if l["requests"] == json!(0) {
                 continue;
             }
             println!(
-                "{:<22} {:>9} {:>9} {:>9} {:>9}",
+                "{:<28} {:>9} {:>8} {:>8} {:>8} {:>8}",
                 format!("{name} {ph}"),
                 l["requests"],
                 f2(&l["p50_ms"]),
                 f2(&l["p99_ms"]),
-                f2(&l["max_ms"])
+                f2(&l["p999_ms"]),
+                f2(&l["max_ms"]),
             );
         }
     }
+    let h = &r["honest"];
+    println!(
+        "honest errors (all phases): RESP {}, HTTP {}, gRPC {}",
+        h["resp"]["errors"], h["http"]["errors"], h["grpc"]["errors"]
+    );
 }
 
 /// What the server did to each kind of attacker.
 fn attacks(r: &Value) {
     println!(
-        "{:<28} {:>6} {:>8} {:>9} {:>6}  outcomes",
-        "attack", "tasks", "conns", "sent MiB", "unexp"
+        "{:<28} {:>6} {:>8} {:>8} {:>9} {:>8} {:>6}  outcomes",
+        "attack", "tasks", "conns", "ops", "sent MiB", "longest", "unexp"
     );
     for k in r["attacks"].as_array().into_iter().flatten() {
         let outcomes = k["outcomes"]
@@ -135,12 +177,14 @@ fn attacks(r: &Value) {
             })
             .unwrap_or_default();
         println!(
-            "{:<28} {:>6} {:>8} {:>9} {:>6}  {outcomes}",
+            "{:<28} {:>6} {:>8} {:>8} {:>9} {:>7}s {:>6}  {outcomes}",
             k["kind"].as_str().unwrap_or("?"),
-            k["tasks"],
-            k["connections"],
+            k["tasks"].to_string(),
+            k["connections"].to_string(),
+            k["ops"].to_string(),
             f(&k["sent_mib"]),
-            k["unexpected"]
+            f(&k["longest_connection_s"]),
+            k["unexpected"].to_string()
         );
         for s in k["samples"].as_array().into_iter().flatten() {
             println!("{:<28} {}", "", s.as_str().unwrap_or("?"));
@@ -180,7 +224,7 @@ fn checks(r: &Value) {
             c["expected_to"]
         );
     }
-    for proto in ["resp", "http"] {
+    for proto in ["resp", "http", "grpc"] {
         for s in r["honest"][proto]["samples"]
             .as_array()
             .into_iter()
@@ -200,7 +244,7 @@ fn targets(r: &Value) {
             None => "not measured",
         };
         println!(
-            "{:<50} {:<13} {}",
+            "{:<56} {:<13} {}",
             t["target"].as_str().unwrap_or("?"),
             mark,
             t["figure"].as_str().unwrap_or("")

@@ -74,11 +74,31 @@ impl Drop for Running {
 /// start) and waits, at most 30 s in all, until each of `ports` accepts on 127.0.0.1. Panics
 /// with what the server wrote if it exits first.
 pub fn spawn_listening(cmd: &mut std::process::Command, ports: &[u16]) -> Running {
+    spawn_listening_to(cmd, ports, std::process::Stdio::piped(), None)
+}
+
+/// [`spawn_listening`] with the server's standard error written to `log` (a server that logs
+/// much under attack must not block on a pipe no one reads; the soak reads the file).
+pub fn spawn_listening_logged(
+    cmd: &mut std::process::Command,
+    ports: &[u16],
+    log: &Path,
+) -> Running {
+    let f = std::fs::File::create(log).expect("the server's log file");
+    spawn_listening_to(cmd, ports, std::process::Stdio::from(f), Some(log))
+}
+
+fn spawn_listening_to(
+    cmd: &mut std::process::Command,
+    ports: &[u16],
+    stderr: std::process::Stdio,
+    log: Option<&Path>,
+) -> Running {
     use std::io::Read;
     use std::time::{Duration, Instant};
     let child = cmd
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
+        .stderr(stderr)
         .spawn()
         .expect("turnstile serve starts");
     let mut s = Running(child);
@@ -87,7 +107,12 @@ pub fn spawn_listening(cmd: &mut std::process::Command, ports: &[u16]) -> Runnin
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             if let Some(st) = s.try_wait().unwrap() {
                 let mut err = String::new();
-                let _ = s.stderr.take().unwrap().read_to_string(&mut err);
+                if let Some(mut e) = s.stderr.take() {
+                    let _ = e.read_to_string(&mut err);
+                }
+                if let Some(l) = log {
+                    err = std::fs::read_to_string(l).unwrap_or_default();
+                }
                 panic!("turnstile serve exited ({st}) before listening: {err}");
             }
             assert!(

@@ -1,7 +1,8 @@
 //! An attacker's connection: raw bytes out, RESP replies read back, every wait bounded, and
-//! counted open while it lives.
+//! counted open (per kind and per listener) while it lives.
 
-use super::{KindStats, Outcome};
+use super::stats::{Gauge, KindStats};
+use super::{source, Kind, Outcome};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -13,7 +14,9 @@ use tokio::time::{timeout, timeout_at, Instant};
 pub(super) struct Conn<'a> {
     pub(super) s: TcpStream,
     pub(super) buf: Vec<u8>,
-    st: &'a KindStats,
+    pub(super) st: &'a KindStats,
+    gauge: &'a Gauge,
+    opened: Instant,
 }
 
 /// How reading ended.
@@ -24,26 +27,48 @@ pub(super) enum End {
 }
 
 impl<'a> Conn<'a> {
-    pub(super) async fn open(addr: SocketAddr, st: &'a KindStats) -> Result<Conn<'a>, Outcome> {
-        let s = timeout(Duration::from_secs(5), TcpStream::connect(addr))
+    /// A connection to `addr` from the address of `kind`'s attackers ([`source::of`]).
+    pub(super) async fn open(
+        addr: SocketAddr,
+        kind: Kind,
+        st: &'a KindStats,
+        gauge: &'a Gauge,
+    ) -> Result<Conn<'a>, Outcome> {
+        let from = source::of(kind, addr);
+        let s = timeout(Duration::from_secs(5), source::connect(addr, from))
             .await
             .map_err(|_| Outcome::Connect("no connection within 5 s".into()))?
             .map_err(|e| Outcome::Connect(e.to_string()))?;
         let _ = s.set_nodelay(true);
         st.connections.fetch_add(1, Ordering::Relaxed);
         st.open.fetch_add(1, Ordering::Relaxed);
+        gauge.up();
         Ok(Conn {
             s,
             buf: Vec::new(),
             st,
+            gauge,
+            opened: Instant::now(),
         })
+    }
+
+    /// Whether the server has closed the connection (or it failed), without waiting: what it
+    /// sent meanwhile is read and dropped.
+    pub(super) fn closed(&mut self) -> bool {
+        let mut chunk = [0u8; 4096];
+        loop {
+            match self.s.try_read(&mut chunk) {
+                Ok(0) => return true,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
+                Err(_) => return true,
+            }
+        }
     }
 
     pub(super) async fn send(&mut self, b: &[u8]) -> std::io::Result<()> {
         self.s.write_all(b).await?;
-        self.st
-            .bytes_sent
-            .fetch_add(b.len() as u64, Ordering::Relaxed);
+        self.st.sent(b.len());
         Ok(())
     }
 
@@ -54,7 +79,7 @@ impl<'a> Conn<'a> {
             Err(_) => Ok(0),
             Ok(Ok(0)) => Err(std::io::ErrorKind::WriteZero.into()),
             Ok(Ok(n)) => {
-                self.st.bytes_sent.fetch_add(n as u64, Ordering::Relaxed);
+                self.st.sent(n);
                 Ok(n)
             }
             Ok(Err(e)) => Err(e),
@@ -137,7 +162,7 @@ impl<'a> Conn<'a> {
 
     /// Waits, reading nothing it needs, until the server closes the connection (`true`) or
     /// `until`.
-    async fn hold(&mut self, until: Instant) -> bool {
+    pub(super) async fn hold(&mut self, until: Instant) -> bool {
         let mut chunk = [0u8; 4096];
         loop {
             match timeout_at(until, self.s.read(&mut chunk)).await {
@@ -178,6 +203,9 @@ impl<'a> Conn<'a> {
 impl Drop for Conn<'_> {
     fn drop(&mut self) {
         self.st.open.fetch_sub(1, Ordering::Relaxed);
+        self.gauge.down();
+        let ms = self.opened.elapsed().as_millis() as u64;
+        self.st.longest_ms.fetch_max(ms, Ordering::Relaxed);
     }
 }
 

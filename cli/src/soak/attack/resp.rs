@@ -3,6 +3,7 @@
 //! and tagged customer ids.
 
 use super::conn::{ended, frame, Conn, End};
+use super::http::closed_label;
 use super::{Outcome, Rng, Stats, Target, WAIT};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -152,14 +153,25 @@ pub(super) async fn unauth_flood(
 ) -> Result<Outcome, Outcome> {
     let one = frame(&[b"CL.THROTTLE", b"k", b"1", b"1", b"1"]);
     let batch = one.repeat(64);
+    let opened = Instant::now();
+    let mut answered = false;
+    // Closed once answered: the server's authentication deadline (or its output bound).
+    let closed = |answered: bool, e: String| {
+        if answered {
+            Outcome::Expected(closed_label(opened))
+        } else {
+            Outcome::Unexpected(format!("flood: {e} before the first answer"))
+        }
+    };
     while Instant::now() < until {
-        if c.send(&batch).await.is_err() {
-            return Ok(Outcome::Unexpected("closed while flooding".into()));
+        if let Err(e) = c.send(&batch).await {
+            return Ok(closed(answered, e.to_string()));
         }
         for _ in 0..64 {
             match c.reply(WAIT).await {
-                Ok(l) if t.password.is_none() || l.starts_with("-NOAUTH") => {}
+                Ok(l) if t.password.is_none() || l.starts_with("-NOAUTH") => answered = true,
                 Ok(l) => return Ok(Outcome::Unexpected(format!("answered {l:.80} before AUTH"))),
+                Err(e @ (End::Closed | End::Error(_))) => return Ok(closed(answered, ended(&e))),
                 Err(e) => return Ok(Outcome::Unexpected(format!("flood: {}", ended(&e)))),
             }
         }
@@ -194,10 +206,26 @@ pub(super) async fn new_params(
         {
             return Ok(Outcome::Unexpected("closed while sending".into()));
         }
-        match c.reply(WAIT).await {
+        match c.line(WAIT).await {
             Ok(l) if l == "*5" => {
+                // Its first element says whether it was admitted (a key whose parameters
+                // change keeps its state: some are limited).
+                let mut first = String::new();
+                for i in 0..5 {
+                    match c.line(WAIT).await {
+                        Ok(x) if i == 0 => first = x,
+                        Ok(_) => {}
+                        Err(e) => {
+                            return Ok(Outcome::Unexpected(format!("no reply: {}", ended(&e))))
+                        }
+                    }
+                }
                 made += 1;
-                s.throttle_allowed_seen.fetch_add(1, Ordering::Relaxed);
+                match first.as_str() {
+                    ":0" => s.throttle_allowed_seen.fetch_add(1, Ordering::Relaxed),
+                    ":1" => s.throttle_limited_seen.fetch_add(1, Ordering::Relaxed),
+                    x => return Ok(Outcome::Unexpected(format!("answered *5, then {x:.40}"))),
+                };
             }
             Ok(l) if l.starts_with("-ERR no room for another CL.THROTTLE store") => refused += 1,
             Ok(l) => return Ok(Outcome::Unexpected(format!("answered {l:.120}"))),
