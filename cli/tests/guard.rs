@@ -397,6 +397,10 @@ fn wrong_passwords_are_slowed_per_source_and_close_the_connection() {
         },
         &[],
     );
+    // A keep-alive HTTP connection that showed the password before the guessing.
+    let mut kept = connect(s.http);
+    kept.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert_eq!(keep_alive_get(&mut kept, "/metrics", PASSWORD), 200);
     let mut c = connect(s.resp);
     c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut replies = String::new();
@@ -421,6 +425,9 @@ fn wrong_passwords_are_slowed_per_source_and_close_the_connection() {
     let (code, body) = s.curl(s.http, "GET", "/metrics", Some(PASSWORD), None);
     assert_eq!(code, 429, "{body}");
     assert!(body.contains("too many wrong passwords"), "{body}");
+    // The password a connection had accepted is not a guess: the guesser behind the same
+    // address does not lock it out.
+    assert_eq!(keep_alive_get(&mut kept, "/metrics", PASSWORD), 200);
     let o = Command::new("redis-cli")
         .args(["-h", "127.0.0.1", "-p", &s.resp.to_string()])
         .args(["--no-auth-warning", "-a", PASSWORD, "PING"])
@@ -440,6 +447,31 @@ fn wrong_passwords_are_slowed_per_source_and_close_the_connection() {
     assert_eq!(code, 200);
     assert!(s.metric("turnstile_auth_failures_total{result=\"wrong\"}") >= 20.0);
     assert!(s.metric("turnstile_auth_failures_total{result=\"throttled\"}") >= 2.0);
+}
+
+/// A GET on a keep-alive HTTP/1.1 connection with `token` as its bearer: the status, the
+/// body read whole (by its Content-Length) so the connection can be used again.
+fn keep_alive_get(c: &mut TcpStream, path: &str, token: &str) -> u16 {
+    let req = format!("GET {path} HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {token}\r\n\r\n");
+    c.write_all(req.as_bytes()).unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(
+            c.read(&mut byte).unwrap(),
+            1,
+            "the connection ended: {head:?}"
+        );
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .map_or(0, |v| v.trim().parse().unwrap());
+    let mut body = vec![0u8; len];
+    c.read_exact(&mut body).unwrap();
+    head.split(' ').nth(1).unwrap().parse().unwrap()
 }
 
 /// Every route's body and every gRPC message stay within `--max-body` (Envoy's `POST /json`

@@ -41,6 +41,20 @@ pub(crate) enum Access {
     Admin,
 }
 
+impl Access {
+    /// A grant's tag, as a connection remembers it (`listen::Conn::accept`): never 0.
+    pub(crate) fn tag(self) -> u8 {
+        self as u8 + 1
+    }
+
+    /// The grant of a tag from [`Access::tag`].
+    pub(crate) fn of_tag(tag: u8) -> Option<Self> {
+        [Access::None, Access::Client, Access::Admin]
+            .into_iter()
+            .find(|a| a.tag() == tag)
+    }
+}
+
 /// The passwords, and what a listener grants without them.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Auth {

@@ -189,6 +189,10 @@ impl Dispatch {
         let Some(token) = v.as_bytes().strip_prefix(b"Bearer ") else {
             return Shown::Access(None);
         };
+        if let Some(a) = self.conn.accepted(token).and_then(Access::of_tag) {
+            // The password this connection had accepted before: not a guess.
+            return Shown::Access(Some(a));
+        }
         let guard = &self.shared.guard;
         if let Err(t) = guard.throttle.allow(self.peer) {
             guard.auth_failed(true);
@@ -196,7 +200,10 @@ impl Dispatch {
         }
         let granted = auth.grant(None, token, self.trusted);
         match granted {
-            Some(a) if a >= Access::Client => self.conn.authenticated(),
+            Some(a) if a >= Access::Client => {
+                self.conn.authenticated();
+                self.conn.accept(token, a.tag());
+            }
             _ => {
                 guard.throttle.failed(self.peer);
                 guard.auth_failed(false);

@@ -193,6 +193,10 @@ impl GrpcConn {
         let Some(token) = token else {
             return Err(Status::unauthenticated(NEEDS_PASSWORD));
         };
+        if self.conn.accepted(token).is_some() {
+            // The password this connection had accepted before: not a guess.
+            return Ok(());
+        }
         let guard = &self.gate.guard;
         if let Err(t) = guard.throttle.allow(self.peer) {
             guard.auth_failed(true);
@@ -204,6 +208,7 @@ impl GrpcConn {
         match auth.grant(None, token, false) {
             Some(a) if a >= Access::Client => {
                 self.conn.authenticated();
+                self.conn.accept(token, a.tag());
                 Ok(())
             }
             _ => {
@@ -219,9 +224,25 @@ impl GrpcConn {
 const NEEDS_PASSWORD: &str = "this rate limit service needs the server's password: send `authorization: Bearer PASSWORD` metadata (--requirepass)";
 
 type Answer = http::Response<tonic::body::Body>;
-type Inner = <RateLimitServiceServer<Grpc> as tower_service::Service<
-    http::Request<crate::listen::body::Metered<hyper::body::Incoming>>,
->>::Future;
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// A call's body: metered by the guard, a refusal for `--body-memory` made a
+/// `RESOURCE_EXHAUSTED` status (tonic answers a body's error that is a `Status` with it).
+type CallBody = http_body_util::combinators::MapErr<
+    crate::listen::body::Metered<hyper::body::Incoming>,
+    fn(BoxError) -> BoxError,
+>;
+type Inner =
+    <RateLimitServiceServer<Grpc> as tower_service::Service<http::Request<CallBody>>>::Future;
+
+/// A body's error, as tonic should answer it: `--body-memory`'s refusal as
+/// `RESOURCE_EXHAUSTED`, any other as it is.
+fn budget_status(e: BoxError) -> BoxError {
+    if crate::listen::budget::is_budget(&*e) {
+        Box::new(Status::resource_exhausted(e.to_string()))
+    } else {
+        e
+    }
+}
 
 impl tower_service::Service<http::Request<hyper::body::Incoming>> for GrpcConn {
     type Response = Answer;
@@ -238,7 +259,11 @@ impl tower_service::Service<http::Request<hyper::body::Incoming>> for GrpcConn {
         if let Err(status) = self.authorize(&req) {
             return Call::Refused(Some(status.into_http()));
         }
-        let req = req.map(|b| crate::listen::body::Metered::new(b, self.conn.clone()));
+        let req = req.map(|b| {
+            use http_body_util::BodyExt;
+            let metered = crate::listen::body::Metered::new(b, self.conn.clone());
+            metered.map_err(budget_status as fn(BoxError) -> BoxError)
+        });
         Call::Serving {
             call: tower_service::Service::call(&mut self.svc, req),
             _busy: busy,

@@ -39,7 +39,24 @@ pub fn json_router(envoy: Arc<Envoy>, max_body: usize) -> Router {
         .with_state(envoy)
 }
 
-async fn handle_json(State(envoy): State<Arc<Envoy>>, body: Bytes) -> Response {
+async fn handle_json(
+    State(envoy): State<Arc<Envoy>>,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Response {
+    let body = match body {
+        Ok(b) => b,
+        // `--body-memory`: the server holds as many bodies as it may; a retry may pass.
+        Err(e) if crate::listen::budget::is_budget(&e) => {
+            let text = crate::listen::budget::BodyBudget.to_string();
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                [(axum::http::header::RETRY_AFTER, "1")],
+                text,
+            )
+                .into_response();
+        }
+        Err(e) => return e.into_response(),
+    };
     let req = match parse_request(&body) {
         Ok(r) => r,
         Err(e) => return (StatusCode::BAD_REQUEST, e).into_response(),

@@ -32,6 +32,16 @@ pub(crate) struct Conn {
     body_since: AtomicU64,
     /// Bytes of bodies received since `body_since`.
     body_bytes: AtomicU64,
+    /// The password this connection last had accepted: a keyed hash of it (the top 56
+    /// bits) and the grant's tag (the low byte, never 0); 0 if none. See [`Conn::accepted`].
+    accepted: AtomicU64,
+}
+
+/// The process's key of [`Conn::accepted`]'s hashes (random per process).
+fn token_hash(token: &[u8]) -> u64 {
+    use std::hash::BuildHasher;
+    static KEY: std::sync::OnceLock<std::hash::RandomState> = std::sync::OnceLock::new();
+    KEY.get_or_init(std::hash::RandomState::new).hash_one(token) & !0xff
 }
 
 // Relaxed throughout: advisory state read by the sweeper once a second; a race closes a
@@ -57,7 +67,26 @@ impl Conn {
             bodies: AtomicU32::new(0),
             body_since: AtomicU64::new(now),
             body_bytes: AtomicU64::new(0),
+            accepted: AtomicU64::new(0),
         }
+    }
+
+    /// The grant's tag if `token` is the password this connection last had accepted: a
+    /// request that shows it again is not a guess, and is neither slowed nor refused for its
+    /// address's wrong attempts (an HTTP/2 or keep-alive connection shows its password with
+    /// every request). Another password is checked as any guess is. A collision of the
+    /// keyed 56-bit hashes would take about 2^55 requests on one connection.
+    pub(crate) fn accepted(&self, token: &[u8]) -> Option<u8> {
+        let v = self.accepted.load(Ordering::Relaxed);
+        let tag = (v & 0xff) as u8;
+        (tag != 0 && v & !0xff == token_hash(token)).then_some(tag)
+    }
+
+    /// Remembers `token` as accepted with grant `tag` (not 0).
+    pub(crate) fn accept(&self, token: &[u8], tag: u8) {
+        debug_assert!(tag != 0);
+        self.accepted
+            .store(token_hash(token) | u64::from(tag), Ordering::Relaxed);
     }
 
     fn now(&self) -> u64 {
