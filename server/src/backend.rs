@@ -22,6 +22,9 @@ use turnstile_redis::{FailureStats, RedisRules};
 /// How long a reload or the start waits for a new backend's connection (turnstile-redis gives
 /// up after 2 s; this bounds the wait for its answer).
 const CONNECT_WAIT: Duration = Duration::from_secs(10);
+/// How long the shutdown waits for the leases to be given back (one pipelined call per
+/// node; a Redis away times out by the store's own timeout).
+const RETURN_WAIT: Duration = Duration::from_secs(2);
 
 /// The backend in use and the runtime its Redis connections were made on.
 pub(crate) struct Backends {
@@ -183,11 +186,40 @@ impl Backends {
         Ok(handle)
     }
 
-    /// Stops the Redis runtime (after the workers stopped): its connections close.
+    /// What each leased rule of the backend in use did with its leases (since it was
+    /// connected: a new backend starts from 0, as a restarted process does).
+    pub(crate) fn lease_stats(&self) -> Vec<(String, turnstile_redis::LeaseStats)> {
+        self.current
+            .load()
+            .as_ref()
+            .map_or_else(Vec::new, |r| r.lease_stats())
+    }
+
+    /// Stops the Redis runtime (after the workers stopped): its connections close. What the
+    /// backend's leases hold is given back first, within [`RETURN_WAIT`], so a rolling
+    /// restart strands nothing.
     pub(crate) fn shutdown(&self) {
         // Relaxed: see `redis`.
         self.active.store(false, Ordering::Relaxed);
-        self.current.store(None);
+        let current = self.current.swap(None);
+        let handle = self
+            .runtime
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|r| r.handle.clone());
+        if let (Some(r), Some(h)) = (current, handle) {
+            let (tx, rx) = std::sync::mpsc::channel();
+            h.spawn(async move {
+                r.return_leases().await;
+                let _ = tx.send(());
+            });
+            if rx.recv_timeout(RETURN_WAIT).is_err() {
+                tracing::warn!(
+                    "the leases were not all given back within {RETURN_WAIT:?}; what they hold comes back when they end"
+                );
+            }
+        }
         let r = self
             .runtime
             .lock()

@@ -365,7 +365,36 @@ fn rules(o: &mut Exposition, s: &Server) {
             u64::from(open),
         );
     }
+    leases(o, s);
     limits_in_redis(o);
+}
+
+/// What each leased rule's leases did (`[backend] leases = "auto"`), by rule: a series per
+/// rule whose limits are leased, never per key.
+fn leases(o: &mut Exposition, s: &Server) {
+    let all = s.checks.backends.lease_stats();
+    if all.is_empty() {
+        return;
+    }
+    type Field = fn(&turnstile_redis::LeaseStats) -> u64;
+    let rows: [(&str, &str, &str, Field); 7] = [
+        ("turnstile_lease_checks_total", "counter", "Checks of a leased rule.", |x| x.checks),
+        ("turnstile_lease_local_total", "counter", "Of them, answered in this process (from a lease, or a denial Redis gave until its retry).", |x| x.local),
+        ("turnstile_lease_round_trips_total", "counter", "Calls to Redis for a leased rule: one-by-one checks, lease calls, give-backs.", |x| x.round_trips),
+        ("turnstile_lease_granted_total", "counter", "Admissions leased beyond the requests that fetched them.", |x| x.granted),
+        ("turnstile_lease_returned_total", "counter", "Admissions given back to Redis unspent.", |x| x.returned),
+        ("turnstile_lease_stranded_total", "counter", "Admissions held when their lease ended, not given back: counted in Redis, admitted nowhere.", |x| x.stranded),
+        ("turnstile_lease_keys", "gauge", "Keys in a leased rule's lease table.", |x| x.keys),
+    ];
+    for (name, kind, help, f) in rows {
+        o.by(
+            name,
+            kind,
+            help,
+            "rule",
+            all.iter().map(|(r, st)| (label(r), f(st))),
+        );
+    }
 }
 
 /// The counters of the limits classes whose entries are in Redis.
