@@ -1,7 +1,7 @@
-//! The one path of a rules check, shared by RESP (`TURNSTILE.CHECK`, `PEEK`, `REFUND`) and
-//! HTTP (`POST /v1/check`): the request built from a key class and a key ([`request`]), then
-//! decided by the rules engine with its counts in memory or in Redis ([`Checks`]). The
-//! transports only read their own framing and write their own replies.
+//! The one path of a rules check, shared by RESP (`TURNSTILE.CHECK`, `PEEK`, `REFUND`,
+//! `SETTLE`) and HTTP (`POST /v1/check`, `POST /v1/settle`): the request built from a key class
+//! and a key ([`request`]), then decided by the rules engine with its counts in memory or in
+//! Redis ([`Checks`]). The transports only read their own framing and write their own replies.
 
 use crate::backend::Backends;
 use crate::snapshot::RulesEngine;
@@ -43,6 +43,44 @@ pub(crate) struct Checks {
 /// The error of a rules operation on a server started without rules.
 pub(crate) const NO_RULES: &str = "no rules loaded: start the server with --rules FILE";
 
+/// What [`Checks::settle`] did, and where the key stands after it.
+pub(crate) struct Settled {
+    /// How many rules were settled (0: none applies to the request).
+    pub(crate) rules: u32,
+    /// The difference charged (the actual cost above the reserved one), in the request's units
+    /// (each rule takes it times its `cost`); 0 when no rule applies.
+    pub(crate) charged: u64,
+    /// The difference given back (the actual cost below the reserved one), likewise.
+    pub(crate) given_back: u64,
+    /// What a peek (cost 0) answers right after the settle: the limit with the least left,
+    /// its remaining (0 while the key owes a charge past its limit), and when every limit is
+    /// idle again (a debt pushes it past the window). Its `allowed` is a cost-0 request's,
+    /// always admitted: not an answer for the next request, and not sent.
+    pub(crate) after: Verdict,
+}
+
+/// Why a settle was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SettleError {
+    /// The server has no rules.
+    NoRules,
+    /// The rules' counts are in Redis, whose scripts do not settle.
+    Redis,
+}
+
+impl std::fmt::Display for SettleError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SettleError::NoRules => f.write_str(NO_RULES),
+            SettleError::Redis => f.write_str(
+                "settle is not available with the Redis backend (the rules file's [backend] table): \
+                 nothing was settled; check with the actual cost instead, or refund what an admitted \
+                 request did not use",
+            ),
+        }
+    }
+}
+
 impl Checks {
     /// The Redis backend, if the rules keep their counts there.
     #[inline]
@@ -61,6 +99,32 @@ impl Checks {
             Op::Refund => Answer::Refunded(engine.refund(req)),
             Op::Check | Op::Peek => Answer::Verdict(engine.explain(req)),
         }
+    }
+
+    /// Settles `req`, checked (and admitted) at a reserved cost of `req.cost`, at `actual`
+    /// ([`turnstile::rules::Engine::settle`]: the difference charged or given back on every
+    /// rule the request matches), then peeks at the key. Refused, settling nothing, when the
+    /// counts are in Redis: a settle there would be a silent wrong answer.
+    pub(crate) fn settle(&self, req: &Request<'_>, actual: u64) -> Result<Settled, SettleError> {
+        let engine = self.engine.as_ref().ok_or(SettleError::NoRules)?;
+        if self.backends.redis().is_some() {
+            return Err(SettleError::Redis);
+        }
+        let rules = engine.settle(req, actual);
+        let (charged, given_back) = match rules {
+            0 => (0, 0),
+            _ => (
+                actual.saturating_sub(req.cost),
+                req.cost.saturating_sub(actual),
+            ),
+        };
+        let after = engine.explain(&Request { cost: 0, ..*req });
+        Ok(Settled {
+            rules,
+            charged,
+            given_back,
+            after,
+        })
     }
 
     /// `op` on `req` with the counts in Redis: the check awaits Redis (the backend's timeout,

@@ -164,6 +164,11 @@ fn memory(o: &mut Exposition, s: &Server) {
         "TURNSTILE.REFUND requests.",
         s.metrics.get(C::Refunds),
     );
+    o.counter(
+        "turnstile_settles_total",
+        "Requests settled at their actual cost (TURNSTILE.SETTLE, POST /v1/settle).",
+        s.metrics.get(C::Settles),
+    );
 }
 
 /// HTTP requests and connections.

@@ -1,10 +1,11 @@
-//! The HTTP API (axum): `POST /v1/check`, `GET /metrics`, `GET /healthz`, `POST /v1/reload`,
+//! The HTTP API (axum): `POST /v1/check`, `POST /v1/settle`, `GET /metrics`, `GET /healthz`, `POST /v1/reload`,
 //! `GET`/`PUT`/`DELETE /v1/limits/{class}/{key}` (keys' own limits, `limits`), and with `--envoy-config` Envoy's `POST /json` and `GET /healthcheck`
 //! ([`crate::envoy::json_router`], whose own body limit applies). Errors are JSON
 //! `{"error": "..."}`; a body over `--max-body` gets 413.
 
 mod check;
 mod limits;
+mod settle;
 
 use crate::config::Access;
 use crate::listen::accept::{accept_loop, Accepted};
@@ -128,7 +129,7 @@ async fn not_found(State(s): State<Arc<Server>>, uri: axum::http::Uri) -> Respon
         &s,
         StatusCode::NOT_FOUND,
         format!(
-            "no such endpoint: POST /v1/check, GET /metrics, GET /healthz, POST /v1/reload, GET|PUT|DELETE /v1/limits/{{class}}/{{key}}{envoy}"
+            "no such endpoint: POST /v1/check, POST /v1/settle, GET /metrics, GET /healthz, POST /v1/reload, GET|PUT|DELETE /v1/limits/{{class}}/{{key}}{envoy}"
         ),
     )
 }
@@ -409,6 +410,7 @@ fn router(shared: &Arc<Server>) -> Router {
             "/v1/check",
             post(|State(s): State<Arc<Server>>, body: Body| check_direct(s, body)),
         )
+        .route("/v1/settle", post(settle::settle))
         .route("/v1/reload", post(reload))
         .route(
             "/v1/limits/{class}/{key}",

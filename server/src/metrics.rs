@@ -21,6 +21,7 @@ pub(crate) enum C {
     CheckAllowed,
     CheckDenied,
     Refunds,
+    Settles,
     HttpRequests,
     HttpChecks,
     HttpErrors,
@@ -28,7 +29,7 @@ pub(crate) enum C {
     HttpRejectedConnections,
 }
 
-const COUNTERS: usize = 14;
+const COUNTERS: usize = 15;
 
 /// Latency histogram bucket bounds (ns), per command.
 pub(crate) const BOUNDS_NS: [u64; 12] = [

@@ -3,7 +3,7 @@
 //! one Redis enforce one limit together over RESP (the `redis` crate as the client) and HTTP;
 //! shadow and soft rules; Redis killed mid-run (the policy answers, fallbacks counted, no
 //! panic); a broken or unreachable `[backend]` refused at start and on reload, with
-//! `file:line:column`; a reload that switches memory to Redis.
+//! `file:line:column`; a reload that switches memory to Redis; a settle refused.
 
 #[path = "../../redis/tests/common/mod.rs"]
 mod common;
@@ -208,6 +208,44 @@ fn soft_and_shadow_rules_over_resp() {
         .query(&mut con)
         .unwrap();
     assert_eq!((p.0, p.1, p.2), (1, 100, 100));
+    stop(a);
+}
+
+/// A settle with the counts in Redis is refused with a clear error, over RESP and HTTP,
+/// and settles nothing: the key's count in Redis is what the checks left.
+#[test]
+fn settle_is_refused_with_a_redis_backend() {
+    let redis = common::Server::start();
+    let dir = tmpdir("settle");
+    let rules = rules_file(&dir, &redis.url(), "timeout = \"5s\"");
+    let a = serve(&rules).unwrap();
+    let mut con = resp(&a);
+    assert_eq!(check(&mut con, &["customer", "3", "5"]).2, 95);
+    let e = redis::cmd("TURNSTILE.SETTLE")
+        .arg(&["customer", "3", "5", "1"])
+        .query::<redis::Value>(&mut con)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("settle is not available with the Redis backend"),
+        "{e}"
+    );
+    let (status, body) = curl(
+        "POST",
+        &format!("http://{}/v1/settle", a.http),
+        Some(r#"{"key_class":"customer","key":"3","reserved":5,"actual":50}"#),
+    );
+    assert_eq!(status, 501, "{body}");
+    assert!(
+        body.contains("settle is not available with the Redis backend"),
+        "{body}"
+    );
+    let p: Reply = redis::cmd("TURNSTILE.PEEK")
+        .arg("customer")
+        .arg("3")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!((p.0, p.1, p.2), (1, 100, 95));
     stop(a);
 }
 

@@ -203,6 +203,13 @@ fn arguments(kind: Kind) -> &'static [(&'static str, &'static str, bool)] {
             ("cost", "integer", true),
             ("priority", "string", true),
         ],
+        Kind::Settle => &[
+            ("key_class", "string", false),
+            ("key", "key", false),
+            ("reserved", "integer", false),
+            ("actual", "integer", false),
+            ("priority", "string", true),
+        ],
         Kind::Peek => &[
             ("key_class", "string", false),
             ("key", "key", false),

@@ -7,6 +7,7 @@
 //!
 //! * `throttle`: `CL.THROTTLE`.
 //! * `rules`: `TURNSTILE.CHECK`, `TURNSTILE.PEEK`, `TURNSTILE.REFUND`.
+//! * `settle`: `TURNSTILE.SETTLE`, a reserved cost settled at the actual one.
 //! * `limits`: `TURNSTILE.LIMITS SET|GET|DEL`, keys' own limits.
 //! * `session`: `AUTH`, `HELLO`, `CLIENT`, `SELECT`, `PING`, `ECHO`, `QUIT`, `RESET`.
 //! * `introspect`: `COMMAND`, `INFO`, `CONFIG`.
@@ -18,6 +19,7 @@ pub(crate) mod introspect;
 pub(crate) mod limits;
 pub(crate) mod rules;
 pub(crate) mod session;
+pub(crate) mod settle;
 pub(crate) mod throttle;
 
 use std::fmt;
@@ -250,6 +252,7 @@ pub(crate) enum Kind {
     Check,
     Peek,
     Refund,
+    Settle,
     Limits,
     Ping,
     Echo,
@@ -329,6 +332,8 @@ pub(crate) const COMMANDS: &[Spec] = &[
         "What TURNSTILE.CHECK would answer, without counting the request."),
     spec("TURNSTILE.REFUND", Kind::Refund, -3, 5, &["write", "fast"], true,
         "Gives back what an admitted request took, where its algorithm can."),
+    spec("TURNSTILE.SETTLE", Kind::Settle, -5, 6, &["write", "fast"], true,
+        "Settles a checked request's reserved cost at its actual cost: rules settled, charged, given back, then what TURNSTILE.PEEK answers."),
     spec("TURNSTILE.LIMITS", Kind::Limits, -4, 16, &["admin"], false,
         "A key's own limit in a limits class: SET class key spec (admin), GET class key, DEL class key (admin)."),
     spec("PING", Kind::Ping, -1, 2, &["fast", "stale"], false, "Returns PONG, or the message."),
@@ -378,6 +383,7 @@ pub(crate) struct Ctx<'a> {
 pub(crate) enum Command<'a> {
     Throttle(throttle::Throttle<'a>),
     Rules(rules::RulesCommand<'a>),
+    Settle(settle::Settle<'a>),
     Limits(limits::LimitsCommand),
     Session(session::SessionCommand<'a>),
     Introspect(introspect::Introspect<'a>),
@@ -412,6 +418,7 @@ impl<'a> Command<'a> {
             Kind::Check | Kind::Peek | Kind::Refund => {
                 Command::Rules(rules::RulesCommand::parse(spec.kind, &mut c)?)
             }
+            Kind::Settle => Command::Settle(settle::Settle::parse(&mut c)?),
             Kind::Limits => Command::Limits(limits::LimitsCommand::parse(&mut c)?),
             Kind::Ping
             | Kind::Echo
@@ -447,6 +454,7 @@ impl Command<'_> {
         match self {
             Command::Throttle(t) => t.apply(ctx.throttles, s, None, o),
             Command::Rules(r) => return (r.apply(ctx, o), Effect::None),
+            Command::Settle(r) => r.apply(ctx, o),
             Command::Limits(l) => {
                 let call = l.apply(s.access, o).map(rules::RemoteCall::Limits);
                 return (call, Effect::None);

@@ -14,6 +14,16 @@ use crate::resp::Out;
 use turnstile::rules::{Priority, Request};
 use turnstile::Decision;
 
+/// A priority argument: `critical`, `post`, `get` or `test`.
+pub(crate) fn priority(p: &[u8]) -> Result<Priority, CmdError> {
+    std::str::from_utf8(p)
+        .ok()
+        .and_then(|s| s.parse::<Priority>().ok())
+        .ok_or_else(|| {
+            CmdError::Syntax("unknown priority; expected critical, post, get or test".into())
+        })
+}
+
 /// A parsed rules command.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RulesCommand<'a> {
@@ -40,19 +50,7 @@ impl<'a> RulesCommand<'a> {
                 _ => return Err(CmdError::NotPositive),
             };
         }
-        let priority = match c.next() {
-            None => None,
-            Some(p) => Some(
-                std::str::from_utf8(p)
-                    .ok()
-                    .and_then(|s| s.parse::<Priority>().ok())
-                    .ok_or_else(|| {
-                        CmdError::Syntax(
-                            "unknown priority; expected critical, post, get or test".into(),
-                        )
-                    })?,
-            ),
-        };
+        let priority = c.next().map(priority).transpose()?;
         c.finish()?;
         Ok(Self {
             op,
