@@ -140,24 +140,21 @@ pub(crate) fn limit_for(
     (hi.round() as u64).clamp(1, turnstile::algo::fixed_window::MAX_LIMIT)
 }
 
-/// Runs the command.
-pub fn run(a: FleetArgs) -> crate::Result<()> {
-    let dists = list(&a.distribution, "distribution", |w| w.parse().ok())?;
-    let demands = list(&a.demand, "demand", |w| {
-        w.parse::<f64>().ok().filter(|x| x.is_finite() && *x > 0.0)
-    })?;
-    let paths = list(&a.paths, "paths", |w| match w {
-        "incr" => Some(Path::Incr),
-        "check" | "per-check" => Some(Path::Check),
-        "leases" => Some(Path::Leases),
-        "delayed" => Some(Path::Delayed),
-        _ => None,
-    })?;
-    let backends = list(&a.backend, "backend", |w| match w {
-        "single" => Some(false),
-        "cluster" => Some(true),
-        _ => None,
-    })?;
+impl Path {
+    /// A `--paths` word.
+    fn parse(w: &str) -> Option<Self> {
+        match w {
+            "incr" => Some(Path::Incr),
+            "check" | "per-check" => Some(Path::Check),
+            "leases" => Some(Path::Leases),
+            "delayed" => Some(Path::Delayed),
+            _ => None,
+        }
+    }
+}
+
+/// The options' ranges, each refused with what it accepts.
+fn check_ranges(a: &FleetArgs, backends: &[bool]) -> crate::Result<()> {
     if !(1..=64).contains(&a.nodes) || !(1..=1024).contains(&a.clients) {
         return Err("option --nodes: 1 to 64; --clients: 1 to 1024".into());
     }
@@ -172,6 +169,22 @@ pub fn run(a: FleetArgs) -> crate::Result<()> {
     if a.rtt.is_some() && backends.contains(&true) {
         return Err("option --rtt: the proxy goes in front of one redis-server; drop `cluster` from --backend".into());
     }
+    Ok(())
+}
+
+/// Runs the command.
+pub fn run(a: FleetArgs) -> crate::Result<()> {
+    let dists = list(&a.distribution, "distribution", |w| w.parse().ok())?;
+    let demands = list(&a.demand, "demand", |w| {
+        w.parse::<f64>().ok().filter(|x| x.is_finite() && *x > 0.0)
+    })?;
+    let paths = list(&a.paths, "paths", Path::parse)?;
+    let backends = list(&a.backend, "backend", |w| match w {
+        "single" => Some(false),
+        "cluster" => Some(true),
+        _ => None,
+    })?;
+    check_ranges(&a, &backends)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

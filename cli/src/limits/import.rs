@@ -79,50 +79,12 @@ pub fn run(a: ImportArgs) -> Result<(), String> {
     let buckets = rt
         .block_on(bucket_count(&mut conn, &keys, capacity))
         .map_err(|e| format!("{url}: {e}"))?;
-    // The bucket count is the first writer's, for every process of the class: an import far
-    // larger than it was sized for would leave Redis's compact hashes (at most 128 fields).
-    let per_bucket = mem.len().div_ceil(buckets);
-    if per_bucket > COMPACT_FIELDS {
-        return Err(format!(
-            "{url}: class {} keeps its entries in {buckets} buckets (sized by its first writer, \
-             in {}); this file's {} entries would put about {per_bucket} in each, past the 128 \
-             a hash holds compactly (about 65 bytes per entry instead of 17). Nothing was \
-             written. Delete {} and the class's hashes ({}*) to size it again for this file, \
-             or raise the class's capacity before the first import",
-            class.name,
-            keys.buckets(),
-            mem.len(),
-            keys.buckets(),
-            keys.prefix
-        ));
-    }
+    check_compact(&url, &class.name, &keys, mem.len(), buckets)?;
     mem.export(&mut |id, e| rows.push((bucket_of(id, buckets), id, e.to_string())));
     drop(mem);
     rows.sort_unstable();
-    let bar = crate::progress::bar(rows.len() as u64, false, "import");
     let t1 = Instant::now();
-    let mut i = 0;
-    while i < rows.len() {
-        let end = batch_end(&rows, i);
-        let mut p = redis::pipe();
-        let mut j = i;
-        while j < end {
-            let b = rows[j].0;
-            let cmd = p.cmd("HSET").arg(keys.bucket(b)).ignore();
-            while j < end && rows[j].0 == b {
-                cmd.arg(rows[j].1).arg(&rows[j].2);
-                j += 1;
-            }
-        }
-        rt.block_on(async {
-            tokio::time::timeout(Duration::from_secs(30), p.exec_async(&mut conn)).await
-        })
-        .map_err(|_| partial(&url, "no answer within 30 s", i, end))?
-        .map_err(|e| partial(&url, &e.to_string(), i, end))?;
-        bar.inc((end - i) as u64);
-        i = end;
-    }
-    bar.finish_and_clear();
+    write_rows(&rt, &mut conn, &url, &keys, &rows)?;
     let w = t1.elapsed().as_secs_f64();
     println!(
         "{}: class {}: {} entries into {url} ({} buckets under {}) in {w:.2} s, {:.0} entries/s \
@@ -135,6 +97,69 @@ pub fn run(a: ImportArgs) -> Result<(), String> {
         rows.len() as f64 / w.max(1e-9),
         read.as_secs_f64()
     );
+    Ok(())
+}
+
+/// Refuses an import that would pass the 128 fields a hash holds compactly in each of the
+/// class's buckets (whose count its first writer fixed).
+fn check_compact(
+    url: &str,
+    class: &str,
+    keys: &LimitsKeys,
+    entries: u64,
+    buckets: u64,
+) -> Result<(), String> {
+    // The bucket count is the first writer's, for every process of the class: an import far
+    // larger than it was sized for would leave Redis's compact hashes (at most 128 fields).
+    let per_bucket = entries.div_ceil(buckets);
+    if per_bucket > COMPACT_FIELDS {
+        return Err(format!(
+            "{url}: class {} keeps its entries in {buckets} buckets (sized by its first writer, \
+             in {}); this file's {} entries would put about {per_bucket} in each, past the 128 \
+             a hash holds compactly (about 65 bytes per entry instead of 17). Nothing was \
+             written. Delete {} and the class's hashes ({}*) to size it again for this file, \
+             or raise the class's capacity before the first import",
+            class,
+            keys.buckets(),
+            entries,
+            keys.buckets(),
+            keys.prefix
+        ));
+    }
+    Ok(())
+}
+
+/// Writes `rows` (bucket, id, entry; sorted) in pipelines of whole buckets, each within 30 s.
+fn write_rows(
+    rt: &tokio::runtime::Runtime,
+    conn: &mut redis::aio::MultiplexedConnection,
+    url: &str,
+    keys: &LimitsKeys,
+    rows: &[(u64, u64, String)],
+) -> Result<(), String> {
+    let bar = crate::progress::bar(rows.len() as u64, false, "import");
+    let mut i = 0;
+    while i < rows.len() {
+        let end = batch_end(rows, i);
+        let mut p = redis::pipe();
+        let mut j = i;
+        while j < end {
+            let b = rows[j].0;
+            let cmd = p.cmd("HSET").arg(keys.bucket(b)).ignore();
+            while j < end && rows[j].0 == b {
+                cmd.arg(rows[j].1).arg(&rows[j].2);
+                j += 1;
+            }
+        }
+        rt.block_on(async {
+            tokio::time::timeout(Duration::from_secs(30), p.exec_async(conn)).await
+        })
+        .map_err(|_| partial(url, "no answer within 30 s", i, end))?
+        .map_err(|e| partial(url, &e.to_string(), i, end))?;
+        bar.inc((end - i) as u64);
+        i = end;
+    }
+    bar.finish_and_clear();
     Ok(())
 }
 
