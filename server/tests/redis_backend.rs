@@ -168,6 +168,47 @@ fn two_servers_sharing_one_redis_enforce_one_limit() {
     stop(b);
 }
 
+/// With `[backend] leases = "auto"`, a hot key is answered in the process, /metrics shows
+/// each leased rule's figures, and what the leases hold goes back to Redis at shutdown: a
+/// server without leases then finds exactly what was admitted counted.
+#[test]
+fn leases_are_counted_in_metrics_and_given_back_at_shutdown() {
+    let redis = common::Server::start();
+    let dir = tmpdir("leases");
+    let leased = rules_file(
+        &dir,
+        &redis.url(),
+        "timeout = \"5s\"\nleases = \"auto\"\nstrand = \"0%\"",
+    );
+    let a = serve(&leased).unwrap();
+    let mut con = resp(&a);
+    let admitted = (0..60)
+        .filter(|_| check(&mut con, &["customer", "7"]).0 == 1)
+        .count();
+    assert_eq!(admitted, 60);
+    let line = |m: &str| format!("turnstile_lease_{m}{{rule=\"per-customer\"}}");
+    assert_eq!(metric(&a, &line("checks_total")), Some(60.0));
+    let local = metric(&a, &line("local_total")).unwrap();
+    assert!(local > 0.0, "no check answered in the process");
+    assert!(metric(&a, &line("granted_total")).unwrap() > 0.0);
+    drop(con);
+    stop(a);
+    // Another server, without leases, on the same Redis: 100 - 60 left, not less.
+    let dir = tmpdir("leases-after");
+    let plain = rules_file(&dir, &redis.url(), "timeout = \"5s\"");
+    let b = serve(&plain).unwrap();
+    let peek: Reply = redis::cmd("TURNSTILE.PEEK")
+        .arg("customer")
+        .arg("7")
+        .query(&mut resp(&b))
+        .unwrap();
+    assert_eq!(
+        peek.2, 40,
+        "what the leases held was not given back: {peek:?}"
+    );
+    stop(b);
+}
+
 /// A soft rule admits its tolerance and reports the nominal limit; a shadow rule never
 /// denies and counts what it would have denied.
 #[test]
