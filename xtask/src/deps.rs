@@ -217,4 +217,8 @@ pub const BASE: &[(&str, &str)] = &[
         "perl",
         "callgrind_annotate is a Perl script (docs/performance.md)",
     ),
+    (
+        "pwd",
+        "callgrind_annotate's Perl (Cwd) asks it for the working directory",
+    ),
 ];
