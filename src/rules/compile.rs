@@ -16,7 +16,7 @@ use super::keys::resolve;
 use super::limits::{LimitsSource, Lookup};
 use super::load::LoadConfig;
 use super::matcher::{key_id, KeyPlan, RouteTable};
-use super::model::{KeyClass, Mode, Shedding};
+use super::model::{KeyClass, Mode, Rule, Shedding};
 use super::validate::{compile_limits, effective, Loc, Of, Rf};
 use super::{Rules, RulesError};
 use crate::algo::{Limit, Limits};
@@ -312,16 +312,124 @@ fn part<C: Clock>(
     Ok((Arc::new(Part { ident, store }), Reuse::Fresh))
 }
 
-pub(crate) fn compile<C: Clock>(
-    rules: &Rules,
-    old: Option<&Compiled<C>>,
-    clock: &Arc<C>,
-    hasher: &KeyHasher,
+/// What compiling one rules file needs of the previous one: its parts, by their identity and
+/// by their records (a part whose records can carry over under new limits).
+struct Compiler<'a, C: Clock> {
+    rules: &'a Rules,
+    parts: Parts<C>,
+    by_records: HashMap<Records, Arc<Part<C>>>,
+    clock: &'a Arc<C>,
     seed: Option<u64>,
-    shards: usize,
-    sources: &HashMap<String, Arc<dyn LimitsSource>>,
-) -> Result<(Compiled<C>, ReloadReport), RulesError> {
-    super::validate::validate(rules).map_err(|(loc, m)| rules.error_at(loc, m))?;
+}
+
+impl<C: Clock> Compiler<'_, C> {
+    /// The slot of rule `i` (`r`) for `target` (an override's key id, or `None` for the
+    /// rule's own limits): its part, its elastic pool's, and a soft rule's nominal limits.
+    fn slot(
+        &self,
+        i: usize,
+        r: &Rule,
+        target: Option<u64>,
+        specs: &[crate::LimitSpec],
+        lim: &dyn Fn(usize, &'static str) -> Loc,
+        whole: Loc,
+    ) -> Result<(Slot<C>, Reuse), RulesError> {
+        let rules = self.rules;
+        let capacity = r.capacity.unwrap_or(rules.settings.capacity);
+        let policy = r.when_full.unwrap_or(rules.settings.when_full);
+        let (main, pool) =
+            compile_limits(specs, r.mode, lim, whole).map_err(|(l, m)| rules.error_at(l, m))?;
+        let cap = if target.is_some() { 1 } else { capacity };
+        let ident = |limits: Limits, pool: bool| Ident {
+            rule: r.name.clone(),
+            target,
+            pool,
+            class: r.key,
+            limits,
+            capacity: cap,
+            policy,
+        };
+        let err = |m: String| rules.error_at(Loc::Rule(i, Rf::Capacity), m);
+        let part = |ident: Ident| {
+            part(
+                &self.parts,
+                &self.by_records,
+                ident,
+                self.clock,
+                self.seed,
+                target.is_some(),
+                err,
+            )
+        };
+        let (main, kept) = part(ident(main, false))?;
+        let pool = match pool {
+            Some(l) => Some(part(ident(l, true))?.0),
+            None => None,
+        };
+        let nominal = match r.mode {
+            Mode::Soft { .. } => specs
+                .iter()
+                .filter_map(|s| {
+                    let n = s.build().ok()?.capacity();
+                    Some((effective(s, r.mode).0.build().ok()?.capacity(), n))
+                })
+                .collect(),
+            _ => Box::default(),
+        };
+        let slot = Slot {
+            main,
+            pool,
+            nominal,
+        };
+        Ok((slot, kept))
+    }
+
+    /// Rule `i`'s overrides, by key id (sorted; a key overridden twice after grouping keeps
+    /// its first).
+    fn overrides(
+        &self,
+        i: usize,
+        r: &Rule,
+        hasher: &KeyHasher,
+    ) -> Result<(Vec<u64>, Vec<Slot<C>>), RulesError> {
+        let at = |f: Rf| Loc::Rule(i, f);
+        let mut ov: Vec<(u64, Slot<C>)> = Vec::with_capacity(r.overrides.len());
+        for (o, x) in r.overrides.iter().enumerate() {
+            let v = resolve(r.key, &x.key)
+                .map_err(|m| self.rules.error_at(at(Rf::Override(o, Of::Key)), m))?;
+            let Some(id) = key_id(r.key, &v.request(), hasher) else {
+                return Err(self.rules.error_at(
+                    at(Rf::Override(o, Of::Key)),
+                    "this key lacks a part of the rule's key class".into(),
+                ));
+            };
+            if ov.iter().any(|(k, _)| *k == id) {
+                continue;
+            }
+            let lim = |j: usize, f: &'static str| at(Rf::Override(o, Of::Limit(j, f)));
+            let whole = at(Rf::Override(o, Of::Limits));
+            ov.push((id, self.slot(i, r, Some(id), &x.limits, &lim, whole)?.0));
+        }
+        ov.sort_by_key(|(k, _)| *k);
+        Ok(ov.into_iter().unzip())
+    }
+}
+
+impl Kind {
+    fn of(mode: Mode) -> Self {
+        match mode {
+            Mode::Hard => Kind::Hard,
+            Mode::Soft { .. } => Kind::Soft,
+            Mode::Elastic { below, .. } => Kind::Elastic { below },
+            Mode::Shadow => Kind::Shadow,
+        }
+    }
+}
+
+/// The parts and the counters of `old`, to be kept or carried over.
+type Previous<'a, C> = (Parts<C>, HashMap<&'a str, &'a Arc<Counters>>);
+
+fn previous<C: Clock>(old: Option<&Compiled<C>>) -> Previous<'_, C> {
     let mut parts: Parts<C> = HashMap::new();
     let mut counters: HashMap<&str, &Arc<Counters>> = HashMap::new();
     if let Some(o) = old {
@@ -334,115 +442,48 @@ pub(crate) fn compile<C: Clock>(
             }
         }
     }
-    let by_records: HashMap<Records, Arc<Part<C>>> = parts
+    (parts, counters)
+}
+
+pub(crate) fn compile<C: Clock>(
+    rules: &Rules,
+    old: Option<&Compiled<C>>,
+    clock: &Arc<C>,
+    hasher: &KeyHasher,
+    seed: Option<u64>,
+    shards: usize,
+    sources: &HashMap<String, Arc<dyn LimitsSource>>,
+) -> Result<(Compiled<C>, ReloadReport), RulesError> {
+    super::validate::validate(rules).map_err(|(loc, m)| rules.error_at(loc, m))?;
+    let (parts, counters) = previous(old);
+    let by_records = parts
         .values()
         .map(|p| (p.ident.records(), p.clone()))
         .collect();
+    let cx = Compiler {
+        rules,
+        parts,
+        by_records,
+        clock,
+        seed,
+    };
     let mut report = ReloadReport::default();
     let mut out = Vec::with_capacity(rules.rules.len());
     for (i, r) in rules.rules.iter().enumerate() {
         let at = |f: Rf| Loc::Rule(i, f);
-        let capacity = r.capacity.unwrap_or(rules.settings.capacity);
-        let policy = r.when_full.unwrap_or(rules.settings.when_full);
-        let slot = |target: Option<u64>,
-                    specs: &[crate::LimitSpec],
-                    lim: &dyn Fn(usize, &'static str) -> Loc,
-                    whole: Loc|
-         -> Result<(Slot<C>, Reuse), RulesError> {
-            let (main, pool) =
-                compile_limits(specs, r.mode, lim, whole).map_err(|(l, m)| rules.error_at(l, m))?;
-            let cap = if target.is_some() { 1 } else { capacity };
-            let ident = |limits: Limits, pool: bool| Ident {
-                rule: r.name.clone(),
-                target,
-                pool,
-                class: r.key,
-                limits,
-                capacity: cap,
-                policy,
-            };
-            let err = |m: String| rules.error_at(at(Rf::Capacity), m);
-            let (main, kept) = part(
-                &parts,
-                &by_records,
-                ident(main, false),
-                clock,
-                seed,
-                target.is_some(),
-                err,
-            )?;
-            let pool = match pool {
-                Some(l) => Some(
-                    part(
-                        &parts,
-                        &by_records,
-                        ident(l, true),
-                        clock,
-                        seed,
-                        target.is_some(),
-                        err,
-                    )?
-                    .0,
-                ),
-                None => None,
-            };
-            let nominal = match r.mode {
-                Mode::Soft { .. } => specs
-                    .iter()
-                    .filter_map(|s| {
-                        let n = s.build().ok()?.capacity();
-                        Some((effective(s, r.mode).0.build().ok()?.capacity(), n))
-                    })
-                    .collect(),
-                _ => Box::default(),
-            };
-            Ok((
-                Slot {
-                    main,
-                    pool,
-                    nominal,
-                },
-                kept,
-            ))
-        };
-        let (main, kept) = slot(None, &r.limits, &|j, f| at(Rf::Limit(j, f)), at(Rf::Limits))?;
+        let lim = |j: usize, f: &'static str| at(Rf::Limit(j, f));
+        let (main, kept) = cx.slot(i, r, None, &r.limits, &lim, at(Rf::Limits))?;
         match kept {
             Reuse::Kept => report.kept.push(r.name.clone()),
             Reuse::Carried => report.carried.push(r.name.clone()),
             Reuse::Fresh => report.fresh.push(r.name.clone()),
         }
-        let mut ov: Vec<(u64, Slot<C>)> = Vec::with_capacity(r.overrides.len());
-        for (o, x) in r.overrides.iter().enumerate() {
-            let v = resolve(r.key, &x.key)
-                .map_err(|m| rules.error_at(at(Rf::Override(o, Of::Key)), m))?;
-            let Some(id) = key_id(r.key, &v.request(), hasher) else {
-                return Err(rules.error_at(
-                    at(Rf::Override(o, Of::Key)),
-                    "this key lacks a part of the rule's key class".into(),
-                ));
-            };
-            if ov.iter().any(|(k, _)| *k == id) {
-                continue;
-            }
-            let lim = |j: usize, f: &'static str| at(Rf::Override(o, Of::Limit(j, f)));
-            ov.push((
-                id,
-                slot(Some(id), &x.limits, &lim, at(Rf::Override(o, Of::Limits)))?.0,
-            ));
-        }
-        ov.sort_by_key(|(k, _)| *k);
-        let (override_ids, overrides): (Vec<u64>, Vec<Slot<C>>) = ov.into_iter().unzip();
-        let kind = match r.mode {
-            Mode::Hard => Kind::Hard,
-            Mode::Soft { .. } => Kind::Soft,
-            Mode::Elastic { below, .. } => Kind::Elastic { below },
-            Mode::Shadow => Kind::Shadow,
-        };
+        let (override_ids, overrides) = cx.overrides(i, r, hasher)?;
         out.push(CRule {
             name: r.name.as_str().into(),
             plan: KeyPlan::new(r.key),
             cost: r.cost,
-            kind,
+            kind: Kind::of(r.mode),
             main,
             override_ids: override_ids.into(),
             overrides: overrides.into(),

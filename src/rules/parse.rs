@@ -19,7 +19,7 @@ use super::model::{
 pub use super::raw::parse_duration;
 use super::raw::{
     LeaseModeName, LeasesName, List, ModeName, Named, PolicyName, RawBackend, RawClass, RawFile,
-    RawLimit, RawRule, RawShedding, S,
+    RawLimit, RawMatch, RawOverride, RawRule, RawShedding, S,
 };
 use super::validate::{Cf, Loc, Of, Rf};
 use super::{Rules, RulesError};
@@ -338,29 +338,7 @@ impl Cx<'_> {
         let key = self.key_class(r.key, Loc::Rule(i, Rf::Key))?;
         let mut rule = Rule::new(r.name.into_inner(), key);
         if let Some(m) = r.when {
-            let m = m.into_inner();
-            let mut when = Match::default();
-            if let Some(l) = m.route_prefix {
-                when.route_prefixes = self
-                    .list(l, |k| Loc::Rule(i, Rf::Route(k)))
-                    .into_iter()
-                    .map(|x| x.0)
-                    .collect();
-            }
-            if let Some(l) = m.method {
-                when.methods = self
-                    .list(l, |k| Loc::Rule(i, Rf::Method(k)))
-                    .into_iter()
-                    .map(|x| x.0)
-                    .collect();
-            }
-            if let Some(l) = m.priority {
-                for (p, sp) in self.list(l, |k| Loc::Rule(i, Rf::Priority(k))) {
-                    when.priorities
-                        .push(p.parse().map_err(|e: String| self.err(sp, e))?);
-                }
-            }
-            rule.when = when;
+            rule.when = self.when(i, m.into_inner())?;
         }
         let mode_span = r.mode.as_ref().map(|m| m.span());
         let mode = r.mode.map_or(ModeName::Hard, |m| m.into_inner().0);
@@ -428,21 +406,57 @@ impl Cx<'_> {
             Loc::Rule(i, Rf::Limits),
         )?;
         for (o, ov) in r.overrides.into_iter().enumerate() {
-            let ospan = ov.span();
-            self.mark(Loc::Rule(i, Rf::Override(o, Of::Table)), ospan.clone());
-            let ov = ov.into_inner();
-            let kspan = ov.key.span();
-            self.mark(Loc::Rule(i, Rf::Override(o, Of::Key)), kspan.clone());
-            let key = override_key(ov.key.into_inner()).map_err(|m| self.err(kspan, m))?;
-            let limits = self.limits(
-                ov.limits,
-                ospan,
-                |j, f| Loc::Rule(i, Rf::Override(o, Of::Limit(j, f))),
-                Loc::Rule(i, Rf::Override(o, Of::Limits)),
-            )?;
-            rule.overrides.push(Override { key, limits });
+            rule.overrides.push(self.override_(i, o, ov)?);
         }
         Ok(rule)
+    }
+
+    /// A rule's `when` table: route prefixes, methods, priorities.
+    fn when(&mut self, i: usize, m: RawMatch) -> Result<Match, RulesError> {
+        let mut when = Match::default();
+        if let Some(l) = m.route_prefix {
+            when.route_prefixes = self
+                .list(l, |k| Loc::Rule(i, Rf::Route(k)))
+                .into_iter()
+                .map(|x| x.0)
+                .collect();
+        }
+        if let Some(l) = m.method {
+            when.methods = self
+                .list(l, |k| Loc::Rule(i, Rf::Method(k)))
+                .into_iter()
+                .map(|x| x.0)
+                .collect();
+        }
+        if let Some(l) = m.priority {
+            for (p, sp) in self.list(l, |k| Loc::Rule(i, Rf::Priority(k))) {
+                when.priorities
+                    .push(p.parse().map_err(|e: String| self.err(sp, e))?);
+            }
+        }
+        Ok(when)
+    }
+
+    /// Override `o` of rule `i`: its key and its limits.
+    fn override_(
+        &mut self,
+        i: usize,
+        o: usize,
+        ov: Spanned<RawOverride>,
+    ) -> Result<Override, RulesError> {
+        let ospan = ov.span();
+        self.mark(Loc::Rule(i, Rf::Override(o, Of::Table)), ospan.clone());
+        let ov = ov.into_inner();
+        let kspan = ov.key.span();
+        self.mark(Loc::Rule(i, Rf::Override(o, Of::Key)), kspan.clone());
+        let key = override_key(ov.key.into_inner()).map_err(|m| self.err(kspan, m))?;
+        let limits = self.limits(
+            ov.limits,
+            ospan,
+            |j, f| Loc::Rule(i, Rf::Override(o, Of::Limit(j, f))),
+            Loc::Rule(i, Rf::Override(o, Of::Limits)),
+        )?;
+        Ok(Override { key, limits })
     }
 }
 

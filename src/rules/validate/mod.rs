@@ -505,22 +505,7 @@ fn validate_rule(r: &super::Rules, i: usize, rule: &Rule) -> Result<(), (Loc, St
             ),
         ));
     }
-    for (j, p) in rule.when.route_prefixes.iter().enumerate() {
-        if p.is_empty() || p.len() > MAX_KEY_LEN || p.chars().any(char::is_control) {
-            return Err((at(Rf::Route(j)), format!("a route prefix is 1..={MAX_KEY_LEN} bytes of printable text (to match every route, leave route_prefix out)")));
-        }
-    }
-    for (j, m) in rule.when.methods.iter().enumerate() {
-        if method_code(m) == 0 {
-            return Err((
-                at(Rf::Method(j)),
-                format!(
-                    "unknown method `{m}`; expected one of {}",
-                    METHODS.join(", ")
-                ),
-            ));
-        }
-    }
+    validate_when(i, rule)?;
     match rule.mode {
         Mode::Soft { percent } | Mode::Elastic { percent, .. }
             if !(1..=1000).contains(&percent) =>
@@ -567,6 +552,35 @@ fn validate_rule(r: &super::Rules, i: usize, rule: &Rule) -> Result<(), (Loc, St
             ),
         ));
     }
+    validate_overrides(i, rule)
+}
+
+/// Rule `i`'s `when`: route prefixes of printable text, known methods.
+fn validate_when(i: usize, rule: &Rule) -> Result<(), (Loc, String)> {
+    let at = |f: Rf| Loc::Rule(i, f);
+    for (j, p) in rule.when.route_prefixes.iter().enumerate() {
+        if p.is_empty() || p.len() > MAX_KEY_LEN || p.chars().any(char::is_control) {
+            return Err((at(Rf::Route(j)), format!("a route prefix is 1..={MAX_KEY_LEN} bytes of printable text (to match every route, leave route_prefix out)")));
+        }
+    }
+    for (j, m) in rule.when.methods.iter().enumerate() {
+        if method_code(m) == 0 {
+            return Err((
+                at(Rf::Method(j)),
+                format!(
+                    "unknown method `{m}`; expected one of {}",
+                    METHODS.join(", ")
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Rule `i`'s overrides: keys of its key class, each overridden once, limits that compile.
+fn validate_overrides(i: usize, rule: &Rule) -> Result<(), (Loc, String)> {
+    let at = |f: Rf| Loc::Rule(i, f);
+    let k = rule.key;
     let mut seen: HashMap<KeyValues, usize> = HashMap::new();
     for (o, ov) in rule.overrides.iter().enumerate() {
         let of = |f: Of| at(Rf::Override(o, f));
