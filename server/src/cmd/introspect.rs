@@ -36,11 +36,11 @@ impl<'a> Introspect<'a> {
                 Some(s) if super::named(s, "INFO") => Introspect::Info(rest(c)),
                 Some(s) if super::named(s, "DOCS") => Introspect::Docs(rest(c)),
                 Some(s) if super::named(s, "COUNT") => {
-                    c.finish()?;
+                    super::sub_args(c.finish(), "command|count")?;
                     Introspect::Count
                 }
                 Some(s) if super::named(s, "LIST") => {
-                    c.finish()?;
+                    super::sub_args(c.finish(), "command|list")?;
                     Introspect::List
                 }
                 Some(_) => return Err(CmdError::UnknownSubcommand),
@@ -51,11 +51,18 @@ impl<'a> Introspect<'a> {
             }),
             _ => {
                 if !c.eat("GET") {
+                    // Redis's other subcommands are refused in words; anything else is an
+                    // unknown subcommand, as Redis answers it.
+                    let known = ["SET", "RESETSTAT", "REWRITE", "HELP"];
+                    let sub = c.bytes()?;
+                    if !known.iter().any(|k| super::named(sub, k)) {
+                        return Err(CmdError::UnknownSubcommand);
+                    }
                     return Err(CmdError::Other(
                         "ERR CONFIG: only GET is supported; the server is configured by the flags of `turnstile serve`".into(),
                     ));
                 }
-                let name = c.bytes()?;
+                let name = super::sub_args(c.bytes(), "config|get")?;
                 c.finish()?;
                 Introspect::ConfigGet(name)
             }
