@@ -149,3 +149,73 @@ fn client_setinfo_refuses_what_redis_refuses() {
     );
     assert!(info.contains(" lib-name=redis-py "), "{info}");
 }
+
+/// The fields of an `INFO` section's text, in order.
+fn fields(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|l| l.split_once(':').map(|(k, _)| k.to_string()))
+        .collect()
+}
+
+/// `INFO section` through redis-cli.
+fn info(port: u16, section: &str) -> String {
+    let o = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "INFO", section])
+        .output()
+        .expect("redis-cli runs (cargo xtask test installs redis-tools)");
+    assert!(o.status.success(), "{o:?}");
+    String::from_utf8(o.stdout).unwrap()
+}
+
+/// `ROLE` as redis-server answers it for a master without replicas, and the `INFO` sections
+/// monitoring reads (`replication`, `cpu`, `clients`, `stats`): each field one redis-server
+/// also writes, in its section, and the values a standalone master has.
+#[test]
+fn role_and_info_sections_are_worded_as_redis_words_them() {
+    let redis = redis_harness::Server::start();
+    let (_serve, port) = serve();
+    let role: &[&[&str]] = &[&["ROLE"]];
+    assert_eq!(talk(port, role), talk(redis.port, role));
+    assert_eq!(talk(port, role), "*3\r\n$6\r\nmaster\r\n:0\r\n*0\r\n");
+    for section in ["replication", "cpu", "clients", "stats", "cluster"] {
+        let (ours, theirs) = (info(port, section), info(redis.port, section));
+        assert_eq!(ours.lines().next(), theirs.lines().next(), "{section}");
+        let known = fields(&theirs);
+        let mine = fields(&ours);
+        assert!(mine.len() >= 3 || section == "cluster", "{section}: {ours}");
+        for f in &mine {
+            assert!(
+                known.contains(f),
+                "{section}: redis-server has no {f}: {theirs}"
+            );
+        }
+    }
+    let replication = info(port, "replication");
+    for line in ["role:master", "connected_slaves:0", "master_repl_offset:0"] {
+        assert!(replication.lines().any(|l| l == line), "{replication}");
+    }
+    // Counted: this connection and the ones before it, and what they ran.
+    let stats = info(port, "stats");
+    let value = |t: &str, k: &str| -> f64 {
+        t.lines()
+            .find_map(|l| l.strip_prefix(k)?.strip_prefix(':')?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {k} in {t}"))
+    };
+    assert!(
+        value(&stats, "total_connections_received") >= 6.0,
+        "{stats}"
+    );
+    assert!(value(&stats, "total_commands_processed") >= 6.0, "{stats}");
+    let clients = info(port, "clients");
+    assert!(value(&clients, "connected_clients") >= 1.0, "{clients}");
+    let cpu = info(port, "cpu");
+    assert!(
+        value(&cpu, "used_cpu_user") + value(&cpu, "used_cpu_sys") > 0.0,
+        "{cpu}"
+    );
+    // The default sections hold them all, as Redis's do.
+    let all = info(port, "default");
+    for h in ["# Replication", "# CPU", "# Clients", "# Stats"] {
+        assert!(all.contains(h), "{all}");
+    }
+}

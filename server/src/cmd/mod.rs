@@ -9,11 +9,12 @@
 //! * `rules`: `TURNSTILE.CHECK`, `TURNSTILE.PEEK`, `TURNSTILE.REFUND`.
 //! * `limits`: `TURNSTILE.LIMITS SET|GET|DEL`, keys' own limits.
 //! * `session`: `AUTH`, `HELLO`, `CLIENT`, `SELECT`, `PING`, `ECHO`, `QUIT`, `RESET`.
-//! * `introspect`: `COMMAND`, `INFO`, `CONFIG`.
+//! * `introspect`: `COMMAND`, `INFO` (its text in `info`), `ROLE`, `CONFIG`.
 //! * `MULTI`, `EXEC`, `DISCARD`, `WATCH`, `UNWATCH` are the connection's own
 //!   ([`crate::conn`]).
 
 pub(crate) mod client;
+pub(crate) mod info;
 pub(crate) mod introspect;
 pub(crate) mod limits;
 pub(crate) mod rules;
@@ -275,6 +276,7 @@ pub(crate) enum Kind {
     Reset,
     Command,
     Info,
+    Role,
     Config,
     Multi,
     Exec,
@@ -344,6 +346,8 @@ pub(crate) const COMMANDS: &[Spec] = &[
     spec("COMMAND", Kind::Command, -1, 16, &["loading", "stale"], false,
         "The commands: COUNT, INFO, DOCS, LIST."),
     spec("INFO", Kind::Info, -1, 16, &["stale"], false, "Server information, by section."),
+    spec("ROLE", Kind::Role, 1, 1, &["loading", "stale", "fast"], false,
+        "The replication role: a master without replicas."),
     spec("CONFIG", Kind::Config, -2, 16, &["admin"], false,
         "CONFIG GET answers what redis-benchmark asks; nothing is set."),
     spec("MULTI", Kind::Multi, 1, 1, &["fast"], false,
@@ -428,7 +432,7 @@ impl<'a> Command<'a> {
             | Kind::Select
             | Kind::Quit
             | Kind::Reset => Command::Session(session::SessionCommand::parse(spec.kind, &mut c)?),
-            Kind::Command | Kind::Info | Kind::Config => {
+            Kind::Command | Kind::Info | Kind::Role | Kind::Config => {
                 Command::Introspect(introspect::Introspect::parse(spec.kind, &mut c)?)
             }
             Kind::Multi => Command::Multi,

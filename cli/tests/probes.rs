@@ -1,0 +1,123 @@
+//! `turnstile serve` as the probes around it see it: HAProxy's Redis check (Debian's
+//! `haproxy`, a child process on free loopback ports).
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_turnstile");
+
+/// `turnstile serve` on free ports with `extra` flags, killed when dropped: (process, RESP
+/// port, HTTP port).
+fn serve(extra: &[&str]) -> (common::Running, u16, u16) {
+    let (resp, http) = (common::free_port(), common::free_port());
+    let mut cmd = Command::new(BIN);
+    cmd.args(["serve", "--workers", "1", "--throttle-keys", "1000"])
+        .args(["--resp", &format!("127.0.0.1:{resp}")])
+        .args(["--http", &format!("127.0.0.1:{http}")])
+        .args(extra)
+        .env("RUST_LOG", "warn");
+    let child = common::spawn_listening(&mut cmd, &[resp, http]);
+    (child, resp, http)
+}
+
+/// What HAProxy's stats page says of each server: (backend/server, status, check status).
+fn haproxy_status(stats: u16) -> Vec<(String, String, String)> {
+    let o = Command::new("curl")
+        .args(["-s", "-m", "5"])
+        .arg(format!("http://127.0.0.1:{stats}/stats;csv"))
+        .output()
+        .expect("curl runs");
+    let csv = String::from_utf8_lossy(&o.stdout).into_owned();
+    let header: Vec<&str> = csv.lines().next().unwrap_or("").split(',').collect();
+    let col = |name: &str| {
+        header
+            .iter()
+            .position(|h| h.trim_start_matches("# ") == name)
+    };
+    let cols = [
+        col("pxname"),
+        col("svname"),
+        col("status"),
+        col("check_status"),
+    ];
+    let [Some(px), Some(sv), Some(st), Some(ck)] = cols else {
+        return Vec::new();
+    };
+    csv.lines()
+        .skip(1)
+        .map(|l| l.split(',').collect::<Vec<_>>())
+        .filter(|f| f.len() > st.max(ck) && !["BACKEND", "FRONTEND"].contains(&f[sv]))
+        .map(|f| {
+            (
+                format!("{}/{}", f[px], f[sv]),
+                f[st].to_string(),
+                f[ck].to_string(),
+            )
+        })
+        .collect()
+}
+
+/// HAProxy's usual Redis check (`tcp-check send info replication`, `expect string
+/// role:master`) marks the server up, its check passed (`L7OK`). The same check against a port
+/// that is not Redis (the server's HTTP listener), and a check that expects `role:slave` of
+/// it, mark those down: the check reads the reply.
+#[test]
+fn haproxy_marks_it_up_with_its_redis_check() {
+    let (_serve, resp, http) = serve(&[]);
+    let stats = common::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("haproxy.cfg");
+    let backend = |name: &str, role: &str, port: u16| {
+        format!(
+            "backend {name}\n  option tcp-check\n  tcp-check connect\n\
+             \x20 tcp-check send PING\\r\\n\n  tcp-check expect string +PONG\n\
+             \x20 tcp-check send info\\ replication\\r\\n\n  tcp-check expect string role:{role}\n\
+             \x20 tcp-check send QUIT\\r\\n\n  tcp-check expect string +OK\n\
+             \x20 server s 127.0.0.1:{port} check inter 100ms fall 1 rise 1\n\n"
+        )
+    };
+    std::fs::write(
+        &cfg,
+        format!(
+            "defaults\n  mode tcp\n  timeout connect 1s\n  timeout client 5s\n  timeout server 5s\n\n\
+             {}{}{}\
+             listen stats\n  mode http\n  bind 127.0.0.1:{stats}\n  stats enable\n  stats uri /stats\n",
+            backend("turnstile", "master", resp),
+            backend("not-redis", "master", http),
+            backend("replica", "slave", resp),
+        ),
+    )
+    .unwrap();
+    let child = Command::new("haproxy")
+        .arg("-f")
+        .arg(&cfg)
+        .arg("-db")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("haproxy on PATH (cargo xtask test installs Debian's haproxy)");
+    let _haproxy = common::Running(child);
+    let t0 = Instant::now();
+    let mut last = Vec::new();
+    while t0.elapsed() < Duration::from_secs(20) {
+        last = haproxy_status(stats);
+        let of = |name: &str| {
+            last.iter()
+                .find(|(n, _, _)| n == name)
+                .map(|(_, st, ck)| (st.clone(), ck.clone()))
+                .unwrap_or_default()
+        };
+        let (up, passed) = of("turnstile/s");
+        if up == "UP"
+            && passed == "L7OK"
+            && of("not-redis/s").0.starts_with("DOWN")
+            && of("replica/s").0.starts_with("DOWN")
+        {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("HAProxy's Redis check after 20 s: {last:?} (turnstile UP L7OK, not-redis and replica DOWN expected)");
+}
