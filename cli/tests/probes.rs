@@ -1,5 +1,5 @@
 //! `turnstile serve` as the probes around it see it: HAProxy's Redis check (Debian's
-//! `haproxy`, a child process on free loopback ports).
+//! `haproxy`, a child process on free loopback ports), and the gRPC health service.
 
 mod common;
 
@@ -120,4 +120,67 @@ fn haproxy_marks_it_up_with_its_redis_check() {
         std::thread::sleep(Duration::from_millis(100));
     }
     panic!("HAProxy's Redis check after 20 s: {last:?} (turnstile UP L7OK, not-redis and replica DOWN expected)");
+}
+
+/// An envoyproxy/ratelimit configuration of one limit, in `dir`.
+fn envoy_config(dir: &std::path::Path) -> std::path::PathBuf {
+    let p = dir.join("ratelimit.yaml");
+    std::fs::write(
+        &p,
+        "domain: probes\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 10\n",
+    )
+    .unwrap();
+    p
+}
+
+/// `grpc.health.v1.Health/Check` as a `grpc_health_probe` asks it: `SERVING` for the server
+/// (`""`) and for the rate limit service by name, `NOT_FOUND` for another name; without
+/// credentials even when the server has a password (probes carry none).
+#[test]
+fn grpc_health_answers_serving_for_the_server_and_the_rate_limit_service() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+    let dir = tempfile::tempdir().unwrap();
+    let config = envoy_config(dir.path());
+    let grpc = common::free_port();
+    let (_serve, _, _) = serve(&[
+        "--grpc",
+        &format!("127.0.0.1:{grpc}"),
+        "--envoy-config",
+        config.to_str().unwrap(),
+        "--requirepass",
+        "secret",
+    ]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let url = format!("http://127.0.0.1:{grpc}");
+        let ch = tonic::transport::Channel::from_shared(url)
+            .unwrap()
+            .connect_timeout(Duration::from_secs(10))
+            .timeout(Duration::from_secs(10))
+            .connect()
+            .await
+            .expect("connects");
+        let mut c = HealthClient::new(ch);
+        for service in ["", "envoy.service.ratelimit.v3.RateLimitService"] {
+            let r = c
+                .check(HealthCheckRequest {
+                    service: service.into(),
+                })
+                .await
+                .unwrap_or_else(|e| panic!("Check({service:?}): {e}"));
+            assert_eq!(r.get_ref().status(), ServingStatus::Serving, "{service:?}");
+        }
+        let e = c
+            .check(HealthCheckRequest {
+                service: "nope".into(),
+            })
+            .await
+            .expect_err("an unknown service");
+        assert_eq!(e.code(), tonic::Code::NotFound, "{e}");
+    });
 }
