@@ -1,7 +1,12 @@
 //! `turnstile serve` as the probes around it see it: HAProxy's Redis check (Debian's
-//! `haproxy`, a child process on free loopback ports), and the gRPC health service.
+//! `haproxy`, a child process on free loopback ports), the gRPC health service, and readiness
+//! (`/readyz`) as the Redis of `[backend]` goes and comes back.
 
 mod common;
+
+// The harness's real redis-server, as turnstile-redis's own tests start it.
+#[path = "../../redis/tests/common/mod.rs"]
+mod redis_harness;
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -183,4 +188,93 @@ fn grpc_health_answers_serving_for_the_server_and_the_rate_limit_service() {
             .expect_err("an unknown service");
         assert_eq!(e.code(), tonic::Code::NotFound, "{e}");
     });
+}
+
+/// `GET path` on 127.0.0.1:`port`: (status, body).
+fn get(port: u16, path: &str) -> (u16, String) {
+    let o = Command::new("curl")
+        .args(["-s", "-m", "10", "-w", "\n%{http_code}"])
+        .arg(format!("http://127.0.0.1:{port}{path}"))
+        .output()
+        .expect("curl runs");
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.parse().unwrap_or(0), body.to_string())
+}
+
+/// Readiness apart from liveness, with the rules' counts in a real redis-server: ready
+/// (`/readyz` 200, gRPC health `SERVING`) while Redis answers; once it is killed, `/readyz`
+/// is 503 with the reason and gRPC health `NOT_SERVING`, while `/healthz` stays 200; ready
+/// again once Redis is back.
+#[test]
+fn readiness_follows_the_redis_of_the_backend() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+    let mut redis = redis_harness::Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules.toml");
+    std::fs::write(
+        &rules,
+        format!(
+            "[backend]\nredis = \"{}\"\ntimeout = \"200ms\"\n\n[[rule]]\nname = \"per-customer\"\nkey = \"customer\"\n\
+             limits = [{{ algorithm = \"fixed_window\", limit = 100, window = \"1h\" }}]\n",
+            redis.url()
+        ),
+    )
+    .unwrap();
+    let config = envoy_config(dir.path());
+    let grpc = common::free_port();
+    let (_serve, _, http) = serve(&[
+        "--rules",
+        rules.to_str().unwrap(),
+        "--grpc",
+        &format!("127.0.0.1:{grpc}"),
+        "--envoy-config",
+        config.to_str().unwrap(),
+    ]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut c = rt.block_on(async {
+        let ch = tonic::transport::Channel::from_shared(format!("http://127.0.0.1:{grpc}"))
+            .unwrap()
+            .connect_timeout(Duration::from_secs(10))
+            .timeout(Duration::from_secs(10))
+            .connect()
+            .await
+            .expect("connects");
+        HealthClient::new(ch)
+    });
+    let mut health = || {
+        rt.block_on(c.check(HealthCheckRequest {
+            service: "envoy.service.ratelimit.v3.RateLimitService".into(),
+        }))
+        .expect("Check answers")
+        .get_ref()
+        .status()
+    };
+    // Bounded waits: the health service follows readiness once a second.
+    let until = |what: &str, ok: &mut dyn FnMut() -> bool| {
+        let t0 = Instant::now();
+        while !ok() {
+            assert!(t0.elapsed() < Duration::from_secs(20), "{what} after 20 s");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    until("ready", &mut || get(http, "/readyz").0 == 200);
+    assert_eq!(health(), ServingStatus::Serving);
+    redis.kill();
+    until("/readyz 503", &mut || get(http, "/readyz").0 == 503);
+    let (_, body) = get(http, "/readyz");
+    assert!(
+        body.contains("\"not ready\"") && body.contains("did not answer a PING"),
+        "{body}"
+    );
+    assert_eq!(get(http, "/healthz").0, 200, "alive all along");
+    until("NOT_SERVING", &mut || health() == ServingStatus::NotServing);
+    redis.restart();
+    until("ready again", &mut || get(http, "/readyz").0 == 200);
+    until("SERVING again", &mut || health() == ServingStatus::Serving);
 }

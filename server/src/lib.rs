@@ -68,6 +68,7 @@ mod http;
 mod limits;
 mod listen;
 mod metrics;
+mod ready;
 mod redis_limits;
 pub mod resp;
 pub mod snapshot;

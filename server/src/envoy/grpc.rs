@@ -77,6 +77,7 @@ pub async fn serve(
         auth: http.auth,
         tls: None,
         max_header_bytes: http.max_header_bytes,
+        ready: None,
     };
     serve_with(listener, envoy, shutdown, gate).await;
     Ok(())
@@ -91,6 +92,9 @@ pub(crate) struct Gate {
     pub(crate) tls: Option<tokio_rustls::TlsAcceptor>,
     /// `--max-header-bytes`: a request's headers (metadata).
     pub(crate) max_header_bytes: usize,
+    /// The server whose readiness (crate::ready) the health service follows; without one it
+    /// answers `SERVING` throughout.
+    pub(crate) ready: Option<Arc<crate::state::Server>>,
 }
 
 /// [`serve`] behind `gate`.
@@ -111,7 +115,14 @@ pub(crate) async fn serve_with(
 ) {
     let (tx, mut stop) = tokio::sync::watch::channel(false);
     let limits: &Limits = &gate.guard.limits;
-    let health = Health::new(true).await;
+    let health = match &gate.ready {
+        None => Health::new(true).await,
+        Some(srv) => {
+            let h = Health::new(crate::ready::check(srv).await.is_ok()).await;
+            tokio::spawn(follow(srv.clone(), h.reporter.clone()));
+            h
+        }
+    };
     let mut on = Listener {
         http2: grpc_builder(limits, gate.max_header_bytes),
         graceful: GracefulShutdown::new(),
@@ -128,6 +139,25 @@ pub(crate) async fn serve_with(
         }
     }
     on.graceful.shutdown().await;
+}
+
+/// Sets the health service's answers from the server's readiness, every [`crate::ready::POLL`]
+/// (a change is logged). Ends with the listener's runtime.
+async fn follow(srv: Arc<crate::state::Server>, reporter: tonic_health::server::HealthReporter) {
+    let health = Health::from_reporter(reporter);
+    let mut was = crate::ready::check(&srv).await.is_ok();
+    loop {
+        tokio::time::sleep(crate::ready::POLL).await;
+        let now = crate::ready::check(&srv).await;
+        if now.is_ok() != was {
+            match &now {
+                Ok(()) => tracing::info!("ready: gRPC health SERVING"),
+                Err(why) => tracing::warn!(%why, "not ready: gRPC health NOT_SERVING"),
+            }
+            was = now.is_ok();
+            health.set(was).await;
+        }
+    }
 }
 
 /// The gRPC listener's side of the accept loop.

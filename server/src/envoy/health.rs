@@ -1,7 +1,8 @@
 //! `grpc.health.v1.Health` on the gRPC listener (tonic-health's service and reporter), as
 //! envoyproxy/ratelimit registers it: Kubernetes `grpc:` probes, Envoy's `grpc_health_check`
 //! and `grpc_health_probe` ask `Check` (or `Watch`) for the server (`""`) or the rate limit
-//! service by name. Probes carry no credentials: it is open, as `/healthz` is.
+//! service by name. Probes carry no credentials: it is open, as `/healthz` is. It follows the
+//! server's readiness (crate::ready): `NOT_SERVING` while not ready.
 
 use tonic_health::pb::health_server::HealthServer;
 use tonic_health::server::{HealthReporter, HealthService};
@@ -23,11 +24,15 @@ impl Health {
     /// Both names (the server, `""`, and [`RATE_LIMIT_SERVICE`]) answer `serving`. Any other
     /// name is `NOT_FOUND`, as the standard service answers it.
     pub(crate) async fn new(serving: bool) -> Self {
-        let reporter = HealthReporter::new();
-        let server = HealthServer::new(HealthService::from_health_reporter(reporter.clone()));
-        let h = Health { reporter, server };
+        let h = Self::from_reporter(HealthReporter::new());
         h.set(serving).await;
         h
+    }
+
+    /// The service of `reporter` (to set its answers from another task).
+    pub(crate) fn from_reporter(reporter: HealthReporter) -> Self {
+        let server = HealthServer::new(HealthService::from_health_reporter(reporter.clone()));
+        Health { reporter, server }
     }
 
     /// Sets both names to `SERVING` or `NOT_SERVING` (watchers are told of a change).
