@@ -225,7 +225,7 @@ fn readiness_follows_the_redis_of_the_backend() {
     .unwrap();
     let config = envoy_config(dir.path());
     let grpc = common::free_port();
-    let (_serve, _, http) = serve(&[
+    let (_serve, resp, http) = serve(&[
         "--rules",
         rules.to_str().unwrap(),
         "--grpc",
@@ -274,7 +274,33 @@ fn readiness_follows_the_redis_of_the_backend() {
     );
     assert_eq!(get(http, "/healthz").0, 200, "alive all along");
     until("NOT_SERVING", &mut || health() == ServingStatus::NotServing);
+    // The state in /metrics and INFO, as the last check found it.
+    until("turnstile_ready 0", &mut || {
+        ready_shown(resp, http) == (0, 0)
+    });
     redis.restart();
     until("ready again", &mut || get(http, "/readyz").0 == 200);
     until("SERVING again", &mut || health() == ServingStatus::Serving);
+    until("turnstile_ready 1", &mut || {
+        ready_shown(resp, http) == (1, 1)
+    });
+}
+
+/// `turnstile_ready` as /metrics and `INFO server` show it.
+fn ready_shown(resp: u16, http: u16) -> (u8, u8) {
+    let (_, metrics) = get(http, "/metrics");
+    let m = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("turnstile_ready ")?.trim().parse().ok())
+        .expect("turnstile_ready in /metrics");
+    let o = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &resp.to_string(), "INFO", "server"])
+        .output()
+        .expect("redis-cli runs");
+    let info = String::from_utf8_lossy(&o.stdout).into_owned();
+    let i = info
+        .lines()
+        .find_map(|l| l.strip_prefix("turnstile_ready:")?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("turnstile_ready in INFO server: {info}"));
+    (m, i)
 }

@@ -58,8 +58,10 @@ fn section(ctx: &super::Ctx<'_>, name: &str, t: &mut String) -> std::fmt::Result
     match name {
         "server" => write!(
             t,
-            "# Server\r\nredis_version:{REDIS_VERSION}\r\nturnstile_version:{}\r\nredis_mode:standalone\r\narch_bits:{}\r\nmultiplexing_api:epoll\r\nprocess_id:{}\r\nuptime_in_seconds:{}\r\nuptime_in_days:{}\r\n",
+            "# Server\r\nredis_version:{REDIS_VERSION}\r\nturnstile_version:{}\r\nturnstile_ready:{}\r\nredis_mode:standalone\r\narch_bits:{}\r\nmultiplexing_api:epoll\r\nprocess_id:{}\r\nuptime_in_seconds:{}\r\nuptime_in_days:{}\r\n",
             env!("CARGO_PKG_VERSION"),
+            // Relaxed: a flag read for display.
+            u8::from(ctx.ready.load(Ordering::Relaxed)),
             usize::BITS,
             std::process::id(),
             m.uptime().as_secs(),

@@ -389,6 +389,8 @@ pub(crate) struct Ctx<'a> {
     pub(crate) guard: &'a crate::listen::Guard,
     pub(crate) metrics: &'a crate::metrics::Metrics,
     pub(crate) buffers: &'a crate::listen::Buffers,
+    /// The last readiness check's answer (crate::ready), for `INFO`.
+    pub(crate) ready: &'a std::sync::atomic::AtomicBool,
 }
 
 /// A command parsed from its arguments.

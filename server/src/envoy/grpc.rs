@@ -141,8 +141,8 @@ pub(crate) async fn serve_with(
     on.graceful.shutdown().await;
 }
 
-/// Sets the health service's answers from the server's readiness, every [`crate::ready::POLL`]
-/// (a change is logged). Ends with the listener's runtime.
+/// Sets the health service's answers from the server's readiness, every [`crate::ready::POLL`].
+/// Ends with the listener's runtime.
 async fn follow(srv: Arc<crate::state::Server>, reporter: tonic_health::server::HealthReporter) {
     let health = Health::from_reporter(reporter);
     let mut was = crate::ready::check(&srv).await.is_ok();
@@ -150,10 +150,6 @@ async fn follow(srv: Arc<crate::state::Server>, reporter: tonic_health::server::
         tokio::time::sleep(crate::ready::POLL).await;
         let now = crate::ready::check(&srv).await;
         if now.is_ok() != was {
-            match &now {
-                Ok(()) => tracing::info!("ready: gRPC health SERVING"),
-                Err(why) => tracing::warn!(%why, "not ready: gRPC health NOT_SERVING"),
-            }
             was = now.is_ok();
             health.set(was).await;
         }
