@@ -361,9 +361,9 @@ fn a_client_that_never_reads_is_closed_past_its_output_limit() {
     assert_eq!(s.redis_cli(false, &["PING"]), "PONG");
 }
 
-/// HTTP asks for the password (401 with the JSON error body) except on /healthz; /metrics is
-/// open only with --metrics-open; reloading needs the admin password, on every listener
-/// (--admin included) once one is set.
+/// HTTP asks for the password (401 with the JSON error body) except on /healthz and /readyz;
+/// /metrics is open only with --metrics-open; reloading needs the admin password, on every
+/// listener (--admin included) once one is set.
 #[test]
 fn http_needs_credentials_and_reload_needs_admin() {
     let s = Server::start(&[], true);
@@ -383,6 +383,7 @@ fn http_needs_credentials_and_reload_needs_admin() {
     let (code, body) = s.curl("POST", "/v1/check", Some(PASSWORD), Some(check));
     assert_eq!(code, 200, "{body}");
     assert_eq!(s.curl("GET", "/healthz", None, None).0, 200);
+    assert_eq!(s.curl("GET", "/readyz", None, None).0, 200);
     let (code, body) = s.curl("GET", "/metrics", None, None);
     assert_eq!(code, 401, "{body}");
     assert_eq!(s.curl("GET", "/metrics", Some(PASSWORD), None).0, 200);

@@ -211,6 +211,14 @@ impl RedisRules {
         self.gate.stats()
     }
 
+    /// Whether Redis answers a `PING` within the backend's timeout (what a readiness probe
+    /// asks; the failure path and its counts are not involved).
+    pub async fn ping(&self) -> Result<(), Error> {
+        let mut p = redis::pipe();
+        p.cmd("PING");
+        self.caller.plain(&p).await.map(|_| ())
+    }
+
     /// Whether the circuit breaker is open (Redis is being left alone).
     pub fn circuit_open(&self) -> bool {
         self.gate.is_open()

@@ -1,6 +1,7 @@
 //! The control thread: signals (SIGTERM/SIGINT stop gracefully, a second one exits at once;
 //! SIGHUP reloads), the rules file watch (its modification time, polled, and the limits
-//! classes' files with it: `Engine::refresh_limits`), and the periodic snapshot. Also the reload and snapshot steps that HTTP and shutdown share.
+//! classes' files with it: `Engine::refresh_limits`), the periodic snapshot, and readiness
+//! (crate::ready). Also the reload and snapshot steps that HTTP and shutdown share.
 
 use crate::state::Server;
 use crate::ServeError;
@@ -271,6 +272,9 @@ pub(crate) fn spawn(
                 let watching = (s.files.rules.is_some() || s.files.envoy_config.is_some())
                     && !s.files.watch_every.is_zero();
                 let mut watch = every(s.files.watch_every);
+                // The first at once: the state is known (and logged) from the start.
+                let mut ready = tokio::time::interval(crate::ready::POLL);
+                ready.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 let mut stop = s.shutdown.subscribe();
                 loop {
                     let stopping = *stop.borrow();
@@ -291,6 +295,9 @@ pub(crate) fn spawn(
                         _ = watch.tick(), if watching && !stopping => {
                             let s = s.clone();
                             let _ = tokio::task::spawn_blocking(move || watch_file(&s)).await;
+                        }
+                        _ = ready.tick(), if !stopping => {
+                            let _ = crate::ready::check(&s).await;
                         }
                         _ = stop.changed(), if !stopping => {}
                         _ = tokio::time::sleep(Duration::from_millis(20)), if stopping => {}

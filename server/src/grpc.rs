@@ -61,6 +61,7 @@ pub(crate) fn spawn(shared: &Arc<Server>, args: &ServeArgs) -> Result<Grpc, Serv
         auth: shared.http.auth.clone(),
         tls: shared.tls.as_ref().map(|t| t.grpc.clone()),
         max_header_bytes: shared.http.max_header_bytes,
+        ready: Some(readiness(&shared, &rt)),
     };
     let mut rx = shared.shutdown.subscribe();
     let mut rx_grace = shared.shutdown.subscribe();
@@ -96,4 +97,26 @@ pub(crate) fn spawn(shared: &Arc<Server>, args: &ServeArgs) -> Result<Grpc, Serv
         })
         .map_err(ServeError::Runtime)?;
     Ok((vec![t], Some(bound)))
+}
+
+/// The server's readiness as a watch channel for the health service: checked at start, then
+/// every [`crate::ready::POLL`] on `rt` (the gRPC listener's runtime).
+fn readiness(
+    srv: &Arc<Server>,
+    rt: &tokio::runtime::Runtime,
+) -> tokio::sync::watch::Receiver<bool> {
+    let first = rt.block_on(crate::ready::check(srv)).is_ok();
+    let (tx, rx) = tokio::sync::watch::channel(first);
+    let srv = srv.clone();
+    rt.spawn(async move {
+        loop {
+            tokio::time::sleep(crate::ready::POLL).await;
+            let now = crate::ready::check(&srv).await.is_ok();
+            tx.send_if_modified(|was| std::mem::replace(was, now) != now);
+            if tx.is_closed() {
+                return;
+            }
+        }
+    });
+    rx
 }

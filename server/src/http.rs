@@ -1,5 +1,5 @@
-//! The HTTP API (axum): `POST /v1/check`, `POST /v1/settle`, `GET /metrics`, `GET /healthz`, `POST /v1/reload`,
-//! `GET`/`PUT`/`DELETE /v1/limits/{class}/{key}` (keys' own limits, `limits`), and with `--envoy-config` Envoy's `POST /json` and `GET /healthcheck`
+//! The HTTP API (axum): `POST /v1/check`, `POST /v1/settle`, `GET /metrics`, `GET /healthz`,
+//! `GET /readyz`, `POST /v1/reload`, `GET`/`PUT`/`DELETE /v1/limits/{class}/{key}` (keys' own limits, `limits`), and with `--envoy-config` Envoy's `POST /json` and `GET /healthcheck`
 //! ([`crate::envoy::json_router`], whose own body limit applies). Errors are JSON
 //! `{"error": "..."}`; a body over `--max-body` gets 413.
 
@@ -75,6 +75,19 @@ async fn healthz(State(s): State<Arc<Server>>) -> Response {
     Json(json!({ "status": "ok" })).into_response()
 }
 
+/// `GET /readyz`: 200 when ready (crate::ready), else 503 with the reason.
+async fn readyz(State(s): State<Arc<Server>>) -> Response {
+    s.metrics.add(C::HttpRequests, 1);
+    match crate::ready::check(&s).await {
+        Ok(()) => Json(json!({ "status": "ready" })).into_response(),
+        Err(reason) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({ "status": "not ready", "reason": reason })),
+        )
+            .into_response(),
+    }
+}
+
 async fn reload(State(s): State<Arc<Server>>) -> Response {
     s.metrics.add(C::HttpRequests, 1);
     let s2 = s.clone();
@@ -129,7 +142,7 @@ async fn not_found(State(s): State<Arc<Server>>, uri: axum::http::Uri) -> Respon
         &s,
         StatusCode::NOT_FOUND,
         format!(
-            "no such endpoint: POST /v1/check, POST /v1/settle, GET /metrics, GET /healthz, POST /v1/reload, GET|PUT|DELETE /v1/limits/{{class}}/{{key}}{envoy}"
+            "no such endpoint: POST /v1/check, POST /v1/settle, GET /metrics, GET /healthz, GET /readyz, POST /v1/reload, GET|PUT|DELETE /v1/limits/{{class}}/{{key}}{envoy}"
         ),
     )
 }
@@ -150,13 +163,13 @@ struct Dispatch {
     peer: Option<IpAddr>,
 }
 
-/// What a request must have shown for `method` on `path`: `/healthz` and Envoy's
+/// What a request must have shown for `method` on `path`: `/healthz`, `/readyz` and Envoy's
 /// `/healthcheck` are open (probes carry no credentials), `/metrics` unless `--metrics-open`,
 /// the operations that change the server (a reload, a key's limit set or removed) need admin,
 /// the rest (reading a key's limit included) the client password.
 fn needs(method: &Method, path: &str, metrics_open: bool) -> Access {
     match path {
-        "/healthz" | "/healthcheck" => Access::None,
+        "/healthz" | "/readyz" | "/healthcheck" => Access::None,
         "/metrics" if metrics_open => Access::None,
         "/v1/reload" => Access::Admin,
         p if p.starts_with("/v1/limits/") && method != Method::GET && method != Method::HEAD => {
@@ -418,6 +431,7 @@ fn router(shared: &Arc<Server>) -> Router {
         )
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(shared.http.max_body))

@@ -68,6 +68,7 @@ mod http;
 mod limits;
 mod listen;
 mod metrics;
+mod ready;
 mod redis_limits;
 pub mod resp;
 pub mod snapshot;
@@ -326,6 +327,7 @@ fn server(args: &ServeArgs, l: Loaded, workers: usize) -> Arc<Server> {
         limits_refused: Mutex::default(),
         snapshot_lock: Mutex::new(()),
         workers_done: AtomicBool::new(false),
+        ready: AtomicBool::new(false),
     })
 }
 

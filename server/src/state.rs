@@ -52,6 +52,8 @@ pub(crate) struct Server {
     pub(crate) snapshot_lock: Mutex<()>,
     /// Set once every worker has stopped (the control thread then exits).
     pub(crate) workers_done: AtomicBool,
+    /// Whether the last readiness check found the server ready (crate::ready).
+    pub(crate) ready: AtomicBool,
 }
 
 static CONN_ID: AtomicU64 = AtomicU64::new(1);
@@ -73,6 +75,7 @@ impl Server {
             guard: &self.guard,
             metrics: &self.metrics,
             buffers: &self.buffers,
+            ready: &self.ready,
         }
     }
 
@@ -117,6 +120,7 @@ impl Server {
             limits_refused: Mutex::default(),
             snapshot_lock: Mutex::new(()),
             workers_done: AtomicBool::new(false),
+            ready: AtomicBool::new(false),
         })
     }
 }

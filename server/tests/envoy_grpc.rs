@@ -400,10 +400,12 @@ async fn bad_input_gets_an_error_status() {
     let huge = req(0, &[&[("key2", &"w".repeat(5 << 20))]]).encode_to_vec();
     let s = raw_call(server.grpc, huge).await.unwrap_err();
     assert_eq!(s.code(), Code::OutOfRange, "{s:?}");
-    // Another method, another service: UNIMPLEMENTED, as gRPC servers answer.
+    // Another method, another service: UNIMPLEMENTED, as gRPC servers answer (the health
+    // service beside it too).
     for path in [
         "/envoy.service.ratelimit.v3.RateLimitService/Nope",
-        "/grpc.health.v1.Health/Check",
+        "/grpc.health.v1.Health/Nope",
+        "/nope.v1.Nope/Check",
     ] {
         let s = raw_call_to(
             server.grpc,

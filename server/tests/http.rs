@@ -142,6 +142,10 @@ fn check_metrics_and_reload() {
     assert_eq!(String::from_utf8_lossy(&o.stdout), "413");
     let (status, _, _) = curl_head("GET", &format!("http://{}/healthz", r.http), None);
     assert_eq!(status, 200);
+    // Rules loaded, their counts in memory: ready.
+    let (status, _, body) = curl_head("GET", &format!("http://{}/readyz", r.http), None);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(r#""status":"ready""#), "{body}");
 
     let m = metrics(&r);
     assert_eq!(

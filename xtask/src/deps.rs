@@ -103,6 +103,13 @@ pub const APT: &[Apt] = &[
         why: "turnstile bench tower's HTTP load (cli/tests/bench_drivers.rs)",
     },
     Apt {
+        package: "haproxy",
+        probe: Probe::Program("haproxy"),
+        programs: &["haproxy"],
+        scope: Scope::Tests,
+        why: "cli/tests/probes.rs: HAProxy's Redis check (tcp-check, expect role:master) against turnstile serve",
+    },
+    Apt {
         package: "valgrind",
         probe: Probe::Program("valgrind"),
         programs: &["valgrind", "valgrind.bin", "callgrind_annotate", "callgrind_control"],

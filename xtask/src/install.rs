@@ -414,7 +414,7 @@ mod tests {
         );
         assert_eq!(
             cmds[1].join(" "),
-            "env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server redis-tools curl wrk"
+            "env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server redis-tools curl wrk haproxy"
         );
     }
 
@@ -426,7 +426,7 @@ mod tests {
         for c in &cmds {
             assert_eq!(&c[..2], ["sudo", "-n"], "{c:?}");
         }
-        assert_eq!(cmds[1].last().map(String::as_str), Some("wrk"));
+        assert_eq!(cmds[1].last().map(String::as_str), Some("haproxy"));
     }
 
     #[test]
@@ -444,7 +444,13 @@ mod tests {
     fn no_apt_names_the_packages() {
         assert_eq!(
             plan_apt(&table(), Privilege::Root, false),
-            AptPlan::NoApt(vec!["redis-server", "redis-tools", "curl", "wrk"])
+            AptPlan::NoApt(vec![
+                "redis-server",
+                "redis-tools",
+                "curl",
+                "wrk",
+                "haproxy"
+            ])
         );
     }
 

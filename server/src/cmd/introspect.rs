@@ -1,13 +1,9 @@
 //! What clients ask about the server: `COMMAND` (from the one table of [`super::COMMANDS`]),
-//! `INFO` (by section) and `CONFIG GET` (what redis-benchmark asks).
+//! `INFO` (by section, [`super::info`]), `ROLE` and `CONFIG GET` (what redis-benchmark
+//! asks).
 
 use super::{ArgCursor, CmdError, Kind, Spec, COMMANDS};
 use crate::resp::Out;
-use std::sync::atomic::Ordering;
-
-/// The Redis version whose protocol the server speaks, for `INFO` (clients read it to pick
-/// features).
-pub(crate) const REDIS_VERSION: &str = "7.0.0";
 
 /// A parsed introspection command.
 pub(crate) enum Introspect<'a> {
@@ -20,6 +16,8 @@ pub(crate) enum Introspect<'a> {
     /// `INFO [section...]`: the cursor over the sections.
     Server(ArgCursor<'a>),
     ConfigGet(&'a [u8]),
+    /// `ROLE`.
+    Role,
 }
 
 impl<'a> Introspect<'a> {
@@ -36,11 +34,11 @@ impl<'a> Introspect<'a> {
                 Some(s) if super::named(s, "INFO") => Introspect::Info(rest(c)),
                 Some(s) if super::named(s, "DOCS") => Introspect::Docs(rest(c)),
                 Some(s) if super::named(s, "COUNT") => {
-                    c.finish()?;
+                    super::sub_args(c.finish(), "command|count")?;
                     Introspect::Count
                 }
                 Some(s) if super::named(s, "LIST") => {
-                    c.finish()?;
+                    super::sub_args(c.finish(), "command|list")?;
                     Introspect::List
                 }
                 Some(_) => return Err(CmdError::UnknownSubcommand),
@@ -49,13 +47,21 @@ impl<'a> Introspect<'a> {
                 args: c.args,
                 next: c.next,
             }),
+            Kind::Role => Introspect::Role,
             _ => {
                 if !c.eat("GET") {
+                    // Redis's other subcommands are refused in words; anything else is an
+                    // unknown subcommand, as Redis answers it.
+                    let known = ["SET", "RESETSTAT", "REWRITE", "HELP"];
+                    let sub = c.bytes()?;
+                    if !known.iter().any(|k| super::named(sub, k)) {
+                        return Err(CmdError::UnknownSubcommand);
+                    }
                     return Err(CmdError::Other(
                         "ERR CONFIG: only GET is supported; the server is configured by the flags of `turnstile serve`".into(),
                     ));
                 }
-                let name = c.bytes()?;
+                let name = super::sub_args(c.bytes(), "config|get")?;
                 c.finish()?;
                 Introspect::ConfigGet(name)
             }
@@ -103,7 +109,14 @@ impl<'a> Introspect<'a> {
                     command_docs(s, o);
                 }
             }
-            Introspect::Server(sections) => o.verbatim(info(ctx, sections).as_bytes()),
+            Introspect::Server(sections) => o.verbatim(super::info::info(ctx, sections).as_bytes()),
+            Introspect::Role => {
+                // A master without replicas, as Redis answers: role, replication offset, replicas.
+                o.array(3);
+                o.bulk(b"master");
+                o.int(0);
+                o.array(0);
+            }
             Introspect::ConfigGet(name) => {
                 // redis-benchmark asks `save` and `appendonly` on start: nothing is persisted the
                 // Redis way, so as Redis without persistence answers; other names are unknown.
@@ -227,74 +240,4 @@ fn arguments(kind: Kind) -> &'static [(&'static str, &'static str, bool)] {
         Kind::Select => &[("index", "integer", false)],
         _ => &[],
     }
-}
-
-/// The sections `INFO` knows, in order.
-const SECTIONS: [&str; 6] = [
-    "server",
-    "clients",
-    "memory",
-    "persistence",
-    "stats",
-    "keyspace",
-];
-
-/// `INFO` text of the sections asked (none, `default`, `all` or `everything`: every one).
-fn info(ctx: &super::Ctx<'_>, mut asked: ArgCursor<'_>) -> String {
-    let mut want = [false; SECTIONS.len()];
-    let mut any = false;
-    while let Some(a) = asked.next() {
-        any = true;
-        let all = ["all", "default", "everything"]
-            .iter()
-            .any(|w| a.eq_ignore_ascii_case(w.as_bytes()));
-        for (i, s) in SECTIONS.iter().enumerate() {
-            want[i] |= all || a.eq_ignore_ascii_case(s.as_bytes());
-        }
-    }
-    if !any {
-        want = [true; SECTIONS.len()];
-    }
-    let m = ctx.metrics;
-    let mut t = String::new();
-    use std::fmt::Write;
-    for (i, s) in SECTIONS.iter().enumerate() {
-        if !want[i] {
-            continue;
-        }
-        if !t.is_empty() {
-            t.push_str("\r\n");
-        }
-        let _ = match *s {
-            "server" => write!(
-                t,
-                "# Server\r\nredis_version:{REDIS_VERSION}\r\nturnstile_version:{}\r\nredis_mode:standalone\r\narch_bits:{}\r\nmultiplexing_api:epoll\r\nprocess_id:{}\r\nuptime_in_seconds:{}\r\n",
-                env!("CARGO_PKG_VERSION"),
-                usize::BITS,
-                std::process::id(),
-                m.uptime().as_secs()
-            ),
-            "clients" => write!(
-                t,
-                "# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\n",
-                ctx.guard.open(crate::listen::Kind::Resp),
-                ctx.resp.max_connections
-            ),
-            "memory" => write!(
-                t,
-                "# Memory\r\nclient_buffers_bytes:{}\r\n",
-                ctx.buffers.bytes.load(Ordering::Relaxed)
-            ),
-            "persistence" => write!(t, "# Persistence\r\nloading:0\r\n"),
-            "stats" => write!(
-                t,
-                "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\nrejected_connections:{}\r\n",
-                m.get(crate::metrics::C::Connections),
-                m.get(crate::metrics::C::Commands),
-                m.get(crate::metrics::C::RejectedConnections)
-            ),
-            _ => write!(t, "# Keyspace\r\n"),
-        };
-    }
-    t
 }

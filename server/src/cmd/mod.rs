@@ -10,17 +10,22 @@
 //! * `settle`: `TURNSTILE.SETTLE`, a reserved cost settled at the actual one.
 //! * `limits`: `TURNSTILE.LIMITS SET|GET|DEL`, keys' own limits.
 //! * `session`: `AUTH`, `HELLO`, `CLIENT`, `SELECT`, `PING`, `ECHO`, `QUIT`, `RESET`.
-//! * `introspect`: `COMMAND`, `INFO`, `CONFIG`.
+//! * `introspect`: `COMMAND`, `INFO` (its text in `info`), `ROLE`, `CONFIG`.
 //! * `MULTI`, `EXEC`, `DISCARD`, `WATCH`, `UNWATCH` are the connection's own
 //!   ([`crate::conn`]).
 
 pub(crate) mod client;
+pub(crate) mod info;
 pub(crate) mod introspect;
 pub(crate) mod limits;
 pub(crate) mod rules;
 pub(crate) mod session;
 pub(crate) mod settle;
 pub(crate) mod throttle;
+
+/// The Redis version whose protocol the server speaks, for `INFO` (clients read it to pick
+/// features).
+pub(crate) const REDIS_VERSION: &str = "7.0.0";
 
 use std::fmt;
 use std::ops::Range;
@@ -93,6 +98,14 @@ impl<'a> ArgCursor<'a> {
     }
 }
 
+/// A subcommand's wrong number of arguments named as Redis names it (`client|setname`).
+pub(crate) fn sub_args<T>(r: Result<T, CmdError>, full_name: &'static str) -> Result<T, CmdError> {
+    r.map_err(|e| match e {
+        CmdError::WrongArgs => CmdError::SubcommandArgs(full_name),
+        e => e,
+    })
+}
+
 /// A command refused before it ran; its `Display` is the error reply, code first.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum CmdError {
@@ -112,6 +125,9 @@ pub(crate) enum CmdError {
     Unknown,
     /// A subcommand this command does not have.
     UnknownSubcommand,
+    /// Wrong number of arguments for a subcommand: its full name as Redis writes it
+    /// (`client|setname`).
+    SubcommandArgs(&'static str),
     /// Anything else: the whole reply, code first.
     Other(String),
 }
@@ -127,6 +143,9 @@ impl fmt::Display for CmdError {
             CmdError::Syntax(m) => write!(f, "ERR {m}"),
             CmdError::Unknown => f.write_str("ERR unknown command"),
             CmdError::UnknownSubcommand => f.write_str("ERR unknown subcommand"),
+            CmdError::SubcommandArgs(name) => {
+                write!(f, "ERR wrong number of arguments for '{name}' command")
+            }
             CmdError::Other(m) => f.write_str(m),
         }
     }
@@ -264,6 +283,7 @@ pub(crate) enum Kind {
     Reset,
     Command,
     Info,
+    Role,
     Config,
     Multi,
     Exec,
@@ -341,7 +361,8 @@ pub(crate) const COMMANDS: &[Spec] = &[
     spec("HELLO", Kind::Hello, -1, 7, &["noauth", "fast"], false,
         "Handshakes: protocol version, authentication, client name."),
     spec("AUTH", Kind::Auth, -2, 3, &["noauth", "fast"], false, "Authenticates the connection."),
-    spec("CLIENT", Kind::Client, -2, 4, &["fast"], false,
+    // Any number: a subcommand checks its own (an unknown one is named whatever follows it).
+    spec("CLIENT", Kind::Client, -2, usize::MAX, &["fast"], false,
         "The connection: ID, INFO, SETNAME, GETNAME, SETINFO, LIST."),
     spec("SELECT", Kind::Select, 2, 2, &["fast"], false, "Database 0 only."),
     spec("QUIT", Kind::Quit, -1, 1, &["noauth", "fast"], false, "Closes the connection."),
@@ -350,6 +371,8 @@ pub(crate) const COMMANDS: &[Spec] = &[
     spec("COMMAND", Kind::Command, -1, 16, &["loading", "stale"], false,
         "The commands: COUNT, INFO, DOCS, LIST."),
     spec("INFO", Kind::Info, -1, 16, &["stale"], false, "Server information, by section."),
+    spec("ROLE", Kind::Role, 1, 1, &["loading", "stale", "fast"], false,
+        "The replication role: a master without replicas."),
     spec("CONFIG", Kind::Config, -2, 16, &["admin"], false,
         "CONFIG GET answers what redis-benchmark asks; nothing is set."),
     spec("MULTI", Kind::Multi, 1, 1, &["fast"], false,
@@ -359,6 +382,20 @@ pub(crate) const COMMANDS: &[Spec] = &[
     spec("WATCH", Kind::Watch, -2, 16, &["fast"], false, "Refused: keys cannot be watched here."),
     spec("UNWATCH", Kind::Unwatch, 1, 1, &["fast"], false, "Nothing is watched: OK."),
 ];
+
+impl Spec {
+    /// Whether `n` arguments (the name included) fit its arity as Redis checks it before a
+    /// command runs (or is queued in a `MULTI`): exactly, or at least. Its most arguments
+    /// ([`Spec::max_args`]) are the command's own check, as Redis's commands check theirs.
+    pub(crate) fn arity_fits(&self, n: usize) -> bool {
+        let n = n as i64;
+        if self.arity >= 0 {
+            n == self.arity
+        } else {
+            n >= -self.arity
+        }
+    }
+}
 
 /// The entry of the command named `name`, in any case.
 #[inline]
@@ -377,6 +414,8 @@ pub(crate) struct Ctx<'a> {
     pub(crate) guard: &'a crate::listen::Guard,
     pub(crate) metrics: &'a crate::metrics::Metrics,
     pub(crate) buffers: &'a crate::listen::Buffers,
+    /// The last readiness check's answer (crate::ready), for `INFO`.
+    pub(crate) ready: &'a std::sync::atomic::AtomicBool,
 }
 
 /// A command parsed from its arguments.
@@ -403,13 +442,7 @@ impl<'a> Command<'a> {
 
     /// Parses a command whose entry is `spec`.
     pub(crate) fn parse_as(spec: &Spec, args: Args<'a>) -> Result<Command<'a>, CmdError> {
-        let n = args.len() as i64;
-        let fits = if spec.arity >= 0 {
-            n == spec.arity
-        } else {
-            n >= -spec.arity && args.len() <= spec.max_args
-        };
-        if !fits {
+        if !spec.arity_fits(args.len()) || args.len() > spec.max_args {
             return Err(CmdError::WrongArgs);
         }
         let mut c = ArgCursor::new(args);
@@ -428,7 +461,7 @@ impl<'a> Command<'a> {
             | Kind::Select
             | Kind::Quit
             | Kind::Reset => Command::Session(session::SessionCommand::parse(spec.kind, &mut c)?),
-            Kind::Command | Kind::Info | Kind::Config => {
+            Kind::Command | Kind::Info | Kind::Role | Kind::Config => {
                 Command::Introspect(introspect::Introspect::parse(spec.kind, &mut c)?)
             }
             Kind::Multi => Command::Multi,
@@ -536,7 +569,7 @@ mod tests {
     fn every_name_is_upper_case_and_unique() {
         for (i, s) in COMMANDS.iter().enumerate() {
             assert_eq!(s.name, s.name.to_uppercase());
-            assert!(s.max_args as i64 >= s.arity.abs(), "{}", s.name);
+            assert!(s.max_args >= s.arity.unsigned_abs() as usize, "{}", s.name);
             assert!(COMMANDS[..i].iter().all(|t| t.name != s.name));
         }
     }

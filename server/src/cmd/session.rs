@@ -111,7 +111,7 @@ impl<'a> SessionCommand<'a> {
             SessionCommand::ClientId => o.int(s.id as i64),
             SessionCommand::ClientInfo => o.verbatim(s.info_line().as_bytes()),
             SessionCommand::ClientSetName(n) => {
-                if n.iter().any(|&b| b <= b' ' || b > b'~') {
+                if !printable(n) {
                     o.error(
                         "ERR Client names cannot contain spaces, newlines or special characters.",
                     );
@@ -128,17 +128,26 @@ impl<'a> SessionCommand<'a> {
                 }
             }
             SessionCommand::ClientSetInfo(attr, v) => {
-                if attr.eq_ignore_ascii_case(b"lib-name") {
-                    set(&mut s.lib_name, v);
-                    o.simple("OK");
+                let to = if attr.eq_ignore_ascii_case(b"lib-name") {
+                    &mut s.lib_name
                 } else if attr.eq_ignore_ascii_case(b"lib-ver") {
-                    set(&mut s.lib_ver, v);
-                    o.simple("OK");
+                    &mut s.lib_ver
                 } else {
                     o.error_fmt(format_args!(
                         "ERR Unrecognized option '{}'",
                         String::from_utf8_lossy(&attr[..attr.len().min(64)])
                     ));
+                    return Effect::None;
+                };
+                // As Redis 7.2 refuses them: `CLIENT INFO` is split at spaces.
+                if !printable(v) {
+                    o.error_fmt(format_args!(
+                        "ERR {} cannot contain spaces, newlines or special characters.",
+                        String::from_utf8_lossy(attr)
+                    ));
+                } else {
+                    set(to, v);
+                    o.simple("OK");
                 }
             }
             SessionCommand::ClientNoOp => o.simple("OK"),
@@ -162,6 +171,12 @@ impl<'a> SessionCommand<'a> {
         }
         Effect::None
     }
+}
+
+/// Whether a client name, library name or version is what Redis keeps: printable ASCII, no
+/// space (`CLIENT INFO` is split at spaces).
+fn printable(v: &[u8]) -> bool {
+    v.iter().all(|&b| (b'!'..=b'~').contains(&b))
 }
 
 fn set(to: &mut Vec<u8>, v: &[u8]) {
@@ -200,28 +215,41 @@ fn hello_syntax(opt: &[u8]) -> CmdError {
 }
 
 fn client<'a>(c: &mut ArgCursor<'a>) -> Result<SessionCommand<'a>, CmdError> {
+    use super::sub_args;
     let sub = c.bytes()?;
-    let cmd = if super::named(sub, "ID") {
-        SessionCommand::ClientId
+    // (subcommand, its full name as Redis writes it in a wrong-arity error)
+    let (cmd, full) = if super::named(sub, "ID") {
+        (SessionCommand::ClientId, "client|id")
     } else if super::named(sub, "INFO") {
-        SessionCommand::ClientInfo
+        (SessionCommand::ClientInfo, "client|info")
     } else if super::named(sub, "SETNAME") {
-        SessionCommand::ClientSetName(c.bytes()?)
+        let n = sub_args(c.bytes(), "client|setname")?;
+        (SessionCommand::ClientSetName(n), "client|setname")
     } else if super::named(sub, "GETNAME") {
-        SessionCommand::ClientGetName
+        (SessionCommand::ClientGetName, "client|getname")
     } else if super::named(sub, "SETINFO") {
-        SessionCommand::ClientSetInfo(c.bytes()?, c.bytes()?)
+        let full = "client|setinfo";
+        let (attr, v) = (sub_args(c.bytes(), full)?, sub_args(c.bytes(), full)?);
+        (SessionCommand::ClientSetInfo(attr, v), full)
     } else if super::named(sub, "NO-EVICT") || super::named(sub, "NO-TOUCH") {
+        let full = if super::named(sub, "NO-EVICT") {
+            "client|no-evict"
+        } else {
+            "client|no-touch"
+        };
         // Nothing is evicted or touched here: both answer OK to ON and OFF, as Redis does.
-        let v = c.bytes()?;
+        let v = sub_args(c.bytes(), full)?;
+        sub_args(c.finish(), full)?;
         if !(super::named(v, "ON") || super::named(v, "OFF")) {
             return Err(CmdError::Syntax("syntax error".into()));
         }
-        SessionCommand::ClientNoOp
+        (SessionCommand::ClientNoOp, full)
     } else {
+        // Whatever follows it: go-redis sends `CLIENT MAINT_NOTIFICATIONS on ...` and reads
+        // Redis's answer to an unknown subcommand.
         return Err(CmdError::UnknownSubcommand);
     };
-    c.finish()?;
+    sub_args(c.finish(), full)?;
     Ok(cmd)
 }
 

@@ -425,11 +425,28 @@ impl Connection {
         }
         let command = match Command::parse(args) {
             Ok(c) => c,
+            // As Redis: a refused `EXEC` discards the transaction (if one is open); another
+            // refused command dirties it.
+            Err(_) if cmd::named(args.name(), "EXEC") => {
+                if let Some(q) = self.queue.take() {
+                    srv.buffers.release(q.reserved);
+                }
+                s.in_multi = false;
+                o.error("EXECABORT Transaction discarded because of: wrong number of arguments for 'exec' command");
+                return None;
+            }
             Err(e) => {
+                if let Some(q) = &mut self.queue {
+                    q.dirty = true;
+                }
                 e.write(args, &mut o);
                 return None;
             }
         };
+        if self.queue.is_some() && matches!(command, Command::Watch) {
+            o.error("ERR WATCH inside MULTI is not allowed");
+            return None;
+        }
         match command {
             Command::Multi => {
                 if self.queue.is_some() {

@@ -81,20 +81,23 @@ impl Connection {
     }
 }
 
-/// Queues a command of an open `MULTI`, or refuses it (and dirties the transaction): an
-/// unknown command or a wrong number of arguments, as Redis refuses them at queue time, or a
-/// queue that is full.
+/// Queues a command of an open `MULTI`, or refuses it (and dirties the transaction) as Redis
+/// refuses one at queue time: an unknown command, a wrong number of arguments by the command's
+/// arity, an unknown subcommand or a subcommand's wrong number of arguments (Redis looks
+/// subcommands up as commands); or a queue that is full. Any other error is the command's
+/// own, answered by `EXEC` (`PING a b` is queued: its arity is "at least one").
 pub(super) fn queue(srv: &Server, q: &mut Queue, args: Args<'_>, o: &mut Out<'_>) {
-    if let Some(spec) = cmd::lookup(args.name()) {
-        // Only arity is checked now; other errors are the command's own, at EXEC.
-        if let Err(CmdError::WrongArgs) = Command::parse_as(spec, args) {
-            q.dirty = true;
-            CmdError::WrongArgs.write(args, o);
-            return;
-        }
-    } else {
+    let refused = match cmd::lookup(args.name()) {
+        None => Some(CmdError::Unknown),
+        Some(spec) if !spec.arity_fits(args.len()) => Some(CmdError::WrongArgs),
+        Some(spec) => match Command::parse_as(spec, args) {
+            Err(e @ (CmdError::UnknownSubcommand | CmdError::SubcommandArgs(_))) => Some(e),
+            _ => None,
+        },
+    };
+    if let Some(e) = refused {
         q.dirty = true;
-        CmdError::Unknown.write(args, o);
+        e.write(args, o);
         return;
     }
     let size = (0..args.len()).map(|i| args.get(i).len()).sum::<usize>() + (args.len() + 1) * RANGE;

@@ -270,10 +270,50 @@ fn transactions_as_redis_answers_them() {
         text(&out),
         "+OK\r\n+QUEUED\r\n+QUEUED\r\n+QUEUED\r\n*3\r\n*5\r\n:0\r\n:3\r\n:2\r\n:-1\r\n:6\r\n-ERR value is not an integer or out of range\r\n+PONG\r\n\
          -ERR EXEC without MULTI\r\n\
-         +OK\r\n-ERR unknown command 'NOPE', with args beginning with: \r\n-ERR wrong number of arguments for 'ping' command\r\n+QUEUED\r\n-EXECABORT Transaction discarded because of previous errors.\r\n\
+         +OK\r\n-ERR unknown command 'NOPE', with args beginning with: \r\n+QUEUED\r\n+QUEUED\r\n-EXECABORT Transaction discarded because of previous errors.\r\n\
          +OK\r\n-ERR MULTI calls can not be nested\r\n+OK\r\n-ERR DISCARD without MULTI\r\n\
          -ERR WATCH is not supported: there are no keys to watch; each command is atomic on its own (docs/service.md)\r\n"
     );
+}
+
+/// What redis-server 7 answers to each (cli/tests/redis_parity.rs compares with it).
+#[test]
+fn transaction_errors_as_redis_answers_them() {
+    let cases: &[(&[&[&[u8]]], &str)] = &[
+        (
+            &[&[b"MULTI"], &[b"ECHO", b"a"], &[b"EXEC", b"x"], &[b"EXEC"]],
+            "+OK\r\n+QUEUED\r\n-EXECABORT Transaction discarded because of: wrong number of arguments for 'exec' command\r\n-ERR EXEC without MULTI\r\n",
+        ),
+        (
+            &[&[b"MULTI"], &[b"PING", b"a", b"b"], &[b"EXEC"]],
+            "+OK\r\n+QUEUED\r\n*1\r\n-ERR wrong number of arguments for 'ping' command\r\n",
+        ),
+        (
+            &[&[b"MULTI"], &[b"DISCARD", b"x"], &[b"EXEC"]],
+            "+OK\r\n-ERR wrong number of arguments for 'discard' command\r\n-EXECABORT Transaction discarded because of previous errors.\r\n",
+        ),
+        (
+            &[&[b"MULTI"], &[b"CLIENT", b"FOO", b"a", b"b"], &[b"CLIENT", b"SETNAME"], &[b"EXEC"]],
+            "+OK\r\n-ERR unknown subcommand 'FOO'. Try CLIENT HELP.\r\n-ERR wrong number of arguments for 'client|setname' command\r\n-EXECABORT Transaction discarded because of previous errors.\r\n",
+        ),
+        (
+            &[&[b"MULTI"], &[b"WATCH", b"k"], &[b"CLIENT", b"SETNAME", b"a b"], &[b"EXEC"]],
+            "+OK\r\n-ERR WATCH inside MULTI is not allowed\r\n+QUEUED\r\n*1\r\n-ERR Client names cannot contain spaces, newlines or special characters.\r\n",
+        ),
+        (
+            &[&[b"EXEC", b"x"], &[b"CLIENT", b"MAINT_NOTIFICATIONS", b"on", b"moving-endpoint-type", b"internal-ip"]],
+            "-EXECABORT Transaction discarded because of: wrong number of arguments for 'exec' command\r\n-ERR unknown subcommand 'MAINT_NOTIFICATIONS'. Try CLIENT HELP.\r\n",
+        ),
+        (
+            &[&[b"CLIENT", b"SETINFO", b"LIB-NAME", b"a b"], &[b"CLIENT", b"SETINFO", b"lib-ver", b"1.0\n"], &[b"CLIENT", b"SETINFO", b"LIB-NAME", b"redis-py"]],
+            "-ERR LIB-NAME cannot contain spaces, newlines or special characters.\r\n-ERR lib-ver cannot contain spaces, newlines or special characters.\r\n+OK\r\n",
+        ),
+    ];
+    for (commands, want) in cases {
+        let input: Vec<u8> = commands.iter().flat_map(|p| cmd(p)).collect();
+        let (out, _) = talk(&mut conn(|_| {}), &input, 7);
+        assert_eq!(text(&out), *want, "{commands:?}");
+    }
 }
 
 #[test]

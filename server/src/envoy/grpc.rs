@@ -1,4 +1,5 @@
-//! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` over tonic.
+//! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` over tonic, and
+//! `grpc.health.v1.Health` ([`super::health`]) beside it.
 //!
 //! The types and the service glue are `envoy-types`' generated code (prost + tonic, no
 //! protoc). A malformed message is refused by tonic's decoder with `INVALID_ARGUMENT`
@@ -8,6 +9,7 @@
 //! oversized entry or an unknown override unit with `INVALID_ARGUMENT`.
 
 use super::engine::Envoy;
+use super::health::Health;
 use super::limits::InvalidRequest;
 use crate::config::{Access, Auth};
 use crate::listen::accept::{accept_loop, Accepted};
@@ -27,6 +29,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use tonic::{Request, Response, Status};
+use tonic_health::pb::health_server::HealthServer;
+use tonic_health::server::HealthService;
 
 /// The gRPC service over one [`Envoy`].
 #[derive(Clone)]
@@ -73,6 +77,7 @@ pub async fn serve(
         auth: http.auth,
         tls: None,
         max_header_bytes: http.max_header_bytes,
+        ready: None,
     };
     serve_with(listener, envoy, shutdown, gate).await;
     Ok(())
@@ -87,15 +92,19 @@ pub(crate) struct Gate {
     pub(crate) tls: Option<tokio_rustls::TlsAcceptor>,
     /// `--max-header-bytes`: a request's headers (metadata).
     pub(crate) max_header_bytes: usize,
+    /// The server's readiness, which the health service follows (`true`: serving); without
+    /// it the health service answers `SERVING` throughout.
+    pub(crate) ready: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 /// [`serve`] behind `gate`.
 ///
 /// The service is mounted on hyper's HTTP/2 server connection directly rather than through
 /// `tonic::transport::Server`, whose `Routes` put every call through axum's router (route
-/// lookup, a cloned boxed service and more futures) and a gRPC-timeout layer. With one service
-/// on the listener there is nothing to route: the generated server matches the method path
-/// itself (UNIMPLEMENTED for any other). Measured with `envoy_bench` (docs/service.md).
+/// lookup, a cloned boxed service and more futures) and a gRPC-timeout layer. With two
+/// services on the listener, one comparison of the path's prefix picks the health service;
+/// each generated server matches its method path itself (UNIMPLEMENTED for any other).
+/// Measured with `envoy_bench` (docs/service.md).
 /// HTTP/1 is refused as tonic's server refuses it (HTTP/2 only, prior knowledge). Every bound
 /// of the connection is the guard's (crate::listen).
 pub(crate) async fn serve_with(
@@ -106,10 +115,20 @@ pub(crate) async fn serve_with(
 ) {
     let (tx, mut stop) = tokio::sync::watch::channel(false);
     let limits: &Limits = &gate.guard.limits;
+    let health = match &gate.ready {
+        None => Health::new(true).await,
+        Some(rx) => {
+            let serving = *rx.borrow();
+            let h = Health::new(serving).await;
+            tokio::spawn(follow(rx.clone(), h.reporter.clone()));
+            h
+        }
+    };
     let mut on = Listener {
         http2: grpc_builder(limits, gate.max_header_bytes),
         graceful: GracefulShutdown::new(),
         svc: service(envoy, limits.max_body),
+        health: health.server.clone(),
         gate: Arc::new(gate),
     };
     let guard = on.gate.guard.clone();
@@ -123,11 +142,25 @@ pub(crate) async fn serve_with(
     on.graceful.shutdown().await;
 }
 
+/// Sets the health service's answers as the server's readiness changes. Ends when its sender
+/// is gone, or with the listener's runtime.
+async fn follow(
+    mut ready: tokio::sync::watch::Receiver<bool>,
+    reporter: tonic_health::server::HealthReporter,
+) {
+    let health = Health::from_reporter(reporter);
+    while ready.changed().await.is_ok() {
+        let now = *ready.borrow_and_update();
+        health.set(now).await;
+    }
+}
+
 /// The gRPC listener's side of the accept loop.
 struct Listener {
     http2: Http2<TokioExecutor>,
     graceful: GracefulShutdown,
     svc: RateLimitServiceServer<Grpc>,
+    health: HealthServer<HealthService>,
     gate: Arc<Gate>,
 }
 
@@ -137,6 +170,7 @@ impl Accepted for Listener {
         let _ = sock.set_nodelay(true);
         let conn = GrpcConn {
             svc: self.svc.clone(),
+            health: self.health.clone(),
             gate: self.gate.clone(),
             conn: t.conn().clone(),
             peer: Some(peer.ip()),
@@ -173,6 +207,7 @@ impl Serve for GrpcServe {
 #[derive(Clone)]
 struct GrpcConn {
     svc: RateLimitServiceServer<Grpc>,
+    health: HealthServer<HealthService>,
     gate: Arc<Gate>,
     conn: Arc<Conn>,
     peer: Option<IpAddr>,
@@ -225,17 +260,13 @@ const NEEDS_PASSWORD: &str = "this rate limit service needs the server's passwor
 
 type Answer = http::Response<tonic::body::Body>;
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
-/// A call's body: metered by the guard, a refusal for `--body-memory` made a
-/// `RESOURCE_EXHAUSTED` status (tonic answers a body's error that is a `Status` with it).
-type CallBody = http_body_util::combinators::MapErr<
-    crate::listen::body::Metered<hyper::body::Incoming>,
-    fn(BoxError) -> BoxError,
->;
+/// A generated service's future (both services' are this boxed future).
 type Inner =
-    <RateLimitServiceServer<Grpc> as tower_service::Service<http::Request<CallBody>>>::Future;
+    Pin<Box<dyn Future<Output = Result<Answer, std::convert::Infallible>> + Send + 'static>>;
 
 /// A body's error, as tonic should answer it: `--body-memory`'s refusal as
-/// `RESOURCE_EXHAUSTED`, any other as it is.
+/// `RESOURCE_EXHAUSTED` (tonic answers a body's error that is a `Status` with it), any other
+/// as it is.
 fn budget_status(e: BoxError) -> BoxError {
     if crate::listen::budget::is_budget(&*e) {
         Box::new(Status::resource_exhausted(e.to_string()))
@@ -256,18 +287,24 @@ impl tower_service::Service<http::Request<hyper::body::Incoming>> for GrpcConn {
 
     fn call(&mut self, req: http::Request<hyper::body::Incoming>) -> Call {
         let busy = self.conn.begin();
-        if let Err(status) = self.authorize(&req) {
-            return Call::Refused(Some(status.into_http()));
+        // Probes carry no credentials: the health service is open, as /healthz is.
+        let health = req.uri().path().starts_with(super::health::PATH);
+        if !health {
+            if let Err(status) = self.authorize(&req) {
+                return Call::Refused(Some(status.into_http()));
+            }
         }
         let req = req.map(|b| {
             use http_body_util::BodyExt;
             let metered = crate::listen::body::Metered::new(b, self.conn.clone());
             metered.map_err(budget_status as fn(BoxError) -> BoxError)
         });
-        Call::Serving {
-            call: tower_service::Service::call(&mut self.svc, req),
-            _busy: busy,
-        }
+        let call = if health {
+            tower_service::Service::call(&mut self.health, req)
+        } else {
+            tower_service::Service::call(&mut self.svc, req)
+        };
+        Call::Serving { call, _busy: busy }
     }
 }
 

@@ -11,7 +11,8 @@
 //!   `algorithm:` extension; hits_addend, request-level limit overrides, `unlimited`,
 //!   `replaces`, shadow mode (per limit and `SHADOW_MODE`), quota mode (per limit and
 //!   `QUOTA_MODE`), RateLimit response headers, dynamic metadata.
-//! * [`service`] is the tonic gRPC service for the `--grpc` listener; [`json_router`] serves
+//! * [`service`] is the tonic gRPC service for the `--grpc` listener, beside `health`'s
+//!   `grpc.health.v1.Health`; [`json_router`] serves
 //!   `POST /json` and `/healthcheck`; [`metrics`] keeps upstream's per-limit counters.
 //! * [`import_to_rules`] turns a configuration into a turnstile rules file.
 //!
@@ -21,6 +22,7 @@ pub mod config;
 mod counter;
 pub mod engine;
 pub mod grpc;
+pub(crate) mod health;
 mod import;
 pub mod json;
 pub mod limits;
