@@ -61,7 +61,7 @@ pub(crate) fn spawn(shared: &Arc<Server>, args: &ServeArgs) -> Result<Grpc, Serv
         auth: shared.http.auth.clone(),
         tls: shared.tls.as_ref().map(|t| t.grpc.clone()),
         max_header_bytes: shared.http.max_header_bytes,
-        ready: Some(readiness(&shared, &rt)),
+        ready: Some(readiness(shared, &rt)),
     };
     let mut rx = shared.shutdown.subscribe();
     let mut rx_grace = shared.shutdown.subscribe();
