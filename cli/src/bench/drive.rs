@@ -31,9 +31,21 @@ pub(crate) fn need(program: &str) -> crate::Result<()> {
 /// A free loopback port: bound to port 0, read back, released. Another process could take it
 /// before the server binds it; the server then fails to start and says so.
 pub(crate) fn free_port() -> crate::Result<u16> {
-    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .map_err(|e| format!("no free loopback port: {e}"))?;
-    Ok(l.local_addr()?.port())
+    Ok(free_ports::<1>()?[0])
+}
+
+/// `N` distinct free loopback ports, all held until every one is picked (two calls of
+/// [`free_port`] may return the same port: the first is released before the second bind).
+pub(crate) fn free_ports<const N: usize>() -> crate::Result<[u16; N]> {
+    let mut held = Vec::with_capacity(N);
+    let mut ports = [0; N];
+    for p in &mut ports {
+        let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .map_err(|e| format!("no free loopback port: {e}"))?;
+        *p = l.local_addr()?.port();
+        held.push(l);
+    }
+    Ok(ports)
 }
 
 /// `program args...` pinned to `core` (`taskset -c CORE`).
@@ -47,21 +59,29 @@ pub(crate) fn pinned(core: usize, program: &str) -> Command {
 pub(crate) struct Server {
     child: Child,
     name: String,
+    /// Its standard error, a file of its own (removed on drop): what an early exit said.
+    log: std::path::PathBuf,
 }
 
 impl Server {
-    /// Starts `cmd` (stdout and stderr discarded) and waits, at most 60 s, until it accepts
-    /// connections on `port`; `name` names it in errors.
+    /// Starts `cmd` (stdout discarded, stderr to a temporary file) and waits, at most 60 s,
+    /// until it accepts connections on `port`; `name` names it in errors, with the end of what
+    /// it wrote if it exited first.
     pub(crate) fn start(mut cmd: Command, port: u16, name: &str) -> crate::Result<Self> {
+        let log =
+            std::env::temp_dir().join(format!("turnstile-bench-{}-{port}.log", std::process::id()));
+        let err = std::fs::File::create(&log)
+            .map_err(|e| format!("cannot create {}: {e}", log.display()))?;
         let child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(err)
             .spawn()
             .map_err(|e| format!("cannot start {name}: {e}"))?;
         let mut s = Server {
             child,
             name: name.to_string(),
+            log,
         };
         s.wait_port(port, Duration::from_secs(60))?;
         Ok(s)
@@ -72,9 +92,14 @@ impl Server {
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
         while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
             if let Some(status) = self.child.try_wait()? {
-                return Err(
-                    format!("{} exited ({status}) before listening on {port}", self.name).into(),
-                );
+                let said = std::fs::read_to_string(&self.log).unwrap_or_default();
+                let lines: Vec<&str> = said.lines().collect();
+                let tail = lines[lines.len().saturating_sub(5)..].join(" | ");
+                return Err(format!(
+                    "{} exited ({status}) before listening on {port}: {tail}",
+                    self.name
+                )
+                .into());
             }
             if Instant::now() > deadline {
                 return Err(
@@ -114,6 +139,7 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
     }
 }
 

@@ -289,7 +289,7 @@ fn turnstile(
     label: String,
     extra: &[String],
 ) -> crate::Result<(Target, u16)> {
-    let (port, http) = (drive::free_port()?, drive::free_port()?);
+    let [port, http] = drive::free_ports()?;
     let mut c = drive::pinned(r.server_core, bin);
     c.arg("serve")
         .args(["--resp", &format!("127.0.0.1:{port}")])

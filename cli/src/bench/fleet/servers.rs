@@ -56,7 +56,7 @@ impl Redis {
             .map(|i| Scratch::new(&format!("fleet-node{i}")))
             .collect::<crate::Result<_>>()?;
         for d in &dirs {
-            let (port, bus) = (drive::free_port()?, drive::free_port()?);
+            let [port, bus] = drive::free_ports()?;
             let extra = [
                 "--cluster-enabled",
                 "yes",
