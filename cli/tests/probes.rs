@@ -15,15 +15,24 @@ const BIN: &str = env!("CARGO_BIN_EXE_turnstile");
 
 /// `turnstile serve` on free ports with `extra` flags, killed when dropped: (process, RESP
 /// port, HTTP port).
+/// `turnstile serve` with `extra` flags, once its RESP and HTTP ports answer and, given
+/// `--grpc 127.0.0.1:PORT`, its gRPC port too (bound after the others).
 fn serve(extra: &[&str]) -> (common::Running, u16, u16) {
     let (resp, http) = (common::free_port(), common::free_port());
+    let grpc = extra
+        .iter()
+        .position(|a| *a == "--grpc")
+        .and_then(|i| extra.get(i + 1))
+        .and_then(|a| a.rsplit(':').next())
+        .and_then(|p| p.parse::<u16>().ok());
     let mut cmd = Command::new(BIN);
     cmd.args(["serve", "--workers", "1", "--throttle-keys", "1000"])
         .args(["--resp", &format!("127.0.0.1:{resp}")])
         .args(["--http", &format!("127.0.0.1:{http}")])
         .args(extra)
         .env("RUST_LOG", "warn");
-    let child = common::spawn_listening(&mut cmd, &[resp, http]);
+    let ports: Vec<u16> = [resp, http].into_iter().chain(grpc).collect();
+    let child = common::spawn_listening(&mut cmd, &ports);
     (child, resp, http)
 }
 
