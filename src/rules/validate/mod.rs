@@ -276,7 +276,6 @@ fn validate_class(r: &super::Rules, c: usize, class: &LimitsClass) -> Result<(),
         let f = match e.setting {
             Some("window") => Cf::Window,
             Some("capacity") => Cf::Capacity,
-            Some("key") => Cf::Key,
             _ => Cf::Algorithm,
         };
         (at(f), e.message)
@@ -297,11 +296,7 @@ fn validate_class(r: &super::Rules, c: usize, class: &LimitsClass) -> Result<(),
             ));
         }
         class.build(spec).map_err(|e| {
-            let f = if e.setting == Some("window") {
-                "window"
-            } else {
-                ""
-            };
+            let f = e.setting.filter(|f| *f == "window").unwrap_or("");
             (at(Cf::Plan(j, f)), format!("plan `{plan}`: {}", e.message))
         })?;
     }
