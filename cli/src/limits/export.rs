@@ -91,7 +91,7 @@ pub fn run(a: ExportArgs) -> crate::Result<()> {
 
 /// How a key id of `class` reads back as its key's text (`None`: a hash), or why the class
 /// cannot be exported.
-fn key_text(class: &LimitsClass) -> Result<fn(u64) -> Option<String>, String> {
+fn key_text(class: &LimitsClass) -> crate::Result<fn(u64) -> Option<String>> {
     let part = class.key.parts().next();
     match part {
         Some(KeyPart::Customer) => Ok(|id| Some(id.to_string())),
