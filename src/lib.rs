@@ -43,6 +43,7 @@ pub mod clock;
 mod decision;
 pub mod keyed;
 mod limiter;
+mod name;
 pub(crate) mod record;
 #[cfg(feature = "rules")]
 pub mod rules;
@@ -54,3 +55,4 @@ pub use clock::CoarseClock;
 pub use clock::{Clock, DefaultClock, ManualClock, MonotonicClock, Nanos, TscClock};
 pub use decision::{ConfigError, Decision, Outcome, Verdict};
 pub use limiter::{Limiter, Permit};
+pub use name::UnknownName;

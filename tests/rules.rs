@@ -2,6 +2,9 @@
 //! across rules, overrides and key classes, reload (also under concurrent checks), the error
 //! positions of bad files, the example file, the CLI, and no allocation per check.
 
+mod common;
+
+use common::{admitted, engine, E, S};
 use proptest::prelude::*;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -49,24 +52,6 @@ unsafe impl GlobalAlloc for Counting {
 static GLOBAL: Counting = Counting;
 
 // ---- helpers ------------------------------------------------------------------------------
-
-const S: u64 = 1_000_000_000;
-
-type E = Engine<Arc<ManualClock>>;
-
-fn engine(text: &str) -> (E, Arc<ManualClock>) {
-    let rules = Rules::parse(text, "test.toml").unwrap_or_else(|e| panic!("{e}"));
-    let clock = Arc::new(ManualClock::new(1000 * S));
-    let e = Engine::builder(rules)
-        .seed(7)
-        .build_with_clock(clock.clone())
-        .unwrap();
-    (e, clock)
-}
-
-fn admitted(e: &E, r: &Request<'_>, n: usize) -> usize {
-    (0..n).filter(|_| e.check(r).allowed()).count()
-}
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()

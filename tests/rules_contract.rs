@@ -3,29 +3,14 @@
 //! each key's state over when its records read alike under the new limits, also
 //! while other threads check.
 
+mod common;
+
+use common::{admitted, engine, E, S};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use turnstile::rules::{Engine, Request, Rules};
-use turnstile::{ManualClock, Outcome};
-
-const S: u64 = 1_000_000_000;
-
-type E = Engine<Arc<ManualClock>>;
-
-fn engine(text: &str) -> (E, Arc<ManualClock>) {
-    let rules = Rules::parse(text, "test.toml").unwrap_or_else(|e| panic!("{e}"));
-    let clock = Arc::new(ManualClock::new(1000 * S));
-    let e = Engine::builder(rules)
-        .seed(7)
-        .build_with_clock(clock.clone())
-        .unwrap();
-    (e, clock)
-}
-
-fn admitted(e: &E, r: &Request<'_>, n: usize) -> usize {
-    (0..n).filter(|_| e.check(r).allowed()).count()
-}
+use turnstile::rules::Request;
+use turnstile::Outcome;
 
 /// One rule `name` for customers with the given limits (TOML inline tables).
 fn rule(name: &str, limits: &str) -> String {

@@ -4,30 +4,15 @@
 //! reload), live changes, a plan redefined on reload, state carried over a change of plan, a
 //! source that has not cached a key, and the validation of classes and rules.
 
+mod common;
+
+use common::{admitted, engine, S};
 use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 use turnstile::rules::limits::{KeyLimit, LimitsSource, Lookup};
 use turnstile::rules::{Engine, Request, Rules};
 use turnstile::{Algorithm, Limit, LimitSpec, ManualClock, Outcome};
-
-const S: u64 = 1_000_000_000;
-
-type E = Engine<Arc<ManualClock>>;
-
-fn engine(text: &str) -> (E, Arc<ManualClock>) {
-    let rules = Rules::parse(text, "test.toml").unwrap_or_else(|e| panic!("{e}"));
-    let clock = Arc::new(ManualClock::new(1000 * S));
-    let e = Engine::builder(rules)
-        .seed(7)
-        .build_with_clock(clock.clone())
-        .unwrap_or_else(|e| panic!("{e}"));
-    (e, clock)
-}
-
-fn admitted(e: &E, r: &Request<'_>, n: usize) -> usize {
-    (0..n).filter(|_| e.check(r).allowed()).count()
-}
 
 /// A scratch file, removed on drop.
 struct TempFile(std::path::PathBuf);

@@ -2,28 +2,12 @@
 //! every rule it matches, by mode (hard, soft, elastic, shadow), by algorithm, through
 //! overrides and conditions; on a manual clock.
 
-use std::sync::Arc;
+mod common;
+
+use common::{admitted, engine};
 use std::time::Duration;
-use turnstile::rules::{Engine, Priority, Request, Rules};
-use turnstile::{ManualClock, Outcome};
-
-const S: u64 = 1_000_000_000;
-
-type E = Engine<Arc<ManualClock>>;
-
-fn engine(text: &str) -> (E, Arc<ManualClock>) {
-    let rules = Rules::parse(text, "test.toml").unwrap_or_else(|e| panic!("{e}"));
-    let clock = Arc::new(ManualClock::new(1000 * S));
-    let e = Engine::builder(rules)
-        .seed(7)
-        .build_with_clock(clock.clone())
-        .unwrap();
-    (e, clock)
-}
-
-fn admitted(e: &E, r: &Request<'_>, n: usize) -> usize {
-    (0..n).filter(|_| e.check(r).allowed()).count()
-}
+use turnstile::rules::{Priority, Request};
+use turnstile::Outcome;
 
 #[test]
 fn every_rule_gets_the_cost_back() {

@@ -3,27 +3,14 @@
 //! costs), a settle of the same amount changes no record, a charge past the limit is a debt
 //! the next checks wait out, a give-back reaches an elastic pool first; on a manual clock.
 
+mod common;
+
+use common::{engine, E, MS, S};
 use proptest::prelude::*;
 use std::collections::HashMap;
-use std::sync::Arc;
 use turnstile::keyed::Store;
-use turnstile::rules::{Engine, Request, Rules};
+use turnstile::rules::Request;
 use turnstile::{Limit, ManualClock};
-
-const S: u64 = 1_000_000_000;
-const MS: u64 = 1_000_000;
-
-type E = Engine<Arc<ManualClock>>;
-
-fn engine(text: &str) -> (E, Arc<ManualClock>) {
-    let rules = Rules::parse(text, "test.toml").unwrap_or_else(|e| panic!("{e}"));
-    let clock = Arc::new(ManualClock::new(1000 * S));
-    let e = Engine::builder(rules)
-        .seed(7)
-        .build_with_clock(clock.clone())
-        .unwrap();
-    (e, clock)
-}
 
 /// Two rules over fixed windows: per customer, and per route (cost 2 there).
 const TWO: &str = r#"

@@ -50,12 +50,12 @@ pub(crate) fn redis_error(url: &str, e: turnstile_redis::Error) -> String {
 
 /// The runtime of the Redis rows (bench and memory): one worker thread, the Redis client's
 /// I/O on it.
-pub(crate) fn redis_runtime() -> Result<tokio::runtime::Runtime, String> {
+pub(crate) fn redis_runtime() -> crate::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()
-        .map_err(|e| format!("cannot start the async runtime: {e}"))
+        .map_err(|e| format!("cannot start the async runtime: {e}").into())
 }
 
 /// Runs the command.

@@ -37,7 +37,7 @@ pub enum LimitsCommand {
 }
 
 /// Runs the subcommand.
-pub fn run(cmd: LimitsCommand) -> Result<(), String> {
+pub fn run(cmd: LimitsCommand) -> crate::Result<()> {
     let files = match cmd {
         LimitsCommand::Check { files } => files,
         LimitsCommand::Export(a) => return export::run(a),
@@ -89,7 +89,7 @@ fn pick_class<'a>(
     rules: &'a Rules,
     path: &dyn std::fmt::Display,
     name: Option<&str>,
-) -> Result<&'a turnstile::rules::limits::LimitsClass, String> {
+) -> crate::Result<&'a turnstile::rules::limits::LimitsClass> {
     let names = || {
         rules
             .classes
@@ -99,15 +99,15 @@ fn pick_class<'a>(
             .join(", ")
     };
     match (name, rules.classes.as_slice()) {
-        (_, []) => Err(format!("{path}: no limits class")),
+        (_, []) => Err(format!("{path}: no limits class").into()),
         (None, [one]) => Ok(one),
         (None, _) => Err(format!(
             "{path}: more than one limits class ({}): choose one with --class NAME",
             names()
-        )),
-        (Some(n), all) => all
-            .iter()
-            .find(|c| c.name == n)
-            .ok_or_else(|| format!("{path}: no limits class `{n}`; the classes: {}", names())),
+        )
+        .into()),
+        (Some(n), all) => all.iter().find(|c| c.name == n).ok_or_else(|| {
+            format!("{path}: no limits class `{n}`; the classes: {}", names()).into()
+        }),
     }
 }

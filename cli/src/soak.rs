@@ -98,7 +98,7 @@ fn p(h: &Histogram<u64>, q: f64) -> Option<f64> {
 }
 
 /// Raises the soft limit of open files to what the soak needs (the hard limit allows).
-fn enough_files(need: u64) -> Result<(), String> {
+fn enough_files(need: u64) -> crate::Result<()> {
     // SAFETY: getrlimit/setrlimit on a local struct.
     unsafe {
         let mut r = libc::rlimit {
@@ -115,7 +115,7 @@ fn enough_files(need: u64) -> Result<(), String> {
             return Err(format!(
                 "the soak needs {need} open files and the hard limit is {}: raise it (ulimit -Hn) or lower --connections",
                 r.rlim_max
-            ));
+            ).into());
         }
         r.rlim_cur = need;
         libc::setrlimit(libc::RLIMIT_NOFILE, &r);
@@ -123,7 +123,7 @@ fn enough_files(need: u64) -> Result<(), String> {
     Ok(())
 }
 
-fn read_password(f: &Option<PathBuf>) -> Result<Option<Vec<u8>>, String> {
+fn read_password(f: &Option<PathBuf>) -> crate::Result<Option<Vec<u8>>> {
     let Some(f) = f else { return Ok(None) };
     let mut b = std::fs::read(f)
         .map_err(|e| format!("--password-file {}: cannot read it ({e})", f.display()))?;
@@ -131,7 +131,7 @@ fn read_password(f: &Option<PathBuf>) -> Result<Option<Vec<u8>>, String> {
         b.pop();
     }
     if b.is_empty() {
-        return Err(format!("--password-file {}: empty", f.display()));
+        return Err(format!("--password-file {}: empty", f.display()).into());
     }
     Ok(Some(b))
 }
@@ -143,7 +143,7 @@ fn say(json: bool, msg: impl AsRef<str>) {
 }
 
 /// `turnstile soak`.
-pub fn run(a: SoakArgs) -> Result<(), String> {
+pub fn run(a: SoakArgs) -> crate::Result<()> {
     let addrs = [
         ("--target", Some(a.target)),
         ("--http", a.http),
@@ -155,7 +155,7 @@ pub fn run(a: SoakArgs) -> Result<(), String> {
             if !addr.ip().is_loopback() {
                 return Err(format!(
                     "{flag} {addr}: the soak attacks loopback addresses only (127.0.0.1, ::1); run it on the server's machine"
-                ));
+                ).into());
             }
         }
     }
@@ -166,7 +166,7 @@ pub fn run(a: SoakArgs) -> Result<(), String> {
     let pid = a.pid.or_else(|| probe::find_pid(a.target));
     if let Some(pid) = pid {
         if probe::rss(pid).is_none() {
-            return Err(format!("--pid {pid}: no such process (or not readable)"));
+            return Err(format!("--pid {pid}: no such process (or not readable)").into());
         }
     }
     let (flags, flags_read) = match pid.and_then(probe::server_flags) {
@@ -209,7 +209,7 @@ pub fn run(a: SoakArgs) -> Result<(), String> {
 
 /// The attackers of `a`, and the idle connections each descriptor hog holds and all of them
 /// together.
-fn plan(a: &SoakArgs) -> Result<(Vec<Kind>, usize, usize), String> {
+fn plan(a: &SoakArgs) -> crate::Result<(Vec<Kind>, usize, usize)> {
     let listeners = attack::Listeners {
         http: a.http.is_some(),
         grpc: a.grpc.is_some(),
@@ -349,7 +349,7 @@ async fn sample_until_stopped(
 }
 
 /// The quiet run, the attack and the settle, then the report.
-async fn soak(a: &SoakArgs, start: Start) -> Result<(), String> {
+async fn soak(a: &SoakArgs, start: Start) -> crate::Result<()> {
     let (json, pid, password) = (a.json, start.pid, start.password.clone());
     let (client, mut con) = preflight(a.target, password.as_deref()).await?;
     let before = metrics_before(a, password.as_deref()).await;
@@ -422,7 +422,7 @@ async fn soak(a: &SoakArgs, start: Start) -> Result<(), String> {
 
 /// The report of `run`, printed (as JSON with `--json`), and its plot drawn; `marks`: when the
 /// attack started and ended (s).
-fn publish(a: &SoakArgs, run: &report::Run, sh: &Shared, marks: [f64; 2]) -> Result<(), String> {
+fn publish(a: &SoakArgs, run: &report::Run, sh: &Shared, marks: [f64; 2]) -> crate::Result<()> {
     let report = report::build(a, run, sh);
     if let Some(f) = &a.plot {
         plot::draw(f, &run.samples, marks, [run.idle, run.fds[0]])
@@ -446,7 +446,7 @@ fn follow(
     f: &std::path::Path,
     t0: Instant,
     json: bool,
-) -> Result<logs::Follower, String> {
+) -> crate::Result<logs::Follower> {
     let log = logs::Log::open(f);
     if !log.readable {
         let e = format!(
@@ -465,7 +465,7 @@ fn follow(
 async fn preflight(
     target: SocketAddr,
     password: Option<&[u8]>,
-) -> Result<(redis::Client, redis::aio::MultiplexedConnection), String> {
+) -> crate::Result<(redis::Client, redis::aio::MultiplexedConnection)> {
     let client = honest::redis_client(target, password)?;
     let mut con = honest::redis_connection(&client)
         .await
@@ -475,7 +475,7 @@ async fn preflight(
         .await
         .map_err(|e| format!("--target {target}: PING: {e}"))?;
     if pong != "PONG" {
-        return Err(format!("--target {target}: PING answered {pong}"));
+        return Err(format!("--target {target}: PING answered {pong}").into());
     }
     Ok((client, con))
 }
@@ -525,7 +525,7 @@ async fn attack(
     start: &Start,
     idle: Option<u64>,
     t0: Instant,
-) -> Result<f64, String> {
+) -> crate::Result<f64> {
     let flags = &start.flags;
     let target = Arc::new(attack::Target {
         resp: a.target,

@@ -12,14 +12,14 @@ use std::time::{Duration, Instant};
 
 mod common;
 use common::free_port;
+use common::serve::{self, Listeners, Served as Server, RULES};
 
 /// The binary under test: the one this build made, or `TURNSTILE_TEST_BIN` (to run the same
 /// attacks against another build, e.g. an older release).
 fn bin() -> String {
     std::env::var("TURNSTILE_TEST_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_turnstile").into())
 }
-const RULES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/rules.toml");
-const ENVOY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/envoy");
+
 const PASSWORD: &str = "guard-client-pw";
 const ADMIN: &str = "guard-admin-pw";
 
@@ -34,57 +34,15 @@ struct Opts {
     grpc: bool,
 }
 
-struct Server {
-    child: common::Running,
-    resp: u16,
-    http: u16,
-    admin: Option<u16>,
-    grpc: Option<u16>,
-    _dir: tempfile::TempDir,
-}
-
 impl Server {
     fn start(o: Opts, extra: &[&str]) -> Server {
-        let dir = tempfile::tempdir().unwrap();
-        let (resp, http) = (free_port(), free_port());
-        let mut cmd = Command::new(bin());
-        cmd.args(["serve", "--workers", "1", "--throttle-keys", "10000"])
-            .args(["--rules", RULES])
-            .args(["--resp", &format!("127.0.0.1:{resp}")])
-            .args(["--http", &format!("127.0.0.1:{http}")])
-            .args(extra)
-            .env("RUST_LOG", "warn");
-        if o.password {
-            let pw = dir.path().join("password");
-            std::fs::write(&pw, PASSWORD).unwrap();
-            cmd.arg("--requirepass-file").arg(pw);
-        }
-        let admin = o.admin.then(free_port);
-        if let Some(p) = admin {
-            let apw = dir.path().join("admin-password");
-            std::fs::write(&apw, ADMIN).unwrap();
-            cmd.arg("--admin-pass-file")
-                .arg(apw)
-                .args(["--admin", &format!("127.0.0.1:{p}")]);
-        }
-        let grpc = o.grpc.then(free_port);
-        if let Some(p) = grpc {
-            cmd.args(["--envoy-config", ENVOY])
-                .args(["--grpc", &format!("127.0.0.1:{p}")]);
-        }
-        let ports: Vec<u16> = [Some(resp), Some(http), admin, grpc]
-            .into_iter()
-            .flatten()
-            .collect();
-        let child = common::spawn_listening(&mut cmd, &ports);
-        Server {
-            child,
-            resp,
-            http,
-            admin,
-            grpc,
-            _dir: dir,
-        }
+        let l = Listeners {
+            password: o.password.then_some(PASSWORD),
+            admin: o.admin.then_some(ADMIN),
+            grpc: o.grpc,
+            log: false,
+        };
+        serve::start(&bin(), l, extra)
     }
 
     fn pid(&self) -> u32 {
@@ -100,21 +58,7 @@ impl Server {
         bearer: Option<&str>,
         body: Option<&str>,
     ) -> (u16, String) {
-        let mut c = Command::new("curl");
-        c.args(["-s", "-m", "10", "-w", "\n%{http_code}", "-X", method]);
-        if let Some(b) = bearer {
-            c.args(["-H", &format!("Authorization: Bearer {b}")]);
-        }
-        if let Some(b) = body {
-            c.args(["--data-binary", b]);
-        }
-        let o = c
-            .arg(format!("http://127.0.0.1:{port}{path}"))
-            .output()
-            .expect("curl runs (cargo xtask test installs it)");
-        let text = String::from_utf8_lossy(&o.stdout).into_owned();
-        let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
-        (code.trim().parse().unwrap_or(0), body.to_string())
+        serve::curl(port, method, path, bearer, body, false)
     }
 
     /// A sample of /metrics (with the password if the server has one).
@@ -543,7 +487,7 @@ fn out_of_descriptors_the_accept_backs_off() {
             http,
             admin: None,
             grpc: None,
-            _dir: tempfile::tempdir().unwrap(),
+            dir: tempfile::tempdir().unwrap(),
         };
         // spawn_listening's probes were accepted and closed: back to idle.
         std::thread::sleep(Duration::from_millis(500));

@@ -11,10 +11,9 @@ use std::time::{Duration, Instant};
 
 mod common;
 use common::free_port;
+use common::serve::{self, Listeners, Served as Server};
 
 const BIN: &str = env!("CARGO_BIN_EXE_turnstile");
-const RULES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/rules.toml");
-const ENVOY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/envoy/");
 const PASSWORD: &str = "s3cret-client";
 const ADMIN: &str = "s3cret-admin";
 
@@ -23,17 +22,6 @@ const ADMIN: &str = "s3cret-admin";
 /// after) are far below it; the rest is the allocator's rounding (serve runs without
 /// transparent huge pages; measured: 1-4 MiB). The unbounded server took 359 MiB.
 const ONE_CONNECTION_RSS: u64 = 12 << 20;
-
-/// A server for one test, killed when dropped (also when the test fails).
-struct Server {
-    child: common::Running,
-    resp: u16,
-    http: u16,
-    admin: Option<u16>,
-    /// The gRPC listener (with the example Envoy configuration), if asked for.
-    grpc: Option<u16>,
-    _dir: tempfile::TempDir,
-}
 
 impl Server {
     /// `turnstile serve` with the example rules, the client password in a file, and `extra`
@@ -51,49 +39,13 @@ impl Server {
     }
 
     fn launch(extra: &[&str], admin: bool, grpc: bool) -> Server {
-        let dir = tempfile::tempdir().unwrap();
-        let pw = dir.path().join("password");
-        std::fs::write(&pw, format!("{PASSWORD}\n")).unwrap();
-        let (resp, http) = (free_port(), free_port());
-        let mut cmd = Command::new(BIN);
-        cmd.args(["serve", "--workers", "1", "--throttle-keys", "10000"])
-            .args(["--rules", RULES])
-            .arg("--requirepass-file")
-            .arg(&pw)
-            .args(["--resp", &format!("127.0.0.1:{resp}")])
-            .args(["--http", &format!("127.0.0.1:{http}")])
-            .args(extra);
-        let admin_port = admin.then(free_port);
-        if let Some(p) = admin_port {
-            let apw = dir.path().join("admin-password");
-            std::fs::write(&apw, ADMIN).unwrap();
-            cmd.arg("--admin-pass-file")
-                .arg(&apw)
-                .args(["--admin", &format!("127.0.0.1:{p}")]);
-        }
-        let grpc_port = grpc.then(free_port);
-        if let Some(p) = grpc_port {
-            cmd.args(["--grpc", &format!("127.0.0.1:{p}")])
-                .args(["--envoy-config", ENVOY]);
-        }
-        cmd.env("RUST_LOG", "warn");
-        let ports: Vec<u16> = [Some(resp), Some(http), admin_port, grpc_port]
-            .into_iter()
-            .flatten()
-            .collect();
-        let child = if grpc {
-            common::spawn_listening_logged(&mut cmd, &ports, &dir.path().join("server.log"))
-        } else {
-            common::spawn_listening(&mut cmd, &ports)
+        let l = Listeners {
+            password: Some(PASSWORD),
+            admin: admin.then_some(ADMIN),
+            grpc,
+            log: grpc,
         };
-        Server {
-            child,
-            resp,
-            http,
-            admin: admin_port,
-            grpc: grpc_port,
-            _dir: dir,
-        }
+        serve::start(BIN, l, extra)
     }
 
     /// Resident memory of the server now (bytes).
@@ -126,21 +78,7 @@ impl Server {
         bearer: Option<&str>,
         body: Option<&str>,
     ) -> (u16, String) {
-        let mut c = Command::new("curl");
-        c.args(["-s", "-m", "10", "-w", "\n%{http_code}", "-X", method]);
-        if let Some(b) = bearer {
-            c.args(["-H", &format!("Authorization: Bearer {b}")]);
-        }
-        if let Some(b) = body {
-            c.args(["-H", "content-type: application/json", "--data-binary", b]);
-        }
-        let o = c
-            .arg(format!("http://127.0.0.1:{port}{path}"))
-            .output()
-            .expect("curl runs (apt-get install curl)");
-        let text = String::from_utf8_lossy(&o.stdout).into_owned();
-        let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
-        (code.trim().parse().unwrap_or(0), body.to_string())
+        serve::curl(port, method, path, bearer, body, body.is_some())
     }
 
     /// A sample of /metrics (with the password).
@@ -493,8 +431,8 @@ const ANSWERED: [&str; 19] = [
 #[test]
 fn a_short_soak_loses_nothing_and_every_attack_is_answered() {
     let s = Server::start_all(&[]);
-    let pw = s._dir.path().join("password");
-    let (out, err) = (s._dir.path().join("out"), s._dir.path().join("err"));
+    let pw = s.dir.path().join("password");
+    let (out, err) = (s.dir.path().join("out"), s.dir.path().join("err"));
     let mut soak = Command::new(BIN)
         .args(["soak", "--json", "--connections", "110"])
         .args(["--seconds", "3", "--quiet", "1", "--settle", "1"])
@@ -513,7 +451,7 @@ fn a_short_soak_loses_nothing_and_every_attack_is_answered() {
         .arg("--password-file")
         .arg(&pw)
         .arg("--server-log")
-        .arg(s._dir.path().join("server.log"))
+        .arg(s.dir.path().join("server.log"))
         .args(["--pid", &s.child.id().to_string()])
         .stdout(std::fs::File::create(&out).unwrap())
         .stderr(std::fs::File::create(&err).unwrap())

@@ -271,14 +271,10 @@ struct Resolved {
 impl Resolved {
     fn new(class: &LimitsClass) -> Result<Self, LimitsError> {
         if class.key != KeyClass::customer() {
-            return Err(LimitsError {
-                origin: None,
-                line: 0,
-                message: format!(
-                    "a class in Redis is keyed by customer ids (the same in every process), not {}",
-                    class.key
-                ),
-            });
+            return Err(err(format!(
+                "a class in Redis is keyed by customer ids (the same in every process), not {}",
+                class.key
+            )));
         }
         let mut plans = HashMap::new();
         for (n, s) in &class.plans {
@@ -294,14 +290,14 @@ impl Resolved {
     }
 
     /// The limit of an entry under the class.
-    fn limit(&self, e: &KeyLimit) -> Result<Limit, String> {
+    fn limit(&self, e: &KeyLimit) -> Result<Limit, LimitsError> {
         match e {
             KeyLimit::Plan(p) => self.plans.get(p).copied().ok_or_else(|| {
-                format!(
+                err(format!(
                     "class `{}` has no plan `{p}` (its plans: {})",
                     self.class.name,
                     self.plan_names()
-                )
+                ))
             }),
             KeyLimit::Limit(s) => self.class.build(s),
         }
@@ -319,11 +315,7 @@ impl Resolved {
 }
 
 fn err(message: String) -> LimitsError {
-    LimitsError {
-        origin: None,
-        line: 0,
-        message,
-    }
+    LimitsError::new(message)
 }
 
 struct Shared {
@@ -402,7 +394,7 @@ impl Shared {
             let parsed = std::str::from_utf8(&f)
                 .ok()
                 .and_then(|f| turnstile::rules::parse_customer(f).ok())
-                .ok_or_else(|| "the field is not a customer id".to_string())
+                .ok_or_else(|| err("the field is not a customer id".into()))
                 .and_then(|id| {
                     let text = String::from_utf8_lossy(&v);
                     let e = r.class.parse(&text)?;
@@ -957,7 +949,7 @@ impl LimitsSource for RedisLimits {
         let s = &*self.shared;
         let l = {
             let r = s.resolved.read().unwrap_or_else(|e| e.into_inner());
-            r.limit(limit).map_err(err)?
+            r.limit(limit)?
         };
         let key = s.keys.bucket(bucket_of(id, s.buckets));
         let text = limit.to_string();

@@ -25,7 +25,7 @@ pub(crate) fn duration(s: &str) -> Result<Duration, String> {
     if s == "0" {
         return Ok(Duration::ZERO);
     }
-    turnstile::rules::parse_duration(s)
+    turnstile::rules::parse_duration(s).map_err(|e| e.to_string())
 }
 
 /// `--coalesce`: at most 10 ms (the wait is per loop, added to each request it holds).

@@ -177,7 +177,7 @@ pub(crate) fn request<'a>(class: &str, key: &'a str) -> Result<Request<'a>, Stri
             keys.next().unwrap_or_default()
         };
         match p {
-            "customer" => r.customer = Some(parse_customer(k)?),
+            "customer" => r.customer = Some(parse_customer(k).map_err(|e| e.to_string())?),
             "ip" => {
                 r.ip = Some(k.parse::<IpAddr>().map_err(|_| format!("`{k}` is not an IP address"))?)
             }

@@ -126,7 +126,7 @@ pub(crate) fn apply(engine: Option<&RulesEngine>, req: &Request) -> Result<Done,
         }
         Op::Set(_) | Op::SetJson(_) => {
             let entry = match &req.op {
-                Op::Set(text) => class.parse(text).map_err(bad)?,
+                Op::Set(text) => class.parse(text).map_err(|e| bad(e.to_string()))?,
                 Op::SetJson(json) => json_entry(class, &req.key, json).map_err(bad)?,
                 _ => unreachable!("matched above"),
             };
@@ -185,7 +185,9 @@ fn json_entry(class: &LimitsClass, key: &str, json: &str) -> Result<KeyLimit, St
     };
     obj.entry("key")
         .or_insert_with(|| serde_json::Value::String(key.to_string()));
-    let (given, entry) = class.parse_json(&v.to_string())?;
+    let (given, entry) = class
+        .parse_json(&v.to_string())
+        .map_err(|e| e.to_string())?;
     if given != key {
         return Err(format!(
             "the entry's key `{given}` is not the path's `{key}`: leave `key` out, or give the same"

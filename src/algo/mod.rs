@@ -125,17 +125,14 @@ impl fmt::Display for Algorithm {
 }
 
 impl FromStr for Algorithm {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = crate::UnknownName;
+    fn from_str(s: &str) -> Result<Self, crate::UnknownName> {
         Algorithm::ALL
             .into_iter()
             .find(|a| a.name() == s)
             .ok_or_else(|| {
                 let names: Vec<_> = Algorithm::ALL.iter().map(|a| a.name()).collect();
-                format!(
-                    "unknown algorithm `{s}`; expected one of {}",
-                    names.join(", ")
-                )
+                crate::UnknownName::new("algorithm", s, format!("one of {}", names.join(", ")))
             })
     }
 }

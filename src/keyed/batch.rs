@@ -46,6 +46,53 @@ fn verdict_of(outcome: Outcome, retry_after_ns: Option<u64>, delay_ns: u64) -> V
     Verdict::of_parts(outcome, retry_after_ns, delay_ns)
 }
 
+/// One step `i` of [`Store::batch_loop_tagged`] (ring entry `r`, `i % AHEAD` if not given): it
+/// checks key `i - 2 * AHEAD`, finds the slot of key `i - AHEAD` and places key `i`, in that
+/// order (each reads its ring entry before the next stage overwrites it); the three literals
+/// say which stages run. A macro rather than a function, so that each span's loop is compiled
+/// with the stages it runs and nothing else (the store's batch: docs/performance.md).
+macro_rules! tagged_step {
+    (
+        [$store:ident, $keys:ident, $out:ident, $placed:ident, $found:ident, $check:ident, $ahead:ident]
+        $i:expr, $place:literal, $find:literal, $chk:literal
+    ) => {{
+        let i: usize = $i;
+        tagged_step!(
+            [$store, $keys, $out, $placed, $found, $check, $ahead]
+            i, i % $ahead, $place, $find, $chk
+        )
+    }};
+    (
+        [$store:ident, $keys:ident, $out:ident, $placed:ident, $found:ident, $check:ident, $ahead:ident]
+        $i:expr, $r:expr, $place:literal, $find:literal, $chk:literal
+    ) => {{
+        let i: usize = $i;
+        let r: usize = $r;
+        if $chk {
+            let (id, slot) = $found[r];
+            debug_assert!(i - 2 * $ahead < $out.len());
+            // SAFETY: a step checks only in spans within [2 * AHEAD, n + 2 * AHEAD),
+            // and `out` holds n answers (asserted by the loop).
+            unsafe { *$out.get_unchecked_mut(i - 2 * $ahead) = $check.check(slot, id) };
+        }
+        if $find {
+            let (id, shard, home) = $placed[r];
+            let slot = shard.candidate(home);
+            Shard::prefetch_slot(slot);
+            $found[r] = (id, slot);
+        }
+        if $place {
+            debug_assert!(i < $keys.len());
+            // SAFETY: a step places only in spans within [0, n).
+            let id = unsafe { $keys.get_unchecked(i) }.key_id(&$store.hasher);
+            let (sh, home) = $store.place_of(id);
+            let shard = $store.shard_at(sh);
+            shard.prefetch_tags(home);
+            $placed[r] = (id, shard, home);
+        }
+    }};
+}
+
 impl<C: Clock> Store<C> {
     /// Checks a batch: one clock read, ids hashed and their slots prefetched ahead.
     /// `out` must be as long as `keys`. [`Store::check_batch_verdicts`] answers the same
@@ -214,39 +261,10 @@ impl<C: Clock> Store<C> {
         assert_eq!(out.len(), n);
         let mut placed = [(0u64, &*self.shards[0], Loc::default()); AHEAD];
         let mut found = [(0u64, self.shards[0].any_slot()); AHEAD];
-        // Step `i` checks key `i - 2 * AHEAD`, finds the slot of key `i - AHEAD` and places key
-        // `i`, in that order (each reads its ring entry before the next stage overwrites it).
         macro_rules! step {
-            ($i:expr, $place:literal, $find:literal, $check:literal) => {{
-                let i: usize = $i;
-                step!(i, i % AHEAD, $place, $find, $check)
-            }};
-            ($i:expr, $r:expr, $place:literal, $find:literal, $check:literal) => {{
-                let i: usize = $i;
-                let r: usize = $r;
-                if $check {
-                    let (id, slot) = found[r];
-                    debug_assert!(i - 2 * AHEAD < out.len());
-                    // SAFETY: a step checks only in spans within [2 * AHEAD, n + 2 * AHEAD),
-                    // and `out` holds n answers (asserted above).
-                    unsafe { *out.get_unchecked_mut(i - 2 * AHEAD) = check.check(slot, id) };
-                }
-                if $find {
-                    let (id, shard, home) = placed[r];
-                    let slot = shard.candidate(home);
-                    Shard::prefetch_slot(slot);
-                    found[r] = (id, slot);
-                }
-                if $place {
-                    debug_assert!(i < n);
-                    // SAFETY: a step places only in spans within [0, n).
-                    let id = unsafe { keys.get_unchecked(i) }.key_id(&self.hasher);
-                    let (sh, home) = self.place_of(id);
-                    let shard = self.shard_at(sh);
-                    shard.prefetch_tags(home);
-                    placed[r] = (id, shard, home);
-                }
-            }};
+            ($($args:tt)*) => {
+                tagged_step!([self, keys, out, placed, found, check, AHEAD] $($args)*)
+            };
         }
         // The steps run in spans over which the three stages' conditions (`i < n`,
         // `AHEAD <= i < n + AHEAD`, `2 * AHEAD <= i`) are constant, each span a loop of its

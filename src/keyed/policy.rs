@@ -24,13 +24,17 @@ pub enum FullPolicy {
 }
 
 impl std::str::FromStr for FullPolicy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = crate::UnknownName;
+    fn from_str(s: &str) -> Result<Self, crate::UnknownName> {
         match s {
             "reject" => Ok(FullPolicy::Reject),
             "allow" | "allow_untracked" => Ok(FullPolicy::AllowUntracked),
             "evict" | "evict_stalest" => Ok(FullPolicy::EvictStalest),
-            _ => Err(format!("unknown full-store policy `{s}`; expected reject, allow_untracked or evict_stalest")),
+            _ => Err(crate::UnknownName::new(
+                "full-store policy",
+                s,
+                "reject, allow_untracked or evict_stalest",
+            )),
         }
     }
 }

@@ -158,18 +158,7 @@ impl<K: RecordKind> Records<K> {
 
     /// What the table did, summed over shards.
     pub fn stats(&self) -> StoreStats {
-        let mut t = StoreStats::default();
-        for s in self.shards.iter() {
-            let c = &s.counters;
-            // Relaxed: statistics.
-            t.live += c.live.load(Ordering::Relaxed);
-            t.inserted += c.inserted.load(Ordering::Relaxed);
-            t.reclaimed += c.reclaimed.load(Ordering::Relaxed);
-            t.evicted += c.evicted.load(Ordering::Relaxed);
-            t.rejected += c.rejected.load(Ordering::Relaxed);
-            t.untracked += c.untracked.load(Ordering::Relaxed);
-        }
-        t
+        StoreStats::of(&self.shards)
     }
 }
 

@@ -38,6 +38,24 @@ pub struct StoreStats {
     pub untracked: u64,
 }
 
+impl StoreStats {
+    /// The counters of `shards`, summed.
+    pub(crate) fn of(shards: &[CachePadded<Shard>]) -> Self {
+        let mut t = StoreStats::default();
+        for s in shards {
+            let c = &s.counters;
+            // Relaxed: statistics.
+            t.live += c.live.load(Ordering::Relaxed);
+            t.inserted += c.inserted.load(Ordering::Relaxed);
+            t.reclaimed += c.reclaimed.load(Ordering::Relaxed);
+            t.evicted += c.evicted.load(Ordering::Relaxed);
+            t.rejected += c.rejected.load(Ordering::Relaxed);
+            t.untracked += c.untracked.load(Ordering::Relaxed);
+        }
+        t
+    }
+}
+
 /// Limits for many keys. See the module docs.
 pub struct Store<C: Clock = DefaultClock> {
     /// The one packed limit every slot holds, if the store is packed (the fast path).
@@ -437,18 +455,7 @@ impl<C: Clock> Store<C> {
 
     /// What the store did, summed over shards.
     pub fn stats(&self) -> StoreStats {
-        let mut t = StoreStats::default();
-        for s in self.shards.iter() {
-            let c = &s.counters;
-            // Relaxed: statistics.
-            t.live += c.live.load(Ordering::Relaxed);
-            t.inserted += c.inserted.load(Ordering::Relaxed);
-            t.reclaimed += c.reclaimed.load(Ordering::Relaxed);
-            t.evicted += c.evicted.load(Ordering::Relaxed);
-            t.rejected += c.rejected.load(Ordering::Relaxed);
-            t.untracked += c.untracked.load(Ordering::Relaxed);
-        }
-        t
+        StoreStats::of(&self.shards)
     }
 
     /// How many live keys sit in their first home bucket, their second, and further along

@@ -1223,6 +1223,21 @@ impl Shard {
 
     /// No empty slot (or arena record) for a new key: reclaim an idle one, else apply the
     /// policy — unless the key itself is being inserted by another thread.
+    ///
+    /// The key itself, live or claimed by another thread since our scan, is not absent, so no
+    /// policy may answer for it (`AllowUntracked` would admit it a second time, `Reject` refuse
+    /// a key the store holds). Live: the lookup finds it. Claimed and not yet committed
+    /// (insertion steps 2-3): wait for that commit or its undo — the only wait in the protocol,
+    /// on one key, for two CASes of the other thread. Loom model
+    /// `insertions_past_the_home_buckets_wrap_around_the_table`.
+    ///
+    /// A record is reclaimed if idle at `judged` (the grace for other threads' clocks) and at
+    /// `now` as well: a packed window index wraps (sliding_window, window_ring: module docs),
+    /// so a record idle at one time can count again at a later one, and the check that follows
+    /// at `now` must see the record it would have seen had it stayed.
+    ///
+    /// One function on purpose: splitting the policy out, even `#[inline(always)]`, cost ~10
+    /// instructions per call (a full store's insertions under callgrind).
     fn make_room(&self, ctx: &Ctx<'_>, key: u64, home: Loc, now: u64) -> Room {
         let judged = now.saturating_sub(RECLAIM_GRACE_NS);
         let mut stalest: Option<(u64, usize, u128)> = None;
@@ -1231,13 +1246,7 @@ impl Shard {
             // Acquire: as in `find`.
             let v = s.load(Ordering::Acquire);
             if key_of(v) == key && state_of(v) & (LIVE | PENDING) != 0 {
-                // The key itself, live or claimed by another thread since our scan: it is not
-                // absent, so no policy may answer for it (`AllowUntracked` would admit it a
-                // second time, `Reject` refuse a key the store holds). Live: the lookup finds
-                // it. Claimed and not yet committed (insertion steps 2-3): wait for that
-                // commit or its undo — the only wait in the protocol, on one key, for two
-                // CASes of the other thread. Loom model
-                // `insertions_past_the_home_buckets_wrap_around_the_table`.
+                // The key itself (function docs): wait for the other thread.
                 crate::sync::spin_hint();
                 return Room::Retry;
             }
@@ -1249,10 +1258,7 @@ impl Shard {
                 }
                 continue;
             }
-            // Idle at `judged` (the grace for other threads' clocks) and at `now` as well: a
-            // packed window index wraps (sliding_window, window_ring: module docs), so a record
-            // idle at one time can count again at a later one, and the check that follows at
-            // `now` must see the record it would have seen had it stayed.
+            // Idle at `judged` and at `now` (function docs).
             let reclaim = |idle| {
                 if idle == 0 {
                     // Relaxed: ordered before the slot's emptying by that CAS (Release): a

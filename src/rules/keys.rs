@@ -3,6 +3,7 @@
 use crate::keyed::key::MAX_KEY_LEN;
 use crate::rules::model::{KeyClass, KeyPart, OverrideKey};
 use crate::rules::request::{method_code, Request, METHODS};
+use std::fmt;
 use std::net::IpAddr;
 
 /// An override key resolved to typed values (IP addresses already grouped).
@@ -33,15 +34,30 @@ impl KeyValues {
 /// from 0 to 2^64 − 1, without sign, leading zeros or tag. Anything else is refused rather than
 /// read as some number: `user:1` and `org:1` would otherwise share customer 1's counter, and
 /// `01` would be customer 1. (String ids are the `api_key` class.)
-pub fn parse_customer(s: &str) -> Result<u64, String> {
+pub fn parse_customer(s: &str) -> Result<u64, CustomerIdError> {
     let canonical =
         !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && (s == "0" || !s.starts_with('0'));
-    canonical.then(|| s.parse::<u64>().ok()).flatten().ok_or_else(|| {
-        format!(
-            "`{s}` is not a customer id: a customer id is a decimal number from 0 to 18446744073709551615 written without sign, leading zeros or tag (e.g. 241531); give string ids (user:241531, org:7) to a rule keyed by api_key"
-        )
-    })
+    canonical
+        .then(|| s.parse::<u64>().ok())
+        .flatten()
+        .ok_or_else(|| CustomerIdError(s.to_string()))
 }
+
+/// A text [`parse_customer`] refused (it holds the text): not a canonical decimal `u64`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CustomerIdError(pub String);
+
+impl fmt::Display for CustomerIdError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "`{}` is not a customer id: a customer id is a decimal number from 0 to 18446744073709551615 written without sign, leading zeros or tag (e.g. 241531); give string ids (user:241531, org:7) to a rule keyed by api_key",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for CustomerIdError {}
 
 fn mask_ip(a: IpAddr, v4: u8, v6: u8) -> IpAddr {
     match a {
@@ -102,7 +118,7 @@ fn resolve_part(v: &mut KeyValues, part: KeyPart, s: &str, class: KeyClass) -> R
         ));
     }
     match part {
-        KeyPart::Customer => v.customer = Some(parse_customer(s)?),
+        KeyPart::Customer => v.customer = Some(parse_customer(s).map_err(|e| e.to_string())?),
         KeyPart::Ip => v.ip = Some(parse_ip(s, class)?),
         KeyPart::ApiKey => v.api_key = Some(s.to_string()),
         KeyPart::Route => v.route = Some(s.to_string()),

@@ -57,14 +57,14 @@ pub use engine::{
     Engine, EngineBuilder, InFlight, LocalEngine, OwnedInFlight, Refusal, ReloadReport,
     RuleOutcome, RuleStats, Verdict, UNLIMITED,
 };
-pub use keys::parse_customer;
+pub use keys::{parse_customer, CustomerIdError};
 pub use model::{
     redact_url, Backend, BackendLeaseMode, BackendLeases, BackendPolicy, KeyClass, KeyPart,
     LoadSettings, Match, Mode, Override, OverrideKey, RedisBackend, RedisNodes, Rule, Settings,
     Shedding, Threshold, DEFAULT_CAPACITY, DEFAULT_REDIS_SEED, DEFAULT_REDIS_TIMEOUT, MAX_CAPACITY,
     MAX_LIMITS, MAX_OVERRIDES, MAX_RULES,
 };
-pub use parse::parse_duration;
+pub use parse::{parse_duration, DurationError};
 pub use plan::{Plan, PlanStep, StepOutcome};
 pub use request::{Priority, Request, METHODS};
 

@@ -16,7 +16,7 @@ use super::model::{
     Match, Mode, Override, OverrideKey, RedisBackend, RedisNodes, Rule, Settings, Shedding,
     Threshold,
 };
-pub use super::raw::parse_duration;
+pub use super::raw::{parse_duration, DurationError};
 use super::raw::{
     LeaseModeName, LeasesName, List, ModeName, Named, PolicyName, RawBackend, RawClass, RawFile,
     RawLimit, RawMatch, RawOverride, RawRule, RawShedding, S,
@@ -430,8 +430,10 @@ impl Cx<'_> {
         }
         if let Some(l) = m.priority {
             for (p, sp) in self.list(l, |k| Loc::Rule(i, Rf::Priority(k))) {
-                when.priorities
-                    .push(p.parse().map_err(|e: String| self.err(sp, e))?);
+                when.priorities.push(
+                    p.parse()
+                        .map_err(|e: crate::UnknownName| self.err(sp, e.to_string()))?,
+                );
             }
         }
         Ok(when)

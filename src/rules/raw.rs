@@ -4,6 +4,7 @@
 
 use crate::algo::Algorithm;
 use crate::keyed::FullPolicy;
+use crate::UnknownName;
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
 use std::fmt;
@@ -14,10 +15,8 @@ use toml::Spanned;
 
 /// Parses a duration: one or more `<integer><unit>` terms, units ns, us (µs), ms, s, m, h, d;
 /// e.g. `"1s"`, `"500ms"`, `"1h30m"`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let bad = || {
-        format!("`{s}` is not a duration: write a number and a unit (ns, us, ms, s, m, h, d), e.g. \"1s\", \"500ms\", \"1h\" or \"1h30m\"")
-    };
+pub fn parse_duration(s: &str) -> Result<Duration, DurationError> {
+    let bad = || DurationError::Syntax(s.to_string());
     let t = s.trim();
     if t.is_empty() {
         return Err(bad());
@@ -50,10 +49,34 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     }
     const MAX: u128 = 100 * 365 * 86_400_000_000_000;
     if total > MAX {
-        return Err(format!("`{s}` is longer than 100 years"));
+        return Err(DurationError::TooLong(s.to_string()));
     }
     Ok(Duration::from_nanos(total as u64))
 }
+
+/// A duration [`parse_duration`] refused; the text given, and how to write it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DurationError {
+    /// Not one or more `<integer><unit>` terms.
+    Syntax(String),
+    /// Longer than 100 years.
+    TooLong(String),
+}
+
+impl fmt::Display for DurationError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DurationError::Syntax(s) => write!(
+                f,
+                "`{s}` is not a duration: write a number and a unit (ns, us, ms, s, m, h, d), e.g. \"1s\", \"500ms\", \"1h\" or \"1h30m\""
+            ),
+            DurationError::TooLong(s) => write!(f, "`{s}` is longer than 100 years"),
+        }
+    }
+}
+
+impl std::error::Error for DurationError {}
 
 pub(crate) struct Dur(pub(crate) Duration);
 
@@ -150,18 +173,14 @@ pub(crate) enum ModeName {
 }
 
 impl FromStr for ModeName {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownName;
+    fn from_str(s: &str) -> Result<Self, UnknownName> {
         Ok(match s {
             "hard" => ModeName::Hard,
             "soft" => ModeName::Soft,
             "elastic" => ModeName::Elastic,
             "shadow" => ModeName::Shadow,
-            _ => {
-                return Err(format!(
-                    "unknown mode `{s}`; expected hard, soft, elastic or shadow"
-                ))
-            }
+            _ => return Err(UnknownName::new("mode", s, "hard, soft, elastic or shadow")),
         })
     }
 }
@@ -244,12 +263,16 @@ pub(crate) enum LeasesName {
 }
 
 impl FromStr for LeasesName {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownName;
+    fn from_str(s: &str) -> Result<Self, UnknownName> {
         match s {
             "auto" => Ok(LeasesName::Auto),
             "off" => Ok(LeasesName::Off),
-            _ => Err(format!("unknown leases `{s}`; expected auto (lease the keys whose rate makes it pay) or off (every check a round trip)")),
+            _ => Err(UnknownName::new(
+                "leases",
+                s,
+                "auto (lease the keys whose rate makes it pay) or off (every check a round trip)",
+            )),
         }
     }
 }
@@ -262,12 +285,16 @@ pub(crate) enum LeaseModeName {
 }
 
 impl FromStr for LeaseModeName {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownName;
+    fn from_str(s: &str) -> Result<Self, UnknownName> {
         match s {
             "reserve" => Ok(LeaseModeName::Reserve),
             "delayed" => Ok(LeaseModeName::Delayed),
-            _ => Err(format!("unknown lease mode `{s}`; expected reserve (never over the limits) or delayed (over by at most processes x flush)")),
+            _ => Err(UnknownName::new(
+                "lease mode",
+                s,
+                "reserve (never over the limits) or delayed (over by at most processes x flush)",
+            )),
         }
     }
 }
@@ -281,15 +308,17 @@ pub(crate) enum PolicyName {
 }
 
 impl FromStr for PolicyName {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownName;
+    fn from_str(s: &str) -> Result<Self, UnknownName> {
         Ok(match s {
             "open" => PolicyName::Open,
             "closed" => PolicyName::Closed,
             "insurance" => PolicyName::Insurance,
             _ => {
-                return Err(format!(
-                    "unknown policy `{s}`; expected open (admit while Redis is away), closed (deny) or insurance (decide in memory at each limit / expected_nodes)"
+                return Err(UnknownName::new(
+                    "policy",
+                    s,
+                    "open (admit while Redis is away), closed (deny) or insurance (decide in memory at each limit / expected_nodes)",
                 ))
             }
         })

@@ -82,13 +82,13 @@ impl fmt::Display for Priority {
 }
 
 impl FromStr for Priority {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = crate::UnknownName;
+    fn from_str(s: &str) -> Result<Self, crate::UnknownName> {
         Priority::ALL
             .into_iter()
             .find(|p| p.name().eq_ignore_ascii_case(s))
             .ok_or_else(|| {
-                format!("unknown priority `{s}`; expected one of critical, post, get, test")
+                crate::UnknownName::new("priority", s, "one of critical, post, get, test")
             })
     }
 }

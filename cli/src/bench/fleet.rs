@@ -67,7 +67,7 @@ pub struct FleetArgs {
 }
 
 /// `10s`, `500ms`, `0.5ms`, `250us`.
-fn parse_duration(s: &str) -> Result<Duration, String> {
+fn parse_duration(s: &str) -> crate::Result<Duration> {
     let (num, unit) = s
         .find(|c: char| c.is_ascii_alphabetic())
         .map(|i| s.split_at(i))
@@ -80,14 +80,10 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
         "ms" => 1e6,
         "us" => 1e3,
         "ns" => 1.0,
-        _ => {
-            return Err(format!(
-                "unknown unit `{unit}` in `{s}`; use s, ms, us or ns"
-            ))
-        }
+        _ => return Err(format!("unknown unit `{unit}` in `{s}`; use s, ms, us or ns").into()),
     };
     if !(x.is_finite() && x > 0.0 && x * per <= 86_400e9) {
-        return Err(format!("`{s}` is not a duration above 0 and at most a day"));
+        return Err(format!("`{s}` is not a duration above 0 and at most a day").into());
     }
     Ok(Duration::from_nanos((x * per) as u64))
 }

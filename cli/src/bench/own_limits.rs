@@ -46,7 +46,7 @@ impl Drop for Scratch {
 }
 
 /// Writes the entries of `n` keys: 90 % on plans p0..p4, 10 % their own limit.
-fn write_entries(path: &std::path::Path, n: u64) -> Result<u64, String> {
+fn write_entries(path: &std::path::Path, n: u64) -> crate::Result<u64> {
     let f = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
     let err = |e: std::io::Error| format!("{}: {e}", path.display());
@@ -116,7 +116,7 @@ struct Loaded {
 }
 
 /// Runs the mode (see the module docs).
-pub fn run(n: u64, seconds: f64, repeat: usize, json: bool) -> Result<(), String> {
+pub fn run(n: u64, seconds: f64, repeat: usize, json: bool) -> crate::Result<()> {
     let dir = std::env::temp_dir().join(format!("turnstile-own-limits-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let scratch = Scratch(dir);
@@ -135,7 +135,7 @@ pub fn run(n: u64, seconds: f64, repeat: usize, json: bool) -> Result<(), String
 }
 
 /// Builds the engine of both rules from the file at `path` (of `file_bytes`), timing the build.
-fn load(path: &std::path::Path, n: u64, file_bytes: u64) -> Result<(Engine, Loaded), String> {
+fn load(path: &std::path::Path, n: u64, file_bytes: u64) -> crate::Result<(Engine, Loaded)> {
     let text = rules(path, n);
     let rules = Rules::parse(&text, "bench").map_err(|e| e.to_string())?;
     progress("own limits: building the engine (reads the file)");

@@ -41,7 +41,7 @@ pub struct ExportArgs {
 }
 
 /// Runs `limits export`.
-pub fn run(a: ExportArgs) -> Result<(), String> {
+pub fn run(a: ExportArgs) -> crate::Result<()> {
     let rules = Rules::from_file(&a.rules).map_err(|e| e.to_string())?;
     let class = super::pick_class(&rules, &a.rules, a.class.as_deref())?;
     let key = key_text(class)?;
@@ -83,14 +83,15 @@ pub fn run(a: ExportArgs) -> Result<(), String> {
              which cannot be turned back into the address); the {} IPv4 entries were",
             class.name,
             entries.len()
-        ));
+        )
+        .into());
     }
     Ok(())
 }
 
 /// How a key id of `class` reads back as its key's text (`None`: a hash), or why the class
 /// cannot be exported.
-fn key_text(class: &LimitsClass) -> Result<fn(u64) -> Option<String>, String> {
+fn key_text(class: &LimitsClass) -> crate::Result<fn(u64) -> Option<String>> {
     let part = class.key.parts().next();
     match part {
         Some(KeyPart::Customer) => Ok(|id| Some(id.to_string())),
@@ -104,7 +105,8 @@ fn key_text(class: &LimitsClass) -> Result<fn(u64) -> Option<String>, String> {
              read back, so its entries cannot be exported (keep the file they were loaded from)",
             class.name,
             part.map_or("nothing", |p| p.name())
-        )),
+        )
+        .into()),
     }
 }
 

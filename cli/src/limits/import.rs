@@ -42,7 +42,7 @@ pub struct ImportArgs {
 
 /// Runs the import; prints what it wrote and how fast. A bad line of the file: printed as
 /// `file:line: message`, exit status 1, nothing written.
-pub fn run(a: ImportArgs) -> Result<(), String> {
+pub fn run(a: ImportArgs) -> crate::Result<()> {
     let rules = Rules::from_file(&a.rules).map_err(|e| e.to_string())?;
     let class = super::pick_class(&rules, &a.rules.display(), a.class.as_deref())?;
     let url = a.redis_url.clone().or(class.redis.clone()).ok_or_else(|| {
@@ -108,7 +108,7 @@ fn check_compact(
     keys: &LimitsKeys,
     entries: u64,
     buckets: u64,
-) -> Result<(), String> {
+) -> crate::Result<()> {
     // The bucket count is the first writer's, for every process of the class: an import far
     // larger than it was sized for would leave Redis's compact hashes (at most 128 fields).
     let per_bucket = entries.div_ceil(buckets);
@@ -124,7 +124,8 @@ fn check_compact(
             entries,
             keys.buckets(),
             keys.prefix
-        ));
+        )
+        .into());
     }
     Ok(())
 }
@@ -136,7 +137,7 @@ fn write_rows(
     url: &str,
     keys: &LimitsKeys,
     rows: &[(u64, u64, String)],
-) -> Result<(), String> {
+) -> crate::Result<()> {
     let bar = crate::progress::bar(rows.len() as u64, false, "import");
     let mut i = 0;
     while i < rows.len() {
@@ -185,7 +186,7 @@ fn batch_end(rows: &[(u64, u64, String)], i: usize) -> usize {
     end
 }
 
-async fn connect(url: &str) -> Result<MultiplexedConnection, String> {
+async fn connect(url: &str) -> crate::Result<MultiplexedConnection> {
     let client = redis::Client::open(url).map_err(|e| format!("`{url}`: {e}"))?;
     let cfg = redis::AsyncConnectionConfig::new()
         .set_connection_timeout(Some(Duration::from_secs(2)))
@@ -193,5 +194,5 @@ async fn connect(url: &str) -> Result<MultiplexedConnection, String> {
     client
         .get_multiplexed_async_connection_with_config(&cfg)
         .await
-        .map_err(|e| format!("cannot connect to {url}: {e}"))
+        .map_err(|e| format!("cannot connect to {url}: {e}").into())
 }

@@ -171,7 +171,7 @@ impl Mapping {
         names: &[String],
         given: &[(Target, String)],
         strict: bool,
-    ) -> Result<Mapping, String> {
+    ) -> crate::Result<Mapping> {
         let mut m = Mapping::default();
         for t in Target::ALL {
             let i = t as usize;
@@ -228,7 +228,8 @@ impl Mapping {
                     .map(|n| format!("${n}"))
                     .collect::<Vec<_>>()
                     .join(" ")
-            ));
+            )
+            .into());
         }
         Ok(m)
     }

@@ -96,7 +96,7 @@ impl Parser {
         custom: Option<&Template>,
         given: &[(Target, String)],
         header: Option<&[u8]>,
-    ) -> Result<(Parser, Mapping), String> {
+    ) -> crate::Result<(Parser, Mapping)> {
         let p = match (custom, format) {
             (Some(t), _) => Parser::Template(t.clone()),
             (None, Format::Csv) => Parser::Csv(Csv::from_header(header.unwrap_or_default())?),
@@ -130,7 +130,7 @@ impl Parser {
 /// The format of a file whose first non-empty line is `line`: the only one of combined
 /// (or common), Envoy's and ALB's that reads it with a timestamp, else JSON Lines for an
 /// object, else CSV for a header with commas.
-pub fn detect(line: &[u8]) -> Result<Format, String> {
+pub fn detect(line: &[u8]) -> crate::Result<Format> {
     let t = line.trim_ascii();
     if t.starts_with(b"{") {
         return Ok(Format::Jsonl);
@@ -151,7 +151,8 @@ pub fn detect(line: &[u8]) -> Result<Format, String> {
             "no known format reads its first line ({}); pass --format, or --log-format with \
              the nginx or Envoy format string that wrote it",
             excerpt(line)
-        )),
+        )
+        .into()),
         _ => Err(format!(
             "its first line reads as more than one format ({}); pass --format",
             found
@@ -159,7 +160,8 @@ pub fn detect(line: &[u8]) -> Result<Format, String> {
                 .map(|f| f.name())
                 .collect::<Vec<_>>()
                 .join(", ")
-        )),
+        )
+        .into()),
     }
 }
 

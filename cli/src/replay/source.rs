@@ -106,11 +106,11 @@ impl Source {
         bad: &mut Bad,
         counts: &mut Counts,
     ) -> crate::Result<Option<Source>> {
-        let fail = |e: String| format!("{}: {e}", path.display());
-        let mut lines = Lines::open(path, setup.max_line).map_err(|e| fail(format!("{e}")))?;
+        let fail = |e: crate::Error| format!("{}: {e}", path.display());
+        let mut lines = Lines::open(path, setup.max_line).map_err(|e| fail(e.into()))?;
         // The first non-blank line: the header or the format's evidence.
         let first = loop {
-            match lines.next().map_err(|e| fail(format!("{e}")))? {
+            match lines.next().map_err(|e| fail(e.into()))? {
                 None => return Ok(None),
                 Some(Line::TooLong(n)) => {
                     counts.lines += 1;

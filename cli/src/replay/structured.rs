@@ -17,7 +17,7 @@ pub const MAX_COLUMNS: usize = super::template::MAX_VARS;
 
 impl Csv {
     /// From the header line.
-    pub fn from_header(line: &[u8]) -> Result<Csv, String> {
+    pub fn from_header(line: &[u8]) -> crate::Result<Csv> {
         let mut spans = vec![0..0; MAX_COLUMNS];
         let mut scratch = Vec::new();
         let n =

@@ -44,7 +44,7 @@ pub type Spans = [Range<u32>; MAX_VARS];
 
 impl Template {
     /// Compiles `text` (nginx `$name` / `${name}`, Envoy `%OPERATOR%` / `%REQ(HEADER)%`).
-    pub fn compile(text: &str) -> Result<Template, String> {
+    pub fn compile(text: &str) -> crate::Result<Template> {
         let b = text.as_bytes();
         let mut pieces: Vec<Piece> = Vec::new();
         let mut names = Vec::new();
@@ -68,7 +68,8 @@ impl Template {
                     "the log format has two variables with nothing between them before `{}`: \
                      a line could not be split there",
                     &text[i..i + len]
-                ));
+                )
+                .into());
             }
             let quoted = matches!(pieces.last(), Some(Piece::Lit(l)) if l.ends_with(b"\""))
                 && b.get(i + len) == Some(&b'"');
@@ -83,7 +84,7 @@ impl Template {
             return Err("the log format has no variable ($name or %OPERATOR%)".into());
         }
         if names.len() > MAX_VARS {
-            return Err(format!("the log format has more than {MAX_VARS} variables"));
+            return Err(format!("the log format has more than {MAX_VARS} variables").into());
         }
         Ok(Template { pieces, names })
     }

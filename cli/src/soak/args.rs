@@ -81,14 +81,14 @@ pub struct SoakArgs {
 }
 
 /// Seconds as a number, or a duration with its unit.
-fn seconds(s: &str) -> Result<Duration, String> {
+fn seconds(s: &str) -> crate::Result<Duration> {
     let d = match s.trim().parse::<f64>() {
         Ok(x) if x.is_finite() && x >= 0.0 => Duration::from_secs_f64(x),
-        Ok(_) => return Err(format!("`{s}` is not a number of seconds")),
+        Ok(_) => return Err(format!("`{s}` is not a number of seconds").into()),
         Err(_) => turnstile::rules::parse_duration(s)?,
     };
     if d > Duration::from_secs(3600) {
-        return Err(format!("`{s}`: at most an hour"));
+        return Err(format!("`{s}`: at most an hour").into());
     }
     Ok(d)
 }

@@ -162,33 +162,32 @@ pub fn customers(run: u64, client: usize) -> Vec<u64> {
 }
 
 /// A redis-rs client for `addr` with the password, if any.
-pub fn redis_client(addr: SocketAddr, password: Option<&[u8]>) -> Result<redis::Client, String> {
+pub fn redis_client(addr: SocketAddr, password: Option<&[u8]>) -> crate::Result<redis::Client> {
     let mut info = redis::IntoConnectionInfo::into_connection_info(format!(
         "redis://{}:{}",
         addr.ip(),
         addr.port()
-    ))
-    .map_err(|e| e.to_string())?;
+    ))?;
     if let Some(p) = password {
-        let p = std::str::from_utf8(p).map_err(|_| "the password is not UTF-8".to_string())?;
+        let p = std::str::from_utf8(p).map_err(|_| "the password is not UTF-8")?;
         let settings = info.redis_settings().clone().set_password(p);
         info = info.set_redis_settings(settings);
     }
-    redis::Client::open(info).map_err(|e| e.to_string())
+    Ok(redis::Client::open(info)?)
 }
 
 /// A multiplexed connection whose replies may take up to [`TIMEOUT`] (redis-rs's default
 /// gives up after 500 ms: a slow reply is a latency to record here, not an error).
 pub async fn redis_connection(
     client: &redis::Client,
-) -> Result<redis::aio::MultiplexedConnection, String> {
+) -> crate::Result<redis::aio::MultiplexedConnection> {
     let cfg = redis::AsyncConnectionConfig::new()
         .set_response_timeout(Some(TIMEOUT))
         .set_connection_timeout(Some(TIMEOUT));
     client
         .get_multiplexed_async_connection_with_config(&cfg)
         .await
-        .map_err(|e| e.to_string())
+        .map_err(Into::into)
 }
 
 /// A `CL.THROTTLE` of the honest keys' parameters (`quantity` 0: a look that spends nothing).
@@ -242,7 +241,7 @@ async fn connected<'a, C, F>(
     connect: impl FnOnce() -> F,
 ) -> Option<&'a mut C>
 where
-    F: std::future::Future<Output = Result<C, String>>,
+    F: std::future::Future<Output = crate::Result<C>>,
 {
     if slot.is_none() {
         match connect().await {
@@ -297,7 +296,7 @@ pub async fn resp_client(
 /// An HTTP/1.1 connection of hyper's client.
 type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
 
-async fn http_connect(addr: SocketAddr) -> Result<Sender, String> {
+async fn http_connect(addr: SocketAddr) -> crate::Result<Sender> {
     let tcp = tokio::net::TcpStream::connect(addr)
         .await
         .map_err(|e| e.to_string())?;
@@ -315,7 +314,7 @@ async fn check(
     addr: SocketAddr,
     password: Option<&[u8]>,
     customer: u64,
-) -> Result<bool, String> {
+) -> crate::Result<bool> {
     let body = format!("{{\"key_class\":\"customer\",\"key\":\"{customer}\"}}");
     let mut req = hyper::Request::post(format!("http://{addr}/v1/check"))
         .header("host", addr.to_string())
@@ -341,7 +340,7 @@ async fn check(
     match status {
         200 if text.contains("\"allowed\":true") => Ok(true),
         429 if text.contains("\"allowed\":false") => Ok(false),
-        _ => Err(format!("{status} {}", &text[..text.len().min(200)])),
+        _ => Err(format!("{status} {}", &text[..text.len().min(200)]).into()),
     }
 }
 
@@ -409,7 +408,7 @@ impl Honest {
         client: redis::Client,
         run_id: u64,
         password: Option<Vec<u8>>,
-    ) -> Result<Self, String> {
+    ) -> crate::Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
         let resp_keys: Vec<Vec<String>> = (0..a.honest_resp as usize)
             .map(|c| resp_keys(run_id, c))
@@ -480,7 +479,7 @@ impl Honest {
     }
 
     /// Stops the clients: what they saw, and the RESP clients' keys.
-    pub(super) async fn stop(self) -> Result<(HonestRun, Vec<Vec<String>>), String> {
+    pub(super) async fn stop(self) -> crate::Result<(HonestRun, Vec<Vec<String>>)> {
         self.stop.store(true, Ordering::Relaxed);
         while !self.thread.is_finished() {
             tokio::time::sleep(Duration::from_millis(20)).await;

@@ -4,6 +4,8 @@
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 
+pub mod serve;
+
 /// A self-signed certificate for `localhost` and 127.0.0.1, and its key, written as PEM files
 /// into `dir`: (certificate, key).
 pub fn self_signed(dir: &Path) -> (PathBuf, PathBuf) {

@@ -428,11 +428,7 @@ impl Connection {
             // As Redis: a refused `EXEC` discards the transaction (if one is open); another
             // refused command dirties it.
             Err(_) if cmd::named(args.name(), "EXEC") => {
-                if let Some(q) = self.queue.take() {
-                    srv.buffers.release(q.reserved);
-                }
-                s.in_multi = false;
-                o.error("EXECABORT Transaction discarded because of: wrong number of arguments for 'exec' command");
+                self.abort_exec();
                 return None;
             }
             Err(e) => {
@@ -448,43 +444,9 @@ impl Connection {
             return None;
         }
         match command {
-            Command::Multi => {
-                if self.queue.is_some() {
-                    o.error("ERR MULTI calls can not be nested");
-                } else {
-                    self.queue = Some(Queue::default());
-                    s.in_multi = true;
-                    o.simple("OK");
-                }
-                None
-            }
-            Command::Exec => {
-                match self.queue.take() {
-                    None => o.error("ERR EXEC without MULTI"),
-                    Some(q) if q.dirty => {
-                        srv.buffers.release(q.reserved);
-                        s.in_multi = false;
-                        o.error("EXECABORT Transaction discarded because of previous errors.");
-                    }
-                    Some(q) => {
-                        o.array(q.commands.len());
-                        self.queue = Some(q);
-                        self.exec = Some(0);
-                    }
-                }
-                None
-            }
-            Command::Discard => {
-                match self.queue.take() {
-                    None => o.error("ERR DISCARD without MULTI"),
-                    Some(q) => {
-                        srv.buffers.release(q.reserved);
-                        s.in_multi = false;
-                        o.simple("OK");
-                    }
-                }
-                None
-            }
+            Command::Multi => self.multi(),
+            Command::Exec => self.start_exec(),
+            Command::Discard => self.discard(),
             other => {
                 if let Command::Session(_) = other {
                     s.buffers = BufferStats {

@@ -39,6 +39,76 @@ impl Queue {
 }
 
 impl Connection {
+    /// `MULTI`: opens a transaction (not within one).
+    pub(super) fn multi(&mut self) -> Option<RemoteCall> {
+        let mut o = Out {
+            buf: &mut self.out,
+            proto: self.session.proto,
+        };
+        if self.queue.is_some() {
+            o.error("ERR MULTI calls can not be nested");
+        } else {
+            self.queue = Some(Queue::default());
+            self.session.in_multi = true;
+            o.simple("OK");
+        }
+        None
+    }
+
+    /// `EXEC`: runs the transaction's commands from the next turn on, or discards it if one
+    /// of them was refused.
+    pub(super) fn start_exec(&mut self) -> Option<RemoteCall> {
+        let mut o = Out {
+            buf: &mut self.out,
+            proto: self.session.proto,
+        };
+        match self.queue.take() {
+            None => o.error("ERR EXEC without MULTI"),
+            Some(q) if q.dirty => {
+                self.srv.buffers.release(q.reserved);
+                self.session.in_multi = false;
+                o.error("EXECABORT Transaction discarded because of previous errors.");
+            }
+            Some(q) => {
+                o.array(q.commands.len());
+                self.queue = Some(q);
+                self.exec = Some(0);
+            }
+        }
+        None
+    }
+
+    /// `DISCARD`: drops the transaction.
+    pub(super) fn discard(&mut self) -> Option<RemoteCall> {
+        let mut o = Out {
+            buf: &mut self.out,
+            proto: self.session.proto,
+        };
+        match self.queue.take() {
+            None => o.error("ERR DISCARD without MULTI"),
+            Some(q) => {
+                self.srv.buffers.release(q.reserved);
+                self.session.in_multi = false;
+                o.simple("OK");
+            }
+        }
+        None
+    }
+
+    /// An `EXEC` that could not be parsed: as Redis, it discards the transaction (if one is
+    /// open).
+    pub(super) fn abort_exec(&mut self) {
+        if let Some(q) = self.queue.take() {
+            self.srv.buffers.release(q.reserved);
+        }
+        self.session.in_multi = false;
+        Out {
+            buf: &mut self.out,
+            proto: self.session.proto,
+        }
+        .error("EXECABORT Transaction discarded because of: wrong number of arguments for 'exec' command");
+    }
+
     /// Runs queued command `next` of an `EXEC`; a remote call if it needs Redis.
     pub(super) fn exec_one(&mut self, next: usize) -> Option<RemoteCall> {
         let Some(q) = &self.queue else {

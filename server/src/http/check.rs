@@ -212,7 +212,7 @@ fn request_of<'a>(b: &'a CheckBody<'a>) -> Result<Request<'a>, String> {
         req.method = b.method.as_ref().map(|t| &*t.0);
     }
     if let Some(p) = &b.priority {
-        req.priority = Some(p.0.parse::<Priority>()?);
+        req.priority = Some(p.0.parse::<Priority>().map_err(|e| e.to_string())?);
     }
     Ok(req)
 }

@@ -96,7 +96,7 @@ pub(super) async fn settle(State(s): State<Arc<Server>>, body: Body) -> Response
     if let Some(p) = &b.priority {
         match p.parse::<Priority>() {
             Ok(p) => req.priority = Some(p),
-            Err(m) => return error(&s, StatusCode::BAD_REQUEST, m),
+            Err(m) => return error(&s, StatusCode::BAD_REQUEST, m.to_string()),
         }
     }
     let t0 = s.metrics.now();

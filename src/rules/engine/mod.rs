@@ -309,7 +309,7 @@ impl<C: Clock> Engine<C> {
             Some((c, _)) => c.key,
             None => return Err(LimitsError::new(format!("no limits class `{class}`"))),
         };
-        limits::key_id(k, key, &self.hasher).map_err(LimitsError::new)
+        limits::key_id(k, key, &self.hasher)
     }
 
     /// Re-reads the files of the limits classes that changed since they were read, each as

@@ -3,6 +3,7 @@
 
 use super::super::model::KeyClass;
 use super::super::raw::parse_duration;
+use super::LimitsError;
 use crate::algo::{Algorithm, Limit, LimitSpec};
 use std::fmt;
 use std::path::PathBuf;
@@ -86,71 +87,92 @@ impl LimitsClass {
     }
 
     /// What is wrong with the class itself (not its plans), if anything.
-    pub(crate) fn check(&self) -> Result<(), String> {
+    pub(crate) fn check(&self) -> Result<(), LimitsError> {
         if !self.algorithm.is_packed() {
-            return Err(format!(
-                "a limits class holds one packed limit per key (fixed_window, sliding_window, \
-                 token_bucket or leaky_bucket), not {}",
-                self.algorithm
+            return Err(LimitsError::of(
+                "algorithm",
+                format!(
+                    "a limits class holds one packed limit per key (fixed_window, \
+                     sliding_window, token_bucket or leaky_bucket), not {}",
+                    self.algorithm
+                ),
             ));
         }
-        match (self.windowed(), self.window) {
-            (true, None) => Err(format!(
-                "a {} class counts every key in one window: add e.g. window = \"1m\"",
-                self.algorithm
-            )),
-            (false, Some(_)) => Err(format!(
-                "`window` is for fixed_window and sliding_window classes; a {}'s limits give \
-                 their own period: remove it",
-                self.algorithm
-            )),
-            _ if self.key.is_global() => {
-                Err("a global key has no keys of its own to give limits to".into())
+        Err(match (self.windowed(), self.window) {
+            (true, None) => LimitsError::of(
+                "window",
+                format!(
+                    "a {} class counts every key in one window: add e.g. window = \"1m\"",
+                    self.algorithm
+                ),
+            ),
+            (false, Some(_)) => LimitsError::of(
+                "window",
+                format!(
+                    "`window` is for fixed_window and sliding_window classes; a {}'s limits \
+                     give their own period: remove it",
+                    self.algorithm
+                ),
+            ),
+            _ if self.key.is_global() => LimitsError::of(
+                "key",
+                "a global key has no keys of its own to give limits to",
+            ),
+            _ if self.capacity == 0 || self.capacity > super::super::MAX_CAPACITY => {
+                LimitsError::of(
+                    "capacity",
+                    format!(
+                        "capacity {} is out of range: give 1..={} keys",
+                        self.capacity,
+                        super::super::MAX_CAPACITY
+                    ),
+                )
             }
-            _ if self.capacity == 0 || self.capacity > super::super::MAX_CAPACITY => Err(format!(
-                "capacity {} is out of range: give 1..={} keys",
-                self.capacity,
-                super::super::MAX_CAPACITY
-            )),
-            _ => Ok(()),
-        }
+            _ => return Ok(()),
+        })
     }
 
     /// `spec` as a limit of this class: its algorithm (and window), built.
-    pub fn build(&self, spec: &LimitSpec) -> Result<Limit, String> {
+    pub fn build(&self, spec: &LimitSpec) -> Result<Limit, LimitsError> {
         if spec.algorithm != self.algorithm {
-            return Err(format!(
+            return Err(LimitsError::new(format!(
                 "class `{}` limits keys by {}, not {}",
                 self.name, self.algorithm, spec.algorithm
-            ));
+            )));
         }
         if let Some(w) = self.window.filter(|w| *w != spec.window) {
-            return Err(format!(
-                "class `{}` counts in windows of {}, not {} (a {} record is laid out by its \
+            return Err(LimitsError::of(
+                "window",
+                format!(
+                    "class `{}` counts in windows of {}, not {} (a {} record is laid out by its \
                  window)",
-                self.name,
-                fmt_duration(w),
-                fmt_duration(spec.window),
-                self.algorithm
+                    self.name,
+                    fmt_duration(w),
+                    fmt_duration(spec.window),
+                    self.algorithm
+                ),
             ));
         }
-        spec.build().map_err(|e| e.to_string())
+        spec.build().map_err(LimitsError::from)
     }
 
     /// The plans, built; the first error names its plan.
-    pub(crate) fn built_plans(&self) -> Result<Vec<(String, Limit)>, String> {
+    pub(crate) fn built_plans(&self) -> Result<Vec<(String, Limit)>, LimitsError> {
         self.plans
             .iter()
             .map(|(n, s)| {
                 self.build(s)
                     .map(|l| (n.clone(), l))
-                    .map_err(|e| format!("plan `{n}`: {e}"))
+                    .map_err(|e| LimitsError {
+                        message: format!("plan `{n}`: {}", e.message),
+                        ..e
+                    })
             })
             .collect()
     }
 
     /// The text form of an entry parsed for this class.
-    pub fn parse(&self, text: &str) -> Result<KeyLimit, String> {
+    pub fn parse(&self, text: &str) -> Result<KeyLimit, LimitsError> {
         KeyLimit::parse(text, self.algorithm, self.window)
     }
 }
@@ -172,29 +194,32 @@ impl KeyLimit {
         text: &str,
         algorithm: Algorithm,
         window: Option<Duration>,
-    ) -> Result<KeyLimit, String> {
+    ) -> Result<KeyLimit, LimitsError> {
         let t = text.trim();
         let mut words = t.split_ascii_whitespace();
         let Some(first) = words.next() else {
-            return Err("empty: give a plan's name or a limit such as 100/1m".into());
+            return Err(LimitsError::new(
+                "empty: give a plan's name or a limit such as 100/1m",
+            ));
         };
         if first.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_') {
             if let Some(w) = words.next() {
-                return Err(format!(
+                return Err(LimitsError::new(format!(
                     "`{t}`: a plan is one name; `{w}` is one word too many"
-                ));
+                )));
             }
             if !first
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
             {
-                return Err(format!(
+                return Err(LimitsError::new(format!(
                     "`{first}` is not a plan name (letters, digits, _ and -)"
-                ));
+                )));
             }
             return Ok(KeyLimit::Plan(first.to_string()));
         }
-        let bad_number = |s: &str| format!("`{s}` is not a whole number, in `{t}`");
+        let bad_number =
+            |s: &str| LimitsError::new(format!("`{s}` is not a whole number, in `{t}`"));
         let (limit, w) = match first.split_once('/') {
             Some((l, w)) => (l, Some(w)),
             None => (first, None),
@@ -204,9 +229,9 @@ impl KeyLimit {
             (Some(w), _) => parse_duration(w)?,
             (None, Some(w)) => w,
             (None, None) => {
-                return Err(format!(
+                return Err(LimitsError::new(format!(
                     "`{t}` has no window: write it as LIMIT/WINDOW, e.g. {limit}/1m"
-                ))
+                )))
             }
         };
         let mut spec = LimitSpec::new(algorithm, limit, window);
@@ -216,9 +241,9 @@ impl KeyLimit {
                 Some(("delay", n)) => spec.delay = Some(n.parse().map_err(|_| bad_number(n))?),
                 None if w == "count_denied" => spec.count_denied = true,
                 _ => {
-                    return Err(format!(
+                    return Err(LimitsError::new(format!(
                         "unknown option `{w}` in `{t}`; expected burst=N, delay=N or count_denied"
-                    ))
+                    )))
                 }
             }
         }
@@ -292,7 +317,7 @@ mod tests {
     #[test]
     fn bad_entries_say_what_to_write() {
         let tb = Algorithm::TokenBucket;
-        let err = |t: &str| KeyLimit::parse(t, tb, None).unwrap_err();
+        let err = |t: &str| KeyLimit::parse(t, tb, None).unwrap_err().to_string();
         assert!(err("").contains("give a plan's name"));
         assert!(err("100").contains("no window"));
         assert!(err("x/1s").contains("not a plan name"));
@@ -310,12 +335,24 @@ mod tests {
         let ok = LimitSpec::new(Algorithm::FixedWindow, 5, Duration::from_secs(60));
         assert!(c.build(&ok).is_ok());
         let other = LimitSpec::new(Algorithm::FixedWindow, 5, Duration::from_secs(1));
-        assert!(c.build(&other).unwrap_err().contains("windows of 1m"));
+        assert!(c
+            .build(&other)
+            .unwrap_err()
+            .to_string()
+            .contains("windows of 1m"));
         let tb = LimitSpec::new(Algorithm::TokenBucket, 5, Duration::from_secs(60));
-        assert!(c.build(&tb).unwrap_err().contains("not token_bucket"));
+        assert!(c
+            .build(&tb)
+            .unwrap_err()
+            .to_string()
+            .contains("not token_bucket"));
         let no_window = LimitsClass::new("c", KeyClass::customer(), Algorithm::SlidingWindow);
-        assert!(no_window.check().unwrap_err().contains("window = "));
+        assert!(no_window
+            .check()
+            .unwrap_err()
+            .to_string()
+            .contains("window = "));
         let log = LimitsClass::new("c", KeyClass::customer(), Algorithm::SlidingLog);
-        assert!(log.check().unwrap_err().contains("packed"));
+        assert!(log.check().unwrap_err().to_string().contains("packed"));
     }
 }

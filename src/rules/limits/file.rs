@@ -77,7 +77,7 @@ pub(crate) enum Value<'a> {
 impl Value<'_> {
     /// The limit this value gives under `class` (`None` for a plan's name: the caller looks
     /// it up).
-    pub(crate) fn spec(&self, class: &LimitsClass) -> Result<Option<LimitSpec>, String> {
+    pub(crate) fn spec(&self, class: &LimitsClass) -> Result<Option<LimitSpec>, LimitsError> {
         match self {
             Value::Text(t) => match class.parse(t)? {
                 super::KeyLimit::Plan(_) => Ok(None),
@@ -92,7 +92,9 @@ impl Value<'_> {
                 count_denied,
             } => {
                 let Some(w) = window.or(class.window) else {
-                    return Err("this entry has no `window`: add e.g. \"window\": \"1m\"".into());
+                    return Err(LimitsError::new(
+                        "this entry has no `window`: add e.g. \"window\": \"1m\"",
+                    ));
                 };
                 let mut s = LimitSpec::new(class.algorithm, *limit, w);
                 (s.burst, s.delay, s.count_denied) = (*burst, *delay, *count_denied);
@@ -118,26 +120,29 @@ impl LimitsClass {
     /// `{"key": 42, "limit": 5, "window": "1s", "burst": 10}`): its key's text and its entry.
     /// The entry is not yet checked against the class's plans
     /// ([`LimitsSource::set`](super::LimitsSource::set) does that).
-    pub fn parse_json(&self, line: &str) -> Result<(String, super::KeyLimit), String> {
-        let (key, v) = json_line(line.trim())?.ok_or("an empty entry")?;
+    pub fn parse_json(&self, line: &str) -> Result<(String, super::KeyLimit), LimitsError> {
+        let (key, v) = json_line(line.trim())?.ok_or_else(|| LimitsError::new("an empty entry"))?;
         let entry = match v.plan() {
             Some(p) => super::KeyLimit::Plan(p.to_string()),
-            None => super::KeyLimit::Limit(v.spec(self)?.ok_or("neither a plan nor a limit")?),
+            None => super::KeyLimit::Limit(
+                v.spec(self)?
+                    .ok_or_else(|| LimitsError::new("neither a plan nor a limit"))?,
+            ),
         };
         Ok((key, entry))
     }
 }
 
 /// The key id of `key` (text) under `class`, as a rule of that class computes it.
-pub(crate) fn key_id(class: KeyClass, key: &str, h: &KeyHasher) -> Result<u64, String> {
+pub(crate) fn key_id(class: KeyClass, key: &str, h: &KeyHasher) -> Result<u64, LimitsError> {
     if class.part_count() != 1 {
-        return Err(format!(
+        return Err(LimitsError::new(format!(
             "a limits class is keyed by one part (customer, ip, api_key, route or method), not {class}"
-        ));
+        )));
     }
-    let v = resolve(class, &OverrideKey::Text(key.to_string()))?;
+    let v = resolve(class, &OverrideKey::Text(key.to_string())).map_err(LimitsError::new)?;
     super::super::matcher::key_id(class, &v.request(), h)
-        .ok_or_else(|| format!("`{key}` is not a {class} key"))
+        .ok_or_else(|| LimitsError::new(format!("`{key}` is not a {class} key")))
 }
 
 /// The file's modified time and length, to tell whether it changed.
@@ -150,7 +155,16 @@ fn at(path: &Path, line: usize, message: String) -> LimitsError {
     LimitsError {
         origin: Some(path.display().to_string()),
         line,
-        message,
+        ..LimitsError::new(message)
+    }
+}
+
+/// `e` (an entry's error, with no place) at `path`'s line `line`.
+fn placed(path: &Path, line: usize, e: LimitsError) -> LimitsError {
+    LimitsError {
+        origin: Some(path.display().to_string()),
+        line,
+        ..e
     }
 }
 
@@ -182,7 +196,7 @@ pub(crate) fn read(
     path: &Path,
     class: &LimitsClass,
     hasher: &KeyHasher,
-    mut f: impl FnMut(u64, Value<'_>) -> Result<(), String>,
+    mut f: impl FnMut(u64, Value<'_>) -> Result<(), LimitsError>,
 ) -> Result<u64, LimitsError> {
     let format = FileFormat::of(path);
     let mut r = open(path)?;
@@ -207,20 +221,20 @@ pub(crate) fn read(
         let (key, value) = match parsed {
             Ok(Some(kv)) => kv,
             Ok(None) => continue,
-            Err(m) => return Err(at(path, no, m)),
+            Err(e) => return Err(placed(path, no, e)),
         };
-        let id = key_id(class.key, &key, hasher).map_err(|m| at(path, no, m))?;
-        f(id, value).map_err(|m| at(path, no, m))?;
+        let id = key_id(class.key, &key, hasher).map_err(|e| placed(path, no, e))?;
+        f(id, value).map_err(|e| placed(path, no, e))?;
         entries += 1;
     }
 }
 
 /// A CSV line's key and value; `None` for the header.
-fn csv_line(t: &str, no: usize) -> Result<Option<(String, Value<'_>)>, String> {
+fn csv_line(t: &str, no: usize) -> Result<Option<(String, Value<'_>)>, LimitsError> {
     let Some((key, value)) = t.rsplit_once(',') else {
-        return Err(format!(
+        return Err(LimitsError::new(format!(
             "`{t}` is not `key,plan` or `key,limits`: e.g. user:241531,pro or 42,5/1s"
-        ));
+        )));
     };
     let (key, value) = (key.trim(), value.trim());
     if key.eq_ignore_ascii_case("key") && no <= 1 + 16 {
@@ -253,29 +267,37 @@ struct JsonEntry {
     count_denied: Option<bool>,
 }
 
-fn json_line(t: &str) -> Result<Option<(String, Value<'_>)>, String> {
+fn json_line(t: &str) -> Result<Option<(String, Value<'_>)>, LimitsError> {
     let e: JsonEntry = serde_json::from_str(t).map_err(|e| {
         let hint = if e.to_string().contains("unknown field") {
             "; an entry has key and plan, or key and limit, window (or the notes' capacity, time_window_sec), burst, delay, count_denied"
         } else {
             ""
         };
-        format!("not a JSON entry: {e}{hint}")
+        LimitsError::new(format!("not a JSON entry: {e}{hint}"))
     })?;
     let key = match e.key {
         serde_json::Value::String(s) => s,
         serde_json::Value::Number(n) => n.to_string(),
-        other => return Err(format!("`key` is a string or a number, not {other}")),
+        other => {
+            return Err(LimitsError::new(format!(
+                "`key` is a string or a number, not {other}"
+            )))
+        }
     };
     let limit = match (e.limit, e.capacity) {
         (Some(_), Some(_)) => {
-            return Err("`capacity` is another name for `limit`: give one of them".into())
+            return Err(LimitsError::new(
+                "`capacity` is another name for `limit`: give one of them",
+            ))
         }
         (l, c) => l.or(c),
     };
     let window = match (&e.window, e.time_window_sec) {
         (Some(_), Some(_)) => {
-            return Err("`time_window_sec` is another name for `window`: give one of them".into())
+            return Err(LimitsError::new(
+                "`time_window_sec` is another name for `window`: give one of them",
+            ))
         }
         (Some(w), None) => Some(parse_duration(w)?),
         (None, Some(s)) => Some(Duration::from_secs(s)),
@@ -287,13 +309,19 @@ fn json_line(t: &str) -> Result<Option<(String, Value<'_>)>, String> {
         || e.delay.is_some()
         || e.count_denied.is_some();
     match (e.plan, has_limit) {
-        (Some(_), true) => Err("give a `plan` or the key's own limit, not both".into()),
+        (Some(_), true) => Err(LimitsError::new(
+            "give a `plan` or the key's own limit, not both",
+        )),
         (Some(p), false) => Ok(Some((key, Value::Plan(p)))),
-        (None, false) => Err("no `plan` and no limit: add e.g. \"plan\": \"pro\"".into()),
+        (None, false) => Err(LimitsError::new(
+            "no `plan` and no limit: add e.g. \"plan\": \"pro\"",
+        )),
         (None, true) => Ok(Some((
             key,
             Value::Fields {
-                limit: limit.ok_or("this entry has no `limit`: add e.g. \"limit\": 100")?,
+                limit: limit.ok_or_else(|| {
+                    LimitsError::new("this entry has no `limit`: add e.g. \"limit\": 100")
+                })?,
                 window,
                 burst: e.burst,
                 delay: e.delay,

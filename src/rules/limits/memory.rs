@@ -112,8 +112,8 @@ impl MemoryLimits {
     /// into ids by `hasher` (the engine's) under the class's key class. A class with a file
     /// loads it ([`MemoryLimits::load`]).
     pub fn new(class: &LimitsClass, hasher: KeyHasher) -> Result<Self, LimitsError> {
-        class.check().map_err(LimitsError::new)?;
-        let plans = class.built_plans().map_err(LimitsError::new)?;
+        class.check()?;
+        let plans = class.built_plans()?;
         let names: Vec<String> = plans.iter().map(|(n, _)| n.clone()).collect();
         let index = names
             .iter()
@@ -149,7 +149,7 @@ impl MemoryLimits {
     /// The key id of `key` (text) in this class, as the rules engine computes it.
     pub fn key_id(&self, key: &str) -> Result<u64, LimitsError> {
         let class = self.writer().class.key;
-        file::key_id(class, key, &self.hasher).map_err(LimitsError::new)
+        file::key_id(class, key, &self.hasher)
     }
 
     /// (Re-)reads the class's file into new tables and swaps them in: every entry is the
@@ -180,7 +180,7 @@ impl MemoryLimits {
         let entries = file::read(&path, class, &self.hasher, |id, v| {
             let e = match v.plan() {
                 Some(p) => *index.get(p).ok_or_else(|| {
-                    format!(
+                    LimitsError::new(format!(
                         "class `{}` has no plan `{p}`; its plans: {}",
                         class.name,
                         class
@@ -189,18 +189,22 @@ impl MemoryLimits {
                             .map(|(n, _)| n.as_str())
                             .collect::<Vec<_>>()
                             .join(", ")
-                    )
+                    ))
                 })?,
                 None => {
-                    let spec = v.spec(class)?.ok_or("neither a plan nor a limit")?;
+                    let spec = v
+                        .spec(class)?
+                        .ok_or_else(|| LimitsError::new("neither a plan nor a limit"))?;
                     let limit = class.build(&spec)?;
-                    own_index(&values, &mut interned, &spec, limit).map_err(|e| e.message)?
+                    own_index(&values, &mut interned, &spec, limit)?
                 }
             };
             match map.put(id, e) {
                 Put::Added => Ok(()),
-                Put::Replaced(_) => Err("this key has an entry on an earlier line".into()),
-                Put::Full => Err("more entries than lines".into()),
+                Put::Replaced(_) => {
+                    Err(LimitsError::new("this key has an entry on an earlier line"))
+                }
+                Put::Full => Err(LimitsError::new("more entries than lines")),
             }
         })?;
         let plans = resolve_plans(&w.class, &w.names);
@@ -314,7 +318,7 @@ impl LimitsSource for MemoryLimits {
                 }
             },
             KeyLimit::Limit(spec) => {
-                let limit = w.class.build(spec).map_err(LimitsError::new)?;
+                let limit = w.class.build(spec)?;
                 own_index(&t.values, &mut w.interned, spec, limit)?
             }
         };
@@ -359,8 +363,8 @@ impl LimitsSource for MemoryLimits {
     }
 
     fn reclass(&self, class: &LimitsClass) -> Result<(), LimitsError> {
-        class.check().map_err(LimitsError::new)?;
-        class.built_plans().map_err(LimitsError::new)?;
+        class.check()?;
+        class.built_plans()?;
         let mut w = self.writer();
         if (class.key, class.algorithm, class.window)
             != (w.class.key, w.class.algorithm, w.class.window)

@@ -95,14 +95,29 @@ pub struct LimitsError {
     pub line: usize,
     /// What is wrong and how to fix it.
     pub message: String,
+    /// The setting at fault, if the error is about one: a class's `algorithm`, `window`,
+    /// `capacity` or `key`, or a limit's field (`limit`, `burst`, ...). Where a rules file's
+    /// error points.
+    pub setting: Option<&'static str>,
 }
 
 impl LimitsError {
-    pub(crate) fn new(message: impl Into<String>) -> Self {
+    /// An error with no place; `message` says what is wrong and how to fix it (for sources
+    /// outside this crate, e.g. Redis's).
+    pub fn new(message: impl Into<String>) -> Self {
         Self {
             origin: None,
             line: 0,
             message: message.into(),
+            setting: None,
+        }
+    }
+
+    /// The error about `setting`.
+    pub(crate) fn of(setting: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            setting: Some(setting),
+            ..Self::new(message)
         }
     }
 }
@@ -118,3 +133,15 @@ impl fmt::Display for LimitsError {
 }
 
 impl std::error::Error for LimitsError {}
+
+impl From<crate::ConfigError> for LimitsError {
+    fn from(e: crate::ConfigError) -> Self {
+        LimitsError::of(e.field, e.to_string())
+    }
+}
+
+impl From<super::DurationError> for LimitsError {
+    fn from(e: super::DurationError) -> Self {
+        LimitsError::new(e.to_string())
+    }
+}

@@ -272,15 +272,13 @@ fn validate_class(r: &super::Rules, c: usize, class: &LimitsClass) -> Result<(),
     if class.key.part_count() != 1 {
         return Err((at(Cf::Key), format!("a limits class is keyed by one part (customer, ip, api_key, route or method), not {}", class.key)));
     }
-    class.check().map_err(|m| {
-        let f = if m.contains("window") {
-            Cf::Window
-        } else if m.contains("capacity") {
-            Cf::Capacity
-        } else {
-            Cf::Algorithm
+    class.check().map_err(|e| {
+        let f = match e.setting {
+            Some("window") => Cf::Window,
+            Some("capacity") => Cf::Capacity,
+            _ => Cf::Algorithm,
         };
-        (at(f), m)
+        (at(f), e.message)
     })?;
     if class.redis.is_some() {
         validate_redis_class(class).map_err(|m| (at(Cf::Redis), m))?;
@@ -297,9 +295,9 @@ fn validate_class(r: &super::Rules, c: usize, class: &LimitsClass) -> Result<(),
                 format!("`{plan}` is not a plan name: a letter, then letters, digits, _ and -"),
             ));
         }
-        class.build(spec).map_err(|m| {
-            let f = if m.contains("window") { "window" } else { "" };
-            (at(Cf::Plan(j, f)), format!("plan `{plan}`: {m}"))
+        class.build(spec).map_err(|e| {
+            let f = e.setting.filter(|f| *f == "window").unwrap_or("");
+            (at(Cf::Plan(j, f)), format!("plan `{plan}`: {}", e.message))
         })?;
     }
     Ok(())

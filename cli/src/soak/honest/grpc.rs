@@ -18,7 +18,7 @@ use tonic::transport::{Channel, Endpoint};
 
 type Client = RateLimitServiceClient<Channel>;
 
-async fn connect(addr: SocketAddr) -> Result<Client, String> {
+async fn connect(addr: SocketAddr) -> crate::Result<Client> {
     let channel = Endpoint::from_shared(format!("http://{addr}"))
         .map_err(|e| e.to_string())?
         .connect_timeout(TIMEOUT)

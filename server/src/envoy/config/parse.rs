@@ -315,7 +315,9 @@ impl Ctx<'_> {
                 }
                 "algorithm" => {
                     let s = self.string(val, "algorithm")?;
-                    rl.algorithm = s.parse::<Algorithm>().map_err(|e| self.err(val.pos, e))?;
+                    rl.algorithm = s
+                        .parse::<Algorithm>()
+                        .map_err(|e| self.err(val.pos, e.to_string()))?;
                     f.algorithm_pos = val.pos;
                 }
                 "replaces" => {
