@@ -186,11 +186,12 @@ fn load(args: &ServeArgs) -> Result<Loaded, ServeError> {
         .as_deref()
         .map(envoy::stamp)
         .unwrap_or_default();
-    // A Redis backend is connected before anything listens: a Redis that cannot be reached
-    // is said at the [backend] line, as a refused rules file is.
+    // A Redis backend is connected before anything listens; a Redis that cannot be reached
+    // leaves it connecting in the background (the server starts not ready), while what the
+    // [backend] table gets wrong is said at its line, as a refused rules file is.
     let backends = backend::Backends::new();
     let change = match &rules {
-        Some(r) => Some(backends.prepare(r).map_err(ServeError::Rules)?),
+        Some(r) => Some(backends.prepare(r, true).map_err(ServeError::Rules)?),
         None => None,
     };
     let envoy = grpc::envoy(args)?;

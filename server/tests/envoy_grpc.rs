@@ -516,12 +516,7 @@ async fn gzip_compressed_requests_are_accepted_within_the_message_bound() {
         .await
         .unwrap_or_else(|s| panic!("a gzip request: {s:?}"))
         .into_inner();
-    check(
-        &r,
-        OK,
-        &[limited(OK, 20, 2, "", 19)],
-        "gzip: key2 default",
-    );
+    check(&r, OK, &[limited(OK, 20, 2, "", 19)], "gzip: key2 default");
     // The same key again, compressed: counted on the same limit.
     let r = c
         .should_rate_limit(req(0, &[&[("key2", "gz")]]))

@@ -2,8 +2,8 @@
 //! against a real `redis-server` (the harness of turnstile-redis's tests): two servers sharing
 //! one Redis enforce one limit together over RESP (the `redis` crate as the client) and HTTP;
 //! shadow and soft rules; Redis killed mid-run (the policy answers, fallbacks counted, no
-//! panic); a broken or unreachable `[backend]` refused at start and on reload, with
-//! `file:line:column`; a reload that switches memory to Redis; a settle refused.
+//! panic); a broken `[backend]` refused at start and on reload, with `file:line:column`, an
+//! unreachable one at start starting not ready; a reload that switches memory to Redis; a settle refused.
 
 #[path = "../../redis/tests/common/mod.rs"]
 mod common;
@@ -381,8 +381,8 @@ fn a_killed_redis_is_answered_by_the_policy() {
     stop(open);
 }
 
-/// A broken `[backend]` and an unreachable Redis are refused at start with
-/// `file:line:column`; on reload, the old rules and backend stay.
+/// A broken `[backend]` is refused at start with `file:line:column`; an unreachable Redis
+/// starts the server not ready, and is refused on reload (the old rules and backend stay).
 #[test]
 fn a_broken_backend_is_refused_with_file_line_column() {
     let dir = tmpdir("broken");
@@ -403,16 +403,25 @@ fn a_broken_backend_is_refused_with_file_line_column() {
     let port = common::free_port();
     let down = format!("[backend]\nredis = \"redis://127.0.0.1:{port}\"\n[[rule]]\nname = \"r\"\nkey = \"customer\"\nlimits = [{{ limit = 5, window = \"1s\" }}]\n");
     std::fs::write(&p, &down).unwrap();
+    // Unreachable at start: it starts, not ready, the reason at the [backend] line; its
+    // checks answered by the policy (closed, the default: denied).
     let t0 = Instant::now();
-    let e = serve(&p).err().expect("refused").to_string();
-    assert!(
-        e.starts_with(&format!(
-            "{}:2:9: cannot connect to Redis at redis://127.0.0.1:{port}",
-            p.display()
-        )),
-        "{e}"
-    );
+    let a = serve(&p).expect("starts with Redis down");
     assert!(t0.elapsed() < Duration::from_secs(15));
+    let (status, body) = curl("GET", &format!("http://{}/readyz", a.http), None);
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.contains("rules.toml:2:9: cannot connect to Redis at redis://127.0.0.1:"),
+        "{body}"
+    );
+    let mut con = resp(&a);
+    assert_eq!(check(&mut con, &["customer", "5"]).0, 0, "closed: denied");
+    assert_eq!(
+        metric(&a, "turnstile_rules_backend{backend=\"redis\"}"),
+        Some(1.0)
+    );
+    assert_eq!(metric(&a, "turnstile_backend_circuit_open "), Some(1.0));
+    stop(a);
 
     // Running on memory; a reload to an unreachable Redis is refused and changes nothing.
     std::fs::write(
