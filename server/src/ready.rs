@@ -35,7 +35,7 @@ async fn judge(s: &Server) -> Result<(), String> {
     if s.files.rules.is_some() && s.checks.engine.is_none() {
         return Err("the rules of --rules are not loaded".into());
     }
-    if let Some(why) = crate::redis_limits::loading() {
+    if let Some(why) = s.limits_loading.why() {
         return Err(why);
     }
     let redis = match s.checks.redis() {

@@ -2,7 +2,7 @@
 //! each gets a turnstile-redis `RedisLimits` (a bounded cache in front of the Redis the fleet
 //! shares, invalidated by Redis on every change) as its source when the engine is built.
 //! Connected before anything listens; a Redis that cannot be reached then leaves the class
-//! *loading* ([`Deferred`]): the server starts, not ready ([`loading`]), its keys answer the
+//! *loading* ([`Deferred`]): the server starts, not ready ([`Loading`]), its keys answer the
 //! rule's defaults (as keys not cached yet do), and a thread connects again in the background
 //! (after [`FIRST_RETRY`], the wait doubling to at most [`MAX_RETRY`]) until Redis answers. A
 //! reload keeps each class's source (its plans updated); a class put in Redis, or moved to
@@ -22,8 +22,6 @@ const MAX_RETRY: Duration = Duration::from_secs(5);
 
 /// The sources this process connected, by class, for the metrics (dropped ones skipped).
 static CONNECTED: Mutex<Vec<(String, Weak<RedisLimits>)>> = Mutex::new(Vec::new());
-/// The classes whose source was not connected at the start, for readiness.
-static DEFERRED: Mutex<Vec<Weak<Deferred>>> = Mutex::new(Vec::new());
 
 /// The counters of each class in Redis still in use.
 pub(crate) fn stats() -> Vec<(String, RedisLimitsStats)> {
@@ -34,31 +32,34 @@ pub(crate) fn stats() -> Vec<(String, RedisLimitsStats)> {
         .collect()
 }
 
-/// Why the classes still loading are not loaded (one line each), if any is.
-pub(crate) fn loading() -> Option<String> {
-    let mut d = DEFERRED.lock().unwrap_or_else(|e| e.into_inner());
-    d.retain(|w| w.upgrade().is_some_and(|s| s.source.load().is_none()));
-    let why: Vec<String> = d
-        .iter()
-        .filter_map(|w| {
-            let s = w.upgrade()?;
-            let e = s.error.lock().unwrap_or_else(|e| e.into_inner()).clone();
-            Some(format!(
-                "limits class `{}` not loaded from Redis yet: {e}",
-                s.name
-            ))
-        })
-        .collect();
-    (!why.is_empty()).then(|| why.join("; "))
+/// The classes of a server whose source was not connected at the start, for readiness.
+#[derive(Default)]
+pub(crate) struct Loading(Vec<Arc<Deferred>>);
+
+impl Loading {
+    /// Why the classes still loading are not loaded (one clause each), if any is.
+    pub(crate) fn why(&self) -> Option<String> {
+        let why: Vec<String> = self
+            .0
+            .iter()
+            .filter(|d| d.source.load().is_none())
+            .map(|d| {
+                let e = d.error.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                format!("limits class `{}` not loaded from Redis yet: {e}", d.name)
+            })
+            .collect();
+        (!why.is_empty()).then(|| why.join("; "))
+    }
 }
 
 /// A class's name and its source.
 pub(crate) type Source = (String, Arc<dyn LimitsSource>);
 
 /// A source for every class of `rules` in Redis, by class name: connected, or loading in the
-/// background when Redis does not answer.
-pub(crate) fn sources(rules: &Rules, origin: &str) -> Result<Vec<Source>, String> {
+/// background when Redis does not answer (those also in [`Loading`]).
+pub(crate) fn sources(rules: &Rules, origin: &str) -> Result<(Vec<Source>, Loading), String> {
     let mut out = Vec::new();
+    let mut loading = Loading::default();
     for c in &rules.classes {
         let Some(url) = &c.redis else { continue };
         // What the class gets wrong refuses the start; only a Redis that does not answer
@@ -74,13 +75,15 @@ pub(crate) fn sources(rules: &Rules, origin: &str) -> Result<Vec<Source>, String
                     c.name
                 );
                 tracing::warn!(class = %c.name, error = %e, "limits class in Redis not loaded: starting not ready, its keys on the rule's defaults; connecting in the background");
-                Deferred::start(c, url, e)
-                    .map_err(|e| format!("{origin}: limits class `{}`: {e}", c.name))?
+                let d = Deferred::start(c, url, e)
+                    .map_err(|e| format!("{origin}: limits class `{}`: {e}", c.name))?;
+                loading.0.push(d.clone());
+                d
             }
         };
         out.push((c.name.clone(), src));
     }
-    Ok(out)
+    Ok((out, loading))
 }
 
 /// Connects class `c`'s source to `url`.
@@ -110,7 +113,7 @@ struct Deferred {
 
 impl Deferred {
     /// The class's source, its connection tried again on a thread of its own until it is made
-    /// (or the source is dropped with the engine).
+    /// (or the source is dropped with the engine and the server).
     fn start(c: &LimitsClass, url: &str, error: String) -> std::io::Result<Arc<Self>> {
         let d = Arc::new(Deferred {
             name: c.name.clone(),
@@ -118,10 +121,6 @@ impl Deferred {
             class: Mutex::new(c.clone()),
             error: Mutex::new(error),
         });
-        DEFERRED
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(Arc::downgrade(&d));
         let weak = Arc::downgrade(&d);
         let url = url.to_owned();
         std::thread::Builder::new()

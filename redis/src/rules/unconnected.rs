@@ -136,7 +136,14 @@ mod tests {
         };
         assert!(u.explain(&e, &none).decision.allowed(), "no rule matches");
         assert_eq!(u.stats().fallbacks, 0);
-        // What connect would refuse for the rules is refused here too.
-        assert!(UnconnectedRules::new(&rules("policy = \"insurance\"")).is_err());
+        // What connect would refuse for the rules is refused here too: a window longer than
+        // Redis's scripts compute exactly.
+        let long = Rules::parse(
+            "[backend]\nredis = \"redis://127.0.0.1:1\"\n[[rule]]\nname = \"r\"\nkey = \"customer\"\nlimits = [{ algorithm = \"fixed_window\", limit = 4, window = \"1440h\" }]\n",
+            "r.toml",
+        )
+        .unwrap();
+        let e = UnconnectedRules::new(&long).unwrap_err().to_string();
+        assert!(e.contains("52 days"), "{e}");
     }
 }
