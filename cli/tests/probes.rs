@@ -313,3 +313,162 @@ fn ready_shown(resp: u16, http: u16) -> (u8, u8) {
         .unwrap_or_else(|| panic!("turnstile_ready in INFO server: {info}"));
     (m, i)
 }
+
+/// `TURNSTILE.CHECK`/`REFUND` over RESP with redis-cli: its output, one reply item a line.
+fn resp_cli(resp: u16, args: &[&str]) -> String {
+    let o = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &resp.to_string()])
+        .args(args)
+        .output()
+        .expect("redis-cli runs");
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+/// Polls `ok` every 100 ms, failing after 20 s (the server retries Redis every 5 s at most
+/// and asks itself every second).
+fn until(what: &str, ok: &mut dyn FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !ok() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "{what} after 20 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A server started while the Redis of `[backend]` is down starts (no crash loop), not ready:
+/// `/readyz` 503 with the reason, gRPC health `NOT_SERVING`, `turnstile_ready 0` in /metrics and
+/// INFO; its checks answered by the backend's failure policy (`closed`: denied), a refund an
+/// error. Once redis-server starts on that port it becomes ready, decides in Redis, and
+/// follows Redis going away and coming back.
+#[test]
+fn a_server_started_with_redis_down_becomes_ready_when_it_answers() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+    let mut redis = redis_harness::Server::start();
+    redis.kill();
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules.toml");
+    std::fs::write(
+        &rules,
+        format!(
+            "[backend]\nredis = \"{}\"\ntimeout = \"200ms\"\npolicy = \"closed\"\n\n[[rule]]\nname = \"per-customer\"\nkey = \"customer\"\n\
+             limits = [{{ algorithm = \"fixed_window\", limit = 100, window = \"1h\" }}]\n",
+            redis.url()
+        ),
+    )
+    .unwrap();
+    let config = envoy_config(dir.path());
+    let grpc = common::free_port();
+    let (_serve, resp, http) = serve(&[
+        "--rules",
+        rules.to_str().unwrap(),
+        "--grpc",
+        &format!("127.0.0.1:{grpc}"),
+        "--envoy-config",
+        config.to_str().unwrap(),
+    ]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut c = rt.block_on(async {
+        let ch = tonic::transport::Channel::from_shared(format!("http://127.0.0.1:{grpc}"))
+            .unwrap()
+            .connect_timeout(Duration::from_secs(10))
+            .timeout(Duration::from_secs(10))
+            .connect()
+            .await
+            .expect("connects");
+        HealthClient::new(ch)
+    });
+    let mut health = || {
+        rt.block_on(c.check(HealthCheckRequest {
+            service: String::new(),
+        }))
+        .expect("Check answers")
+        .get_ref()
+        .status()
+    };
+    // Not ready from the start, and why.
+    let (code, body) = get(http, "/readyz");
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.contains("has not answered since the start")
+            && body.contains(&format!(
+                "cannot connect to Redis at redis://127.0.0.1:{}",
+                redis.port
+            )),
+        "{body}"
+    );
+    assert_eq!(get(http, "/healthz").0, 200, "alive");
+    assert_eq!(health(), ServingStatus::NotServing);
+    assert_eq!(ready_shown(resp, http), (0, 0));
+    // Checks meanwhile: the failure policy (closed: denied, no rule, no retry time).
+    let denied = resp_cli(resp, &["TURNSTILE.CHECK", "customer", "7"]);
+    assert!(denied.starts_with("0\n"), "{denied}");
+    let refund = resp_cli(resp, &["TURNSTILE.REFUND", "customer", "7"]);
+    assert!(
+        refund.contains("the refund did not reach Redis") && refund.contains("not been reached"),
+        "{refund}"
+    );
+    // Redis comes: ready within the retry bound, the checks decided in Redis.
+    redis.restart();
+    until("ready", &mut || get(http, "/readyz").0 == 200);
+    until("SERVING", &mut || health() == ServingStatus::Serving);
+    until("turnstile_ready 1", &mut || {
+        ready_shown(resp, http) == (1, 1)
+    });
+    let allowed = resp_cli(resp, &["TURNSTILE.CHECK", "customer", "7"]);
+    assert!(allowed.starts_with("1\n100\n99\n"), "{allowed}");
+    assert_ne!(redis.cli(&["DBSIZE"]), "0", "the count is in Redis");
+    // Redis goes and comes back: not ready, then ready again.
+    redis.kill();
+    until("NOT_SERVING", &mut || health() == ServingStatus::NotServing);
+    assert_eq!(get(http, "/readyz").0, 503);
+    redis.restart();
+    until("SERVING again", &mut || health() == ServingStatus::Serving);
+    assert_eq!(get(http, "/readyz").0, 200);
+}
+
+/// A limits class in Redis that Redis did not answer for at the start: the server starts not
+/// ready (the class named in `/readyz`), its keys on the rule's defaults and its entries not
+/// settable; once Redis answers the class loads, the server is ready, and entries apply.
+#[test]
+fn a_limits_class_in_redis_loads_when_redis_answers() {
+    let mut redis = redis_harness::Server::start();
+    redis.kill();
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules.toml");
+    std::fs::write(
+        &rules,
+        format!(
+            "[limits.customers]\nkey = \"customer\"\nalgorithm = \"token_bucket\"\nredis = \"{}\"\n\n\
+             [limits.customers.plans]\npro = {{ limit = 100, window = \"1s\", burst = 100 }}\n\n\
+             [[rule]]\nname = \"per-customer\"\nkey = \"customer\"\nlimits_from = \"customers\"\n\
+             limits = [{{ algorithm = \"token_bucket\", limit = 5, window = \"1s\", burst = 5 }}]\n",
+            redis.url()
+        ),
+    )
+    .unwrap();
+    let (_serve, resp, http) = serve(&["--rules", rules.to_str().unwrap()]);
+    let (code, body) = get(http, "/readyz");
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.contains("limits class `customers` not loaded from Redis yet"),
+        "{body}"
+    );
+    // The rule's defaults meanwhile; an entry cannot be set.
+    let peek = resp_cli(resp, &["TURNSTILE.PEEK", "customer", "42"]);
+    assert!(peek.starts_with("1\n5\n"), "{peek}");
+    let set = resp_cli(resp, &["TURNSTILE.LIMITS", "SET", "customers", "42", "pro"]);
+    assert!(set.contains("not loaded from Redis yet"), "{set}");
+    redis.restart();
+    until("ready", &mut || get(http, "/readyz").0 == 200);
+    assert_eq!(
+        resp_cli(resp, &["TURNSTILE.LIMITS", "SET", "customers", "42", "pro"]),
+        "OK"
+    );
+    until("the entry applies", &mut || {
+        resp_cli(resp, &["TURNSTILE.PEEK", "customer", "42"]).starts_with("1\n100\n")
+    });
+}

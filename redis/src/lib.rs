@@ -77,7 +77,7 @@ pub use limits::{RedisLimits, RedisLimitsStats};
 pub use permit::RedisPermit;
 pub use plain::PLAIN_CLOCK_SLACK_MS;
 pub use policy::{FailurePolicy, FailureStats};
-pub use rules::RedisRules;
+pub use rules::{RedisRules, UnconnectedRules};
 pub use script::EXPLICIT_NOW_TTL_SLACK_MS;
 pub use script::{max_limit, MAX_CALL_US, MAX_DURATION_NS, MAX_ZSET_DURATION_NS};
 pub use store::lease;

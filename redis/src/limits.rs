@@ -478,6 +478,15 @@ impl RedisLimitsBuilder {
         self
     }
 
+    /// What [`RedisLimitsBuilder::connect`] refuses before it connects: the class's plans, and
+    /// `url` if it is not a Redis URL. A source that passes can only fail to connect.
+    pub fn check(&self, url: &str) -> Result<(), LimitsError> {
+        Resolved::new(&self.class)?;
+        url.into_connection_info()
+            .map_err(|e| err(format!("`{url}` is not a Redis URL: {e}")))?;
+        Ok(())
+    }
+
     /// Connects to `url` (`redis://host:port`) on a thread of its own and enables tracking;
     /// waits for that first connection (so a wrong URL is reported here). Later losses are
     /// reconnected in the background.

@@ -175,6 +175,15 @@ impl FailureGate {
         false
     }
 
+    /// `n` checks answered without a call because Redis was never reached (counted as short
+    /// circuited; the caller answers them by the policy).
+    pub(crate) fn unconnected(&self, n: u64) {
+        // Relaxed: statistics.
+        self.counters
+            .short_circuited
+            .fetch_add(n, Ordering::Relaxed);
+    }
+
     /// A call that Redis answered, for `n` checks.
     pub(crate) fn succeeded(&self, n: u64) {
         self.breaker.success();

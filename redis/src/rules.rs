@@ -45,7 +45,9 @@ use turnstile::{Clock, ConfigError, Decision, Limit, Limits, Outcome};
 
 mod exec;
 mod leased;
+mod unconnected;
 use leased::{Leased, LeasedRules};
+pub use unconnected::UnconnectedRules;
 
 /// How long connecting to Redis may take before the rules are refused.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -69,6 +71,36 @@ impl std::fmt::Debug for RedisRules {
         f.debug_struct("RedisRules")
             .field("backend", &self.backend)
             .finish()
+    }
+}
+
+/// The failure policy's answer to `req` (counted as a fallback): the insurance rules', or
+/// `open`'s admission, or `closed`'s denial.
+fn by_policy(gate: &FailureGate, insurance: Option<&Engine>, req: &Request<'_>) -> Verdict {
+    gate.fell_back(1);
+    let decision = match (insurance, gate.policy) {
+        (Some(e), _) => return e.explain(req),
+        (None, FailurePolicy::Open) => Decision {
+            outcome: Outcome::Untracked,
+            ..UNLIMITED
+        },
+        (None, p) => blind(p, 0),
+    };
+    Verdict {
+        decision,
+        rule: None,
+        shed: false,
+        matched: 0,
+        would_deny: 0,
+    }
+}
+
+/// The failure policy `[backend] policy` names.
+fn policy_of(b: &RedisBackend) -> FailurePolicy {
+    match b.policy {
+        BackendPolicy::Open => FailurePolicy::Open,
+        BackendPolicy::Closed => FailurePolicy::Closed,
+        BackendPolicy::Insurance { expected_nodes } => FailurePolicy::Insurance { expected_nodes },
     }
 }
 
@@ -140,13 +172,7 @@ impl RedisRules {
                 shown()
             ))
         })?;
-        let policy = match b.policy {
-            BackendPolicy::Open => FailurePolicy::Open,
-            BackendPolicy::Closed => FailurePolicy::Closed,
-            BackendPolicy::Insurance { expected_nodes } => {
-                FailurePolicy::Insurance { expected_nodes }
-            }
-        };
+        let policy = policy_of(&b);
         let caller = Caller::new(conn, b.timeout);
         let mut load_conn = caller.conn().clone();
         caller.load(&mut load_conn, None).await.map_err(|e| {
@@ -366,22 +392,7 @@ impl RedisRules {
 
     /// The policy's answer to `req`.
     fn fallback(&self, req: &Request<'_>) -> Verdict {
-        self.gate.fell_back(1);
-        let decision = match (&self.insurance, self.gate.policy) {
-            (Some(e), _) => return e.explain(req),
-            (None, FailurePolicy::Open) => Decision {
-                outcome: Outcome::Untracked,
-                ..UNLIMITED
-            },
-            (None, p) => blind(p, 0),
-        };
-        Verdict {
-            decision,
-            rule: None,
-            shed: false,
-            matched: 0,
-            would_deny: 0,
-        }
+        by_policy(&self.gate, self.insurance.as_ref(), req)
     }
 
     /// The names of a step's keys: its limits' or its pool's.

@@ -3,12 +3,11 @@
 //! and a key ([`request`]), then decided by the rules engine with its counts in memory or in
 //! Redis ([`Checks`]). The transports only read their own framing and write their own replies.
 
-use crate::backend::Backends;
+use crate::backend::{Backends, Remote};
 use crate::snapshot::RulesEngine;
 use std::net::IpAddr;
 use std::sync::Arc;
 use turnstile::rules::{parse_customer, Request, Verdict};
-use turnstile_redis::RedisRules;
 
 /// Which rules operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,7 +83,7 @@ impl std::fmt::Display for SettleError {
 impl Checks {
     /// The Redis backend, if the rules keep their counts there.
     #[inline]
-    pub(crate) fn redis(&self) -> Option<Arc<RedisRules>> {
+    pub(crate) fn redis(&self) -> Option<Remote> {
         self.engine.as_ref()?;
         self.backends.redis()
     }
@@ -129,7 +128,9 @@ impl Checks {
 
     /// `op` on `req` with the counts in Redis: the check awaits Redis (the backend's timeout,
     /// then its failure policy answers); a refund Redis does not take is an error.
-    pub(crate) async fn remote(&self, redis: &RedisRules, op: Op, req: &Request<'_>) -> Answer {
+    /// While the backend is still connecting, its failure policy answers a check, and a
+    /// refund is an error.
+    pub(crate) async fn remote(&self, redis: &Remote, op: Op, req: &Request<'_>) -> Answer {
         let Some(engine) = &self.engine else {
             return Answer::Failed(format!("ERR {NO_RULES}"));
         };

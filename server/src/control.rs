@@ -67,7 +67,7 @@ fn reload_rules(s: &Server, why: &str) -> Option<Result<turnstile::rules::Reload
     *mtime = std::fs::metadata(path).and_then(|m| m.modified()).ok();
     let reloaded = turnstile::rules::Rules::from_file(path).and_then(|rules| {
         // The backend first: a Redis that cannot be reached refuses the reload.
-        let change = s.checks.backends.prepare(&rules)?;
+        let change = s.checks.backends.prepare(&rules, false)?;
         let r = engine.reload(rules.clone())?;
         s.checks.backends.commit(change, &rules);
         Ok(r)

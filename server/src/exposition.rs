@@ -64,7 +64,7 @@ pub(crate) fn render(s: &Server) -> String {
     let mut o = Exposition(String::with_capacity(4096));
     o.gauge(
         "turnstile_ready",
-        "Whether the last readiness check (GET /readyz; every second on the control thread) found the server ready: rules loaded, the Redis of [backend] answering within its timeout.",
+        "Whether the last readiness check (GET /readyz; every second on the control thread) found the server ready: rules loaded, every limits class in Redis loaded, the Redis of [backend] reached and answering within its timeout.",
         // Relaxed: a flag read for display.
         u64::from(s.ready.load(std::sync::atomic::Ordering::Relaxed)),
     );

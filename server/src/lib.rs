@@ -165,6 +165,7 @@ struct Loaded {
     throttles: throttle::Throttles,
     rules_mtime: Option<std::time::SystemTime>,
     envoy_stamp: envoy::Stamp,
+    limits_loading: redis_limits::Loading,
 }
 
 /// Reads and checks the flags and every file, in the order a mistake is likeliest, and
@@ -186,11 +187,12 @@ fn load(args: &ServeArgs) -> Result<Loaded, ServeError> {
         .as_deref()
         .map(envoy::stamp)
         .unwrap_or_default();
-    // A Redis backend is connected before anything listens: a Redis that cannot be reached
-    // is said at the [backend] line, as a refused rules file is.
+    // A Redis backend is connected before anything listens; a Redis that cannot be reached
+    // leaves it connecting in the background (the server starts not ready), while what the
+    // [backend] table gets wrong is said at its line, as a refused rules file is.
     let backends = backend::Backends::new();
     let change = match &rules {
-        Some(r) => Some(backends.prepare(r).map_err(ServeError::Rules)?),
+        Some(r) => Some(backends.prepare(r, true).map_err(ServeError::Rules)?),
         None => None,
     };
     let envoy = grpc::envoy(args)?;
@@ -200,16 +202,12 @@ fn load(args: &ServeArgs) -> Result<Loaded, ServeError> {
     };
     let restored = snapshot::on_start(args.snapshot.as_deref(), args.snapshot_required)?;
     let seed = seed(restored.as_ref())?;
-    let engine = match rules {
-        None => None,
-        Some(rules) => Some(engine(
-            args,
-            rules,
-            change,
-            &backends,
-            seed,
-            restored.as_ref(),
-        )?),
+    let (engine, limits_loading) = match rules {
+        None => (None, redis_limits::Loading::default()),
+        Some(rules) => {
+            let (e, l) = engine(args, rules, change, &backends, seed, restored.as_ref())?;
+            (Some(e), l)
+        }
     };
     let throttles =
         throttle::Throttles::new(args.throttle_keys, seed).map_err(ServeError::Other)?;
@@ -236,6 +234,7 @@ fn load(args: &ServeArgs) -> Result<Loaded, ServeError> {
         throttles,
         rules_mtime,
         envoy_stamp,
+        limits_loading,
     })
 }
 
@@ -252,7 +251,8 @@ fn seed(restored: Option<&snapshot::Snapshot>) -> Result<u64, ServeError> {
     }
 }
 
-/// The rules engine, its backend (prepared for `rules` as `change`) put in use. Its key ids
+/// The rules engine, its backend (prepared for `rules` as `change`) put in use, and its limits
+/// classes in Redis still loading. Its key ids
 /// are hashes under the snapshot's seed, and its clock continues the snapshot's timeline, so
 /// that restored records mean what they meant (snapshot.rs).
 fn engine(
@@ -262,7 +262,7 @@ fn engine(
     backends: &backend::Backends,
     seed: u64,
     restored: Option<&snapshot::Snapshot>,
-) -> Result<snapshot::RulesEngine, ServeError> {
+) -> Result<(snapshot::RulesEngine, redis_limits::Loading), ServeError> {
     let origin = args
         .rules
         .as_deref()
@@ -270,7 +270,8 @@ fn engine(
         .display()
         .to_string();
     let mut b = Engine::builder(rules.clone()).seed(seed);
-    for (class, src) in redis_limits::sources(&rules, &origin).map_err(ServeError::Other)? {
+    let (sources, loading) = redis_limits::sources(&rules, &origin).map_err(ServeError::Other)?;
+    for (class, src) in sources {
         b = b.limits_source(class, src);
     }
     let e = b
@@ -280,7 +281,7 @@ fn engine(
         backends.commit(c, &rules);
     }
     tracing::info!(rules = %args.rules.as_deref().unwrap_or(Path::new("")).display(), summary = %e.summary(), backend = backends.name(), "rules loaded");
-    Ok(e)
+    Ok((e, loading))
 }
 
 /// The state every listener and worker shares.
@@ -328,6 +329,7 @@ fn server(args: &ServeArgs, l: Loaded, workers: usize) -> Arc<Server> {
         snapshot_lock: Mutex::new(()),
         workers_done: AtomicBool::new(false),
         ready: AtomicBool::new(false),
+        limits_loading: l.limits_loading,
     })
 }
 

@@ -1,11 +1,14 @@
 //! Readiness, apart from liveness: whether the server can answer as it is configured to. Ready
-//! when the rules of `--rules` are loaded and, when they keep their counts in Redis
-//! (`[backend] redis`), Redis answers a `PING` within the backend's timeout. `GET /readyz`
+//! when the rules of `--rules` are loaded, every limits class in Redis has loaded (connected
+//! once), and, when the rules keep their counts in Redis (`[backend] redis`), Redis answers a
+//! `PING` within the backend's timeout (not ready while it has not been reached since the
+//! start). `GET /readyz`
 //! answers it (503 with the reason when not); the control thread asks every [`POLL`], and
 //! each answer is kept for `/metrics` (`turnstile_ready`) and `INFO` (`turnstile_ready`), and
 //! logged when it changes; the gRPC health service follows it (`NOT_SERVING` while not
 //! ready). `/healthz` only says the process answers.
 
+use crate::backend::Remote;
 use crate::state::Server;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -32,8 +35,13 @@ async fn judge(s: &Server) -> Result<(), String> {
     if s.files.rules.is_some() && s.checks.engine.is_none() {
         return Err("the rules of --rules are not loaded".into());
     }
-    let Some(redis) = s.checks.redis() else {
-        return Ok(());
+    if let Some(why) = s.limits_loading.why() {
+        return Err(why);
+    }
+    let redis = match s.checks.redis() {
+        None => return Ok(()),
+        Some(Remote::Connecting(c)) => return Err(c.reason()),
+        Some(Remote::Connected(r)) => r,
     };
     redis.ping().await.map_err(|e| {
         let b = redis.backend();

@@ -54,6 +54,8 @@ pub(crate) struct Server {
     pub(crate) workers_done: AtomicBool,
     /// Whether the last readiness check found the server ready (crate::ready).
     pub(crate) ready: AtomicBool,
+    /// Its limits classes in Redis not loaded at the start (crate::redis_limits).
+    pub(crate) limits_loading: crate::redis_limits::Loading,
 }
 
 static CONN_ID: AtomicU64 = AtomicU64::new(1);
@@ -121,6 +123,7 @@ impl Server {
             snapshot_lock: Mutex::new(()),
             workers_done: AtomicBool::new(false),
             ready: AtomicBool::new(false),
+            limits_loading: crate::redis_limits::Loading::default(),
         })
     }
 }

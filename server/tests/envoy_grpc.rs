@@ -494,3 +494,72 @@ async fn json_endpoint_and_healthcheck() {
     assert!(b.contains("domain must not be empty"), "{b}");
     server.stop().await;
 }
+
+/// Requests compressed with gzip (`grpc-encoding: gzip`, as grpc-go clients send them once
+/// the gzip compressor is registered) are answered like plain ones, on the rate limit service
+/// and the health service; a small compressed message that inflates past the message bound
+/// (`--max-body`) is refused with `RESOURCE_EXHAUSTED`, the decompression stopped at the bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gzip_compressed_requests_are_accepted_within_the_message_bound() {
+    use tonic::codec::CompressionEncoding;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+    let server = Server::start(CFG).await;
+    let mut c = server
+        .client()
+        .await
+        .send_compressed(CompressionEncoding::Gzip)
+        .accept_compressed(CompressionEncoding::Gzip);
+    let r = c
+        .should_rate_limit(req(0, &[&[("key2", "gz")]]))
+        .await
+        .unwrap_or_else(|s| panic!("a gzip request: {s:?}"))
+        .into_inner();
+    check(&r, OK, &[limited(OK, 20, 2, "", 19)], "gzip: key2 default");
+    // The same key again, compressed: counted on the same limit.
+    let r = c
+        .should_rate_limit(req(0, &[&[("key2", "gz")]]))
+        .await
+        .unwrap()
+        .into_inner();
+    check(&r, OK, &[limited(OK, 20, 2, "", 18)], "gzip: counted");
+    // 1 MiB of one byte compresses to about 1 KiB: under the bound on the wire, over it
+    // decompressed.
+    let bomb = "v".repeat(1 << 20);
+    let s = c
+        .should_rate_limit(req(0, &[&[("key2", &bomb)]]))
+        .await
+        .unwrap_err();
+    assert_eq!(s.code(), Code::ResourceExhausted, "{s:?}");
+    assert!(s.message().contains("size limit"), "{s:?}");
+    // The health service, compressed.
+    let ch = tonic::transport::Endpoint::new(format!("http://{}", server.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut h = HealthClient::new(ch).send_compressed(CompressionEncoding::Gzip);
+    let r = h
+        .check(HealthCheckRequest {
+            service: "envoy.service.ratelimit.v3.RateLimitService".into(),
+        })
+        .await
+        .unwrap_or_else(|s| panic!("a gzip health check: {s:?}"));
+    assert_eq!(r.get_ref().status(), ServingStatus::Serving);
+    let s = h
+        .check(HealthCheckRequest {
+            service: "x".repeat(64 << 10),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(s.code(), Code::ResourceExhausted, "{s:?}");
+    // The connection still answers.
+    let r = c
+        .should_rate_limit(req(0, &[&[("key2", "gz")]]))
+        .await
+        .unwrap()
+        .into_inner();
+    check(&r, OK, &[limited(OK, 20, 2, "", 17)], "gzip: after");
+    server.stop().await;
+}

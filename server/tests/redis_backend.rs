@@ -2,8 +2,8 @@
 //! against a real `redis-server` (the harness of turnstile-redis's tests): two servers sharing
 //! one Redis enforce one limit together over RESP (the `redis` crate as the client) and HTTP;
 //! shadow and soft rules; Redis killed mid-run (the policy answers, fallbacks counted, no
-//! panic); a broken or unreachable `[backend]` refused at start and on reload, with
-//! `file:line:column`; a reload that switches memory to Redis; a settle refused.
+//! panic); a broken `[backend]` refused at start and on reload, with `file:line:column`, an
+//! unreachable one at start starting not ready, and reloads while it connects; a reload that switches memory to Redis; a settle refused.
 
 #[path = "../../redis/tests/common/mod.rs"]
 mod common;
@@ -381,8 +381,8 @@ fn a_killed_redis_is_answered_by_the_policy() {
     stop(open);
 }
 
-/// A broken `[backend]` and an unreachable Redis are refused at start with
-/// `file:line:column`; on reload, the old rules and backend stay.
+/// A broken `[backend]` is refused at start with `file:line:column`; an unreachable Redis
+/// starts the server not ready, and is refused on reload (the old rules and backend stay).
 #[test]
 fn a_broken_backend_is_refused_with_file_line_column() {
     let dir = tmpdir("broken");
@@ -403,16 +403,25 @@ fn a_broken_backend_is_refused_with_file_line_column() {
     let port = common::free_port();
     let down = format!("[backend]\nredis = \"redis://127.0.0.1:{port}\"\n[[rule]]\nname = \"r\"\nkey = \"customer\"\nlimits = [{{ limit = 5, window = \"1s\" }}]\n");
     std::fs::write(&p, &down).unwrap();
+    // Unreachable at start: it starts, not ready, the reason at the [backend] line; its
+    // checks answered by the policy (closed, the default: denied).
     let t0 = Instant::now();
-    let e = serve(&p).err().expect("refused").to_string();
-    assert!(
-        e.starts_with(&format!(
-            "{}:2:9: cannot connect to Redis at redis://127.0.0.1:{port}",
-            p.display()
-        )),
-        "{e}"
-    );
+    let a = serve(&p).expect("starts with Redis down");
     assert!(t0.elapsed() < Duration::from_secs(15));
+    let (status, body) = curl("GET", &format!("http://{}/readyz", a.http), None);
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.contains("rules.toml:2:9: cannot connect to Redis at redis://127.0.0.1:"),
+        "{body}"
+    );
+    let mut con = resp(&a);
+    assert_eq!(check(&mut con, &["customer", "5"]).0, 0, "closed: denied");
+    assert_eq!(
+        metric(&a, "turnstile_rules_backend{backend=\"redis\"}"),
+        Some(1.0)
+    );
+    assert_eq!(metric(&a, "turnstile_backend_circuit_open "), Some(1.0));
+    stop(a);
 
     // Running on memory; a reload to an unreachable Redis is refused and changes nothing.
     std::fs::write(
@@ -485,4 +494,74 @@ fn a_reload_switches_backends() {
         "memory, as it was kept"
     );
     stop(a);
+}
+
+/// Reloads while a backend not reached at the start connects: a reload that keeps the table
+/// keeps it connecting, and once Redis answers the checks are decided there by the reloaded
+/// rules; a reload to memory ends the connecting, and a Redis that answers later is not used.
+#[test]
+fn reloads_while_the_backend_connects() {
+    let mut redis = common::Server::start();
+    redis.kill();
+    let dir = tmpdir("connecting");
+    let p = dir.join("rules.toml");
+    let url = redis.url();
+    let with = |limit: u64| {
+        format!(
+            "[backend]\nredis = \"{url}\"\n[[rule]]\nname = \"r\"\nkey = \"customer\"\nlimits = [{{ algorithm = \"fixed_window\", limit = {limit}, window = \"1h\" }}]\n"
+        )
+    };
+    let ready = |r: &Running| curl("GET", &format!("http://{}/readyz", r.http), None).0;
+    let reload = |r: &Running| curl("POST", &format!("http://{}/v1/reload", r.http), None);
+    std::fs::write(&p, with(3)).unwrap();
+    let a = serve(&p).expect("starts with Redis down");
+    let mut con = resp(&a);
+    assert_eq!(check(&mut con, &["customer", "1"]).0, 0, "closed: denied");
+    std::fs::write(&p, with(2)).unwrap();
+    let (status, body) = reload(&a);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(ready(&a), 503, "still connecting");
+    redis.restart();
+    let t0 = Instant::now();
+    while ready(&a) != 200 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "not ready after 20 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let r = check(&mut con, &["customer", "1"]);
+    assert_eq!(
+        (r.0, r.1, r.2),
+        (1, 2, 1),
+        "decided in Redis by the reloaded rules"
+    );
+    assert_ne!(redis.cli(&["DBSIZE"]), "0");
+    stop(a);
+
+    redis.kill();
+    std::fs::write(&p, with(3)).unwrap();
+    let b = serve(&p).expect("starts with Redis down");
+    std::fs::write(
+        &p,
+        "[[rule]]\nname = \"r\"\nkey = \"customer\"\nlimits = [{ algorithm = \"fixed_window\", limit = 1, window = \"1h\" }]\n",
+    )
+    .unwrap();
+    let (status, body) = reload(&b);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(ready(&b), 200, "in memory: ready");
+    redis.restart();
+    // Past the retry's longest wait: the connecting ended with the reload.
+    std::thread::sleep(Duration::from_secs(6));
+    let mut con = resp(&b);
+    let r: Vec<i64> = (0..2)
+        .map(|_| check(&mut con, &["customer", "9"]).0)
+        .collect();
+    assert_eq!(r, [1, 0], "in memory, limit 1");
+    assert_eq!(
+        metric(&b, "turnstile_rules_backend{backend=\"memory\"}"),
+        Some(1.0)
+    );
+    assert_eq!(redis.cli(&["DBSIZE"]), "0", "Redis not used");
+    stop(b);
 }

@@ -28,6 +28,7 @@ use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use tonic::codec::CompressionEncoding;
 use tonic::{Request, Response, Status};
 use tonic_health::pb::health_server::HealthServer;
 use tonic_health::server::HealthService;
@@ -55,9 +56,12 @@ impl RateLimitService for Grpc {
 }
 
 /// The tonic service, its messages at most `max_message` bytes (`--max-body`; larger:
-/// `RESOURCE_EXHAUSTED`).
+/// `OUT_OF_RANGE`), gzip-compressed ones accepted and decompressed into at most as many
+/// (larger: `RESOURCE_EXHAUSTED`, the decompression stopped at the bound).
 pub fn service(envoy: Arc<Envoy>, max_message: usize) -> RateLimitServiceServer<Grpc> {
-    RateLimitServiceServer::new(Grpc { envoy }).max_decoding_message_size(max_message)
+    RateLimitServiceServer::new(Grpc { envoy })
+        .max_decoding_message_size(max_message)
+        .accept_compressed(CompressionEncoding::Gzip)
 }
 
 /// Serves [`service`] alone on `listener` until `shutdown` completes, then lets the calls in

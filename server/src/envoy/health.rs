@@ -2,14 +2,20 @@
 //! envoyproxy/ratelimit registers it: Kubernetes `grpc:` probes, Envoy's `grpc_health_check`
 //! and `grpc_health_probe` ask `Check` (or `Watch`) for the server (`""`) or the rate limit
 //! service by name. Probes carry no credentials: it is open, as `/healthz` is. It follows the
-//! server's readiness (crate::ready): `NOT_SERVING` while not ready.
+//! server's readiness (crate::ready): `NOT_SERVING` while not ready. Requests compressed with
+//! gzip are accepted, as on the rate limit service.
 
+use tonic::codec::CompressionEncoding;
 use tonic_health::pb::health_server::HealthServer;
 use tonic_health::server::{HealthReporter, HealthService};
 use tonic_health::ServingStatus;
 
 /// The rate limit service's name, as a health check asks for it.
 pub(crate) const RATE_LIMIT_SERVICE: &str = "envoy.service.ratelimit.v3.RateLimitService";
+
+/// The largest health request, decompressed (a service's name; larger: `OUT_OF_RANGE`, or
+/// `RESOURCE_EXHAUSTED` for a gzip-compressed one).
+pub(crate) const MAX_MESSAGE: usize = 4096;
 
 /// The path prefix of the health service's methods.
 pub(crate) const PATH: &str = "/grpc.health.v1.Health/";
@@ -31,7 +37,9 @@ impl Health {
 
     /// The service of `reporter` (to set its answers from another task).
     pub(crate) fn from_reporter(reporter: HealthReporter) -> Self {
-        let server = HealthServer::new(HealthService::from_health_reporter(reporter.clone()));
+        let server = HealthServer::new(HealthService::from_health_reporter(reporter.clone()))
+            .max_decoding_message_size(MAX_MESSAGE)
+            .accept_compressed(CompressionEncoding::Gzip);
         Health { reporter, server }
     }
 
