@@ -1,9 +1,13 @@
 //! Settling a reserved cost at the actual one against the built binary, as a user does it:
 //! `turnstile serve --rules FILE` as a child process on free loopback ports, redis-cli sending
-//! `TURNSTILE.CHECK` then `TURNSTILE.SETTLE`, curl sending `POST /v1/settle`.
+//! `TURNSTILE.CHECK` then `TURNSTILE.SETTLE`, curl sending `POST /v1/settle` — with the counts
+//! in memory, and in a real redis-server (`[backend] redis`), with the same answers.
 
 mod common;
 use common::free_port;
+// The one harness of the workspace's Redis tests (turnstile-redis's).
+#[path = "../../redis/tests/common/mod.rs"]
+mod redis_common;
 
 use std::process::Command;
 
@@ -46,9 +50,28 @@ fn post(port: u16, path: &str, body: &str) -> (u16, String) {
 
 #[test]
 fn settle_through_redis_cli_and_curl() {
+    settle_scenario(RULES);
+}
+
+/// The same with the counts in Redis: every rule settled in one script call, a debt kept in
+/// Redis (the next check, answered by Redis, denied), and the key's count in Redis after it.
+#[test]
+fn settle_with_the_redis_backend() {
+    let redis = redis_common::Server::start();
+    let rules = format!(
+        "[backend]\nredis = \"{}\"\ntimeout = \"5s\"\nprefix = \"settle:\"\n\n{RULES}",
+        redis.url()
+    );
+    settle_scenario(&rules);
+    // The counts are Redis's: a key per rule and customer, under the prefix.
+    let keys = redis.cli(&["--scan", "--pattern", "settle:*"]);
+    assert!(keys.contains("settle:tokens"), "{keys}");
+}
+
+fn settle_scenario(rules_text: &str) {
     let dir = tempfile::tempdir().unwrap();
     let rules = dir.path().join("rules.toml");
-    std::fs::write(&rules, RULES).unwrap();
+    std::fs::write(&rules, rules_text).unwrap();
     let (resp, http) = (free_port(), free_port());
     let mut cmd = Command::new(BIN);
     cmd.args(["serve", "--workers", "2", "--throttle-keys", "10000"])

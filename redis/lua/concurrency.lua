@@ -170,6 +170,8 @@ end
 
 -- A lease is not refunded by amount (it is released by its stamp).
 ALG.cc.refund = function(r, p, s, n, m) end
+-- A settled cost changes nothing: the limit counts permits in flight, not costs.
+ALG.cc.charge = function(r, p, s, n, m) end
 
 -- Frees the cells of the permit `stamp` (decimal ns); returns how many (0 if it expired).
 ALG.cc.release = function(r, p, s, n, stamp)

@@ -25,7 +25,8 @@ local function fw_decode(v, p)
   return ss, sn, c + 0
 end
 local function fw_encode(p, ws, wn, c)
-  if p.int then return t_str(t_add(ws, wn, c)) end
+  -- A count past the limit (a settled charge) may reach the window: then the spaced form.
+  if p.int and c < p[2] then return t_str(t_add(ws, wn, c)) end
   return t_str(ws, wn) .. ' ' .. string.format('%d', c)
 end
 -- (window start, count, ns until that window ends, whether it is the stored window) at now.
@@ -79,4 +80,11 @@ end
 ALG.fw.idle = function(v, p, s, n)
   local ss, sn, c = fw_decode(v, p)
   return c == 0 or t_far(s, n, ss, sn) >= p[2]
+end
+-- Takes m more in the current window whatever the limit (fixed_window::charge): up to
+-- FW_MAX, forgotten when the window ends.
+ALG.fw.charge = function(r, p, s, n, m)
+  local ws, wn, count, ends, same = fw_view(r, p, s, n)
+  local c = math.min(count + m, FW_MAX)
+  rec_put(r, fw_encode(p, ws, wn, c), ends, true, s, n, same and count > 0)
 end

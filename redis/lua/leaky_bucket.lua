@@ -13,4 +13,5 @@ ALG.lb.step = function(r, p, s, n, cost, apply)
   return d
 end
 ALG.lb.refund = ALG.tb.refund
+ALG.lb.charge = ALG.tb.charge
 ALG.lb.idle = ALG.tb.idle

@@ -152,5 +152,6 @@ local function reply(d)
 end
 
 -- The algorithms, by code: ALG.fw = {nargs, bucket (may be packed in a hash), step, refund,
--- idle (the sweep's test), prep (per-spec precomputation), cd (counts denials)}.
+-- charge (a settled cost above the reserved one, settle.lua), idle (the sweep's test), prep
+-- (per-spec precomputation), cd (counts denials)}.
 local ALG = {}

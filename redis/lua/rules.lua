@@ -3,17 +3,19 @@
 --
 -- keys: each step's keys: its own limits' (one per limit, in order), then its elastic pool's.
 --       All of one call's keys share one Redis Cluster slot, or the server is one node.
--- args: [1] op: "c" check, "r" refund; then the explicit now in ns if any (else TIME);
+-- args: [1] op: "c" check, "r" refund, "s" settle; then the explicit now in ns if any (else
+--           TIME);
 --       [2] the plan's spec (cached, spec.lua): the number of steps, then per step its flags
 --           (letters, or "-" for none: "s" a shadow rule, "e" the elastic pool may be drawn),
 --           its limits ("<count> <code> <parameters...>...") and its pool's (count 0: none);
---       [3] each step's cost, space-separated;
---       [4] refund only: per step a letter: "a" as the engine (to the pool if it holds a
---           charge, as Engine::refund), "m" to the limits, "p" to the pool.
+--       [3] each step's cost (a settle: the reserved cost), space-separated;
+--       [4] refund: per step a letter: "a" as the engine (to the pool if it holds a charge,
+--           as Engine::refund), "m" to the limits, "p" to the pool; settle: each step's actual
+--           cost, space-separated (settle.lua).
 -- Reply: check: "<denier>" (0: every enforcing step admits; else the first that denies, from
 --        1), then per step 12 integers: its limits' decision and its pool's (prelude.lua's
---        six fields; outcome -1: not asked), all space-separated. Refund: the number of steps
---        given the cost.
+--        six fields; outcome -1: not asked), all space-separated. Refund, settle: the number
+--        of steps given the cost back or settled.
 --
 -- The engine's protocol, exactly: enforcing steps are asked in order without recording; if
 -- all admit (by their limits, or an elastic rule by its pool while its limits deny as
@@ -41,7 +43,9 @@ local function rules_call(keys, args)
   local plan = cached(args[2], parse_plan)
   local s, n = call_time(args[1])
   local costs = spec_words(args[3])
-  local targets = args[4] or ''
+  local op = string.sub(args[1], 1, 1)
+  local targets = ''
+  if op == 'r' then targets = args[4] or '' end
   local steps, k = {}, 1
   for i = 1, #plan do
     local p = plan[i]
@@ -57,19 +61,30 @@ local function rules_call(keys, args)
   if k - 1 ~= #keys or (#steps > 0 and not steps[#steps].cost) then
     return redis.error_reply('ERR turnstile: keys or costs do not match the plan')
   end
-  if string.sub(args[1], 1, 1) == 'r' then
+  if op == 'r' or op == 's' then
+    local actual = {}
+    if op == 's' then
+      actual = spec_words(args[4] or '')
+      if #actual ~= #steps then
+        return redis.error_reply('ERR turnstile: actual costs do not match the plan')
+      end
+    end
     for i = 1, #steps do
       local st = steps[i]
-      local ls = st.main
-      if #st.pool > 0 and not st.to_main then
-        if st.to_pool then
-          ls = st.pool
-        else
-          local d = decide(st.pool, s, n, 0, false)
-          if d[3] < d[2] then ls = st.pool end
+      local back = st.cost
+      if op == 's' then back = settle_step(st, s, n, tonumber(actual[i])) end
+      if back > 0 then
+        local ls = st.main
+        if #st.pool > 0 and not st.to_main then
+          if st.to_pool then
+            ls = st.pool
+          else
+            local d = decide(st.pool, s, n, 0, false)
+            if d[3] < d[2] then ls = st.pool end
+          end
         end
+        for j = 1, #ls do ls[j][1].refund(ls[j][2], ls[j][3], s, n, back) end
       end
-      for j = 1, #ls do ls[j][1].refund(ls[j][2], ls[j][3], s, n, st.cost) end
     end
     for i = 1, #steps do
       rec_flush_all(steps[i].main)

@@ -134,3 +134,9 @@ ALG.sl.refund = function(r, p, s, n, m)
   g.v = v
   rec_put(r, v, sl_newest(g, p), true, s, n)
 end
+-- Logs m more entries at now whatever the log holds (sliding_log::charge): at most `limit`
+-- (the log keeps the newest `limit`; what a charge displaces does not come back).
+ALG.sl.charge = function(r, p, s, n, m)
+  local g = sl_view(r, p, s, n)
+  sl_record(r, p, g, s, n, math.min(m, p[1]))
+end

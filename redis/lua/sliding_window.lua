@@ -27,7 +27,8 @@ local function sw_decode(v, p)
   return ss, sn, pv + 0, cu + 0
 end
 local function sw_encode(p, ws, wn, prev, cur)
-  if p.int then return t_str(t_add(ws, wn, prev * p.k + cur)) end
+  -- A count past the limit (a settled charge) may not fit below K: then the spaced form.
+  if p.int and prev < p.k and cur < p.k then return t_str(t_add(ws, wn, prev * p.k + cur)) end
   return t_str(ws, wn) .. ' ' .. string.format('%d %d', prev, cur)
 end
 -- (window start s, n, previous, current, elapsed) at now.
@@ -109,4 +110,10 @@ ALG.sw.idle = function(v, p, s, n)
   local since = t_far(s, n, ss, sn)
   if cu > 0 then return since >= 2 * p[2] end
   return pv == 0 or since >= p[2]
+end
+-- Takes m more in the current window whatever the limit (sliding_window::charge): up to
+-- SW_MAX, weighing on the next window as any count does.
+ALG.sw.charge = function(r, p, s, n, m)
+  local ws, wn, prev, cur = sw_view(r, p, s, n)
+  sw_put(r, p, ws, wn, s, n, prev, math.min(cur + m, SW_MAX))
 end

@@ -3,7 +3,8 @@
 -- keys: each limit's key, in the order of the limits: a plain key or a bucket (record.lua);
 --       every key of one call shares one {hash tag}: one Cluster slot.
 -- args: [1] the store's spec (spec.lua);
---       [2] op: "c" check / peek (cost 0), "r" refund, "a" acquire (concurrency: a check
+--       [2] op: "c" check / peek (cost 0), "r" refund, "s" settle's charge (the cost taken
+--           whatever the limits hold: settle.lua), "a" acquire (concurrency: a check
 --           that also answers the permit's stamp), "x" release, "l" lease, "g" give back
 --           (lease.lua); then the explicit now in ns if any (else the server's TIME);
 --       [3] cost (for a refund or a give back the amount given back; for a release the
@@ -14,7 +15,7 @@
 --           a lease is sized for (ns);
 --       "g": [5] the lease's epoch (ns), [6...] per limit its TAT after the grant (ns after
 --           the epoch; buckets).
--- Reply: lease, give back: lease.lua; check: "<outcome> <limit> <remaining> <reset_after> <retry_after> <delay>"
+-- Reply: lease, give back: lease.lua; charge: 0; check: "<outcome> <limit> <remaining> <reset_after> <retry_after> <delay>"
 --        (outcome 0 allowed, 1 limited, 2 never fits; retry -1: none), or for an admission
 --        without delay "<limit> <remaining> <reset_after>"; acquire: the same and
 --        " <stamp>" when a lease was taken; refund: 0; release: the cells freed.
@@ -43,6 +44,11 @@ local function store_call(keys, args)
   local cost = args[3] + 0
   if mode == 'r' then
     for i = 1, #b do b[i][1].refund(b[i][2], b[i][3], s, n, cost) end
+    rec_flush_all(b)
+    return 0
+  end
+  if mode == 's' then
+    charge_all(b, s, n, cost)
     rec_flush_all(b)
     return 0
   end

@@ -55,3 +55,17 @@ ALG.tb.idle = function(v, p, s, n)
   local ts, tn = t_parse(v)
   return t_far(ts, tn, s, n) <= 0
 end
+-- Takes m tokens whatever the bucket holds (token_bucket::charge): the TAT moves m T later,
+-- from now if the bucket was full, so the bucket owes them. The debt is capped at 2^52 - 1
+-- ns past now (52 days: every offset from now stays exact in a double; in memory, at 2^63
+-- ns), and at 2^63 - 2 ns, the last time a TAT holds. A TAT already that far ahead (the
+-- clock stepped back) is left as it is.
+ALG.tb.charge = function(r, p, s, n, m)
+  local ts, tn, backlog = gcra_view(r, s, n)
+  if backlog >= FAR then return end
+  local add = FAR - 1 - backlog
+  if m <= idiv(add, p[2]) then add = m * p[2] end
+  ts, tn = t_add(ts, tn, add)
+  if ts > MAXT_S or (ts == MAXT_S and tn > MAXT_N - 1) then ts, tn = MAXT_S, MAXT_N - 1 end
+  rec_put(r, t_str(ts, tn), t_far(ts, tn, s, n), false, s, n)
+end

@@ -252,3 +252,8 @@ ALG.wr.refund = function(r, p, s, n, m)
   end
   rec_put(r, value or '', idle, true, s, n)
 end
+-- Adds m to the current sub-window whatever the window holds (window_ring::charge): up to
+-- the counter's maximum, sliding out as any count does.
+ALG.wr.charge = function(r, p, s, n, m)
+  wr_add(r, p, wr_view(r, p, s, n), m, s, n)
+end

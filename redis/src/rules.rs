@@ -45,6 +45,7 @@ use turnstile::{Clock, ConfigError, Decision, Limit, Limits, Outcome};
 
 mod exec;
 mod leased;
+mod settle;
 mod unconnected;
 use leased::{Leased, LeasedRules};
 pub use unconnected::UnconnectedRules;
@@ -459,8 +460,9 @@ impl RedisRules {
         reply::integer(&self.caller.call(&cmd).await?).map(|_| ())
     }
 
-    /// The call of `op` ("c" check, "r" refund) over `steps`: their keys, the plan's spec
-    /// (rules.lua), their costs and (refunds) their targets.
+    /// The call of `op` ("c" check, "r" refund, "s" settle) over `steps`: their keys, the
+    /// plan's spec (rules.lua), their costs and (refunds) their targets or (settles) their
+    /// actual costs.
     fn invocation<C: Clock>(
         &self,
         plan: &Plan<C>,
@@ -472,7 +474,7 @@ impl RedisRules {
         let mut keys = Vec::new();
         let mut spec = steps.len().to_string();
         let mut costs = String::new();
-        let mut targets = String::new();
+        let mut fourth = String::new();
         for &(i, target) in steps {
             let s = &all[i];
             keys.extend(self.names(plan, s, false));
@@ -491,17 +493,24 @@ impl RedisRules {
             }
             // Writing to a String cannot fail.
             let _ = write!(costs, "{}", s.cost());
-            targets.push(target);
+            if op == 's' {
+                if !fourth.is_empty() {
+                    fourth.push(' ');
+                }
+                let _ = write!(fourth, "{}", s.actual_cost());
+            } else {
+                fourth.push(target);
+            }
         }
         let op = match now {
             Some(n) => format!("{op}{n}"),
             None => op.to_string(),
         };
         let f = self.caller.rules_fn();
-        Ok(if op.starts_with('r') {
-            fcall(f, &keys, (op, spec, costs, targets))
-        } else {
+        Ok(if op.starts_with('c') {
             fcall(f, &keys, (op, spec, costs))
+        } else {
+            fcall(f, &keys, (op, spec, costs, fourth))
         })
     }
 }

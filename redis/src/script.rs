@@ -19,7 +19,7 @@ use turnstile::{ConfigError, Limit, Limits};
 pub const EXPLICIT_NOW_TTL_SLACK_MS: u64 = 3_600_000;
 
 /// The parts, in the order the library needs them (each uses only those before it).
-const PARTS: [&str; 16] = [
+const PARTS: [&str; 17] = [
     include_str!("../lua/prelude.lua"),
     include_str!("../lua/record.lua"),
     include_str!("../lua/fixed_window.lua"),
@@ -30,6 +30,7 @@ const PARTS: [&str; 16] = [
     include_str!("../lua/window_ring.lua"),
     include_str!("../lua/concurrency.lua"),
     include_str!("../lua/limits.lua"),
+    include_str!("../lua/settle.lua"),
     include_str!("../lua/spec.lua"),
     include_str!("../lua/fast.lua"),
     include_str!("../lua/lease.lua"),

@@ -5,6 +5,7 @@ use crate::call::{fcall, Caller};
 pub use crate::error::Error;
 
 pub mod lease;
+mod settle;
 
 use crate::conn::Conn;
 use crate::deny::DenyCache;

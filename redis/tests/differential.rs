@@ -8,8 +8,8 @@
 //! windows from 1 ms to a day (odd ones too); start times at 0, today's Unix time in ns, 2^62
 //! ns and just below 2^63; time steps of 0, 1 ns, fractions, whole units ± 1 ns, to the next
 //! boundary ± 1, and jumps of up to ten years; costs 1, small, the capacity and beyond it;
-//! checks, peeks, refunds and checks up to two units in the past (time going backwards); 1 to
-//! 3 limits. `PROPTEST_CASES=N` runs N cases (default 48).
+//! checks, peeks, refunds, settles (a reservation charged past the limits or given back) and
+//! checks up to two units in the past (time going backwards); 1 to 3 limits. `PROPTEST_CASES=N` runs N cases (default 48).
 
 mod common;
 
@@ -320,6 +320,28 @@ async fn run_case(
                 let r = redis.peek_at(&key, now).await.unwrap();
                 prop_assert_eq!(r, m, "step {} peek at {}", i, now);
             }
+            11 => {
+                // A reservation (a check of the estimated cost), then, if admitted, its settle
+                // at an actual cost below, equal or past the limits (a debt).
+                let m = mem.check_at(key.as_str(), cost, now);
+                let r = redis.check_at(&key, cost, now).await.unwrap();
+                ls.decide(&mut rec[..], now, cost);
+                prop_assert_eq!(r, m, "step {} reserve({}) at {}", i, cost, now);
+                let actual = actual_of(o.raw >> 17, cost, cap);
+                let mut after = rec.clone();
+                settle_model(&ls, &mut after, now, cost, actual);
+                what = format!("settle({cost} -> {actual})");
+                if m.allowed() && within_redis_debt(&limits, &after, &offsets, now) {
+                    let settled = mem.settle_at(key.as_str(), cost, actual, now);
+                    redis.settle_at(&key, cost, actual, now).await.unwrap();
+                    if settled {
+                        rec = after;
+                    }
+                    let m = mem.peek_at(key.as_str(), now);
+                    let r = redis.peek_at(&key, now).await.unwrap();
+                    prop_assert_eq!(r, m, "step {} peek after {} at {}", i, what, now);
+                }
+            }
             _ => {
                 what = format!("refund({cost})");
                 mem.refund_at(key.as_str(), cost, now);
@@ -347,6 +369,41 @@ async fn run_case(
         }
     }
     Ok(())
+}
+
+/// A settle's actual cost: none, less, the same, a little more, past the limits.
+fn actual_of(raw: u64, reserved: u64, cap: u64) -> u64 {
+    match raw % 6 {
+        0 => 0,
+        1 => reserved.saturating_sub(1 + (raw >> 3) % 3),
+        2 => reserved,
+        3 => reserved + 1 + (raw >> 3) % 3,
+        4 => reserved + cap,
+        _ => reserved.saturating_add(3 * cap + (raw >> 3) % 7),
+    }
+}
+
+/// The settle on the shadow record: the difference charged or given back on every limit.
+fn settle_model(ls: &Limits, rec: &mut [u64], now: u64, reserved: u64, actual: u64) {
+    if actual > reserved {
+        ls.charge(rec, now, actual - reserved);
+    } else if actual < reserved {
+        ls.refund(rec, now, reserved - actual);
+    }
+}
+
+/// Whether every bucket's debt after a settle is within 2^52 ns of now, where Redis caps a
+/// bucket's debt (docs/redis.md; in memory, at 2^63 ns): past it the two differ by design.
+fn within_redis_debt(
+    limits: &[Limit],
+    rec: &[u64],
+    offsets: &[std::ops::Range<usize>],
+    now: u64,
+) -> bool {
+    limits.iter().zip(offsets).all(|(l, o)| match l {
+        Limit::TokenBucket(_) | Limit::LeakyBucket(_) => l.idle_in(&rec[o.clone()], now) < 1 << 52,
+        _ => true,
+    })
 }
 
 /// The span of time a trace of `limits` may cover without the in-memory packed window

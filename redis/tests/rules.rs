@@ -1,6 +1,7 @@
 //! The rules engine with its counts in a real Redis (`[backend] redis`, `RedisRules`): the
 //! same generated traces through the in-memory engine and through Redis (explicit `now`)
-//! give the same verdicts, field for field, and the same rule statistics; many clients on
+//! give the same verdicts, field for field, and the same rule statistics, through checks,
+//! refunds and settles (a reserved cost charged past a limit or given back); many clients on
 //! one key admit exactly the limit; Redis killed: the policy answers; limits Redis cannot run
 //! and an unreachable Redis are refused at their `file:line:column`.
 //! `PROPTEST_CASES=N` runs N differential cases (default 32).
@@ -122,6 +123,14 @@ enum Op {
         route: u8,
         post: bool,
     },
+    Settle {
+        customer: Option<u64>,
+        ip: u8,
+        route: u8,
+        post: bool,
+        reserved: u64,
+        actual: u64,
+    },
     Advance(u64),
     Load(u8),
 }
@@ -131,8 +140,10 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         12 => (customer.clone(), 0u8..3, 0u8..4, any::<bool>(), prop_oneof![4 => Just(None), 1 => (0u8..4).prop_map(Some)], prop_oneof![Just(0u64), Just(1), Just(1), Just(2), Just(3)])
             .prop_map(|(customer, ip, route, post, priority, cost)| Op::Check { customer, ip, route, post, priority, cost }),
-        2 => (customer, 0u8..3, 0u8..4, any::<bool>())
+        2 => (customer.clone(), 0u8..3, 0u8..4, any::<bool>())
             .prop_map(|(customer, ip, route, post)| Op::Refund { customer, ip, route, post }),
+        4 => (customer.clone(), 0u8..3, 0u8..4, any::<bool>(), 0u64..4, prop_oneof![0u64..4, 5u64..=20])
+            .prop_map(|(customer, ip, route, post, reserved, actual)| Op::Settle { customer, ip, route, post, reserved, actual }),
         4 => prop_oneof![Just(0u64), Just(1), Just(50 * MS), Just(333 * MS), Just(S), Just(7 * S)].prop_map(Op::Advance),
         1 => (0u8..3).prop_map(Op::Load),
     ]
@@ -242,6 +253,33 @@ async fn differential(text: &str, start: u64, ops: Vec<Op>) -> Result<(), TestCa
                 let want = mem.refund_at(&req, now);
                 let got = redis.refund_at(&planner, &req, now).await.unwrap();
                 prop_assert_eq!(got, want, "step {} {:?}", i, op);
+            }
+            Op::Settle {
+                customer,
+                ip,
+                route,
+                post,
+                reserved,
+                actual,
+            } => {
+                let mut req = request(customer, ip, route, post, &addr);
+                req.cost = reserved;
+                let want = mem.settle_at(&req, actual, now);
+                let got = redis.settle_at(&planner, &req, actual, now).await.unwrap();
+                prop_assert_eq!(got, want, "step {} {:?}", i, op);
+                // Where the key stands after it (a peek: what TURNSTILE.SETTLE answers).
+                req.cost = 0;
+                let want = mem.explain_at(&req, now);
+                let got = redis.explain_at(&planner, &req, now).await.unwrap();
+                prop_assert_eq!(
+                    &got,
+                    &want,
+                    "step {} peek after {:?} at {}\n{}",
+                    i,
+                    op,
+                    now,
+                    text
+                );
             }
             Op::Advance(d) => now += d,
             Op::Load(u) => {

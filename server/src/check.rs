@@ -30,6 +30,8 @@ pub(crate) enum Answer {
     Failed(String),
     /// What a `TURNSTILE.LIMITS` did.
     Limits(Result<crate::limits::Done, crate::limits::Refused>),
+    /// What a settle did.
+    Settled(Result<Settled, SettleError>),
 }
 
 /// The rules engine and where its counts live.
@@ -59,22 +61,21 @@ pub(crate) struct Settled {
 }
 
 /// Why a settle was refused.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum SettleError {
     /// The server has no rules.
     NoRules,
-    /// The rules' counts are in Redis, whose scripts do not settle.
-    Redis,
+    /// The rules' counts are in Redis, which did not take the settle (its error).
+    Redis(String),
 }
 
 impl std::fmt::Display for SettleError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             SettleError::NoRules => f.write_str(NO_RULES),
-            SettleError::Redis => f.write_str(
-                "settle is not available with the Redis backend (the rules file's [backend] table): \
-                 nothing was settled; check with the actual cost instead, or refund what an admitted \
-                 request did not use",
+            SettleError::Redis(e) => write!(
+                f,
+                "the settle did not reach Redis: {e}; nothing was settled there, send it again"
             ),
         }
     }
@@ -101,29 +102,31 @@ impl Checks {
     }
 
     /// Settles `req`, checked (and admitted) at a reserved cost of `req.cost`, at `actual`
-    /// ([`turnstile::rules::Engine::settle`]: the difference charged or given back on every
-    /// rule the request matches), then peeks at the key. Refused, settling nothing, when the
-    /// counts are in Redis: a settle there would be a silent wrong answer.
+    /// with the counts in memory (the caller has seen [`Checks::redis`] is `None`;
+    /// [`turnstile::rules::Engine::settle`]: the difference charged or given back on every
+    /// rule the request matches), then peeks at the key.
     pub(crate) fn settle(&self, req: &Request<'_>, actual: u64) -> Result<Settled, SettleError> {
         let engine = self.engine.as_ref().ok_or(SettleError::NoRules)?;
-        if self.backends.redis().is_some() {
-            return Err(SettleError::Redis);
-        }
         let rules = engine.settle(req, actual);
-        let (charged, given_back) = match rules {
-            0 => (0, 0),
-            _ => (
-                actual.saturating_sub(req.cost),
-                req.cost.saturating_sub(actual),
-            ),
-        };
         let after = engine.explain(&Request { cost: 0, ..*req });
-        Ok(Settled {
-            rules,
-            charged,
-            given_back,
-            after,
-        })
+        Ok(settled(req, actual, rules, after))
+    }
+
+    /// [`Checks::settle`] with the counts in Redis ([`RedisRules::settle`]: every rule in one
+    /// call on one node), then a peek through Redis. An error if Redis did not take it.
+    pub(crate) async fn settle_remote(
+        &self,
+        redis: &RedisRules,
+        req: &Request<'_>,
+        actual: u64,
+    ) -> Result<Settled, SettleError> {
+        let engine = self.engine.as_ref().ok_or(SettleError::NoRules)?;
+        let rules = redis
+            .settle(engine, req, actual)
+            .await
+            .map_err(|e| SettleError::Redis(e.to_string()))?;
+        let after = redis.explain(engine, &Request { cost: 0, ..*req }).await;
+        Ok(settled(req, actual, rules, after))
     }
 
     /// `op` on `req` with the counts in Redis: the check awaits Redis (the backend's timeout,
@@ -141,6 +144,23 @@ impl Checks {
             },
             Op::Check | Op::Peek => Answer::Verdict(redis.explain(engine, req).await),
         }
+    }
+}
+
+/// What a settle of `req` at `actual` did to `rules` rules, and the peek after it.
+fn settled(req: &Request<'_>, actual: u64, rules: u32, after: Verdict) -> Settled {
+    let (charged, given_back) = match rules {
+        0 => (0, 0),
+        _ => (
+            actual.saturating_sub(req.cost),
+            req.cost.saturating_sub(actual),
+        ),
+    };
+    Settled {
+        rules,
+        charged,
+        given_back,
+        after,
     }
 }
 

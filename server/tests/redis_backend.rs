@@ -3,7 +3,8 @@
 //! one Redis enforce one limit together over RESP (the `redis` crate as the client) and HTTP;
 //! shadow and soft rules; Redis killed mid-run (the policy answers, fallbacks counted, no
 //! panic); a broken `[backend]` refused at start and on reload, with `file:line:column`, an
-//! unreachable one at start starting not ready, and reloads while it connects; a reload that switches memory to Redis; a settle refused.
+//! unreachable one at start starting not ready, and reloads while it connects; a reload that
+//! switches memory to Redis; settles over RESP and HTTP.
 
 #[path = "../../redis/tests/common/mod.rs"]
 mod common;
@@ -252,42 +253,55 @@ fn soft_and_shadow_rules_over_resp() {
     stop(a);
 }
 
-/// A settle with the counts in Redis is refused with a clear error, over RESP and HTTP,
-/// and settles nothing: the key's count in Redis is what the checks left.
+/// A settle with the counts in Redis, over RESP and HTTP on two servers sharing the Redis:
+/// a give-back one server makes is what the other peeks, and a charge past the limit (a
+/// debt in Redis) denies the next check on the other.
 #[test]
-fn settle_is_refused_with_a_redis_backend() {
+fn settle_with_a_redis_backend() {
     let redis = common::Server::start();
     let dir = tmpdir("settle");
     let rules = rules_file(&dir, &redis.url(), "timeout = \"5s\"");
     let a = serve(&rules).unwrap();
-    let mut con = resp(&a);
-    assert_eq!(check(&mut con, &["customer", "3", "5"]).2, 95);
-    let e = redis::cmd("TURNSTILE.SETTLE")
+    let b = serve(&rules).unwrap();
+    let (mut ca, mut cb) = (resp(&a), resp(&b));
+    assert_eq!(check(&mut ca, &["customer", "3", "5"]).2, 95);
+    // Reserved 5, used 1: 4 given back.
+    let s: (i64, i64, i64, i64, i64, i64) = redis::cmd("TURNSTILE.SETTLE")
         .arg(&["customer", "3", "5", "1"])
-        .query::<redis::Value>(&mut con)
-        .unwrap_err()
-        .to_string();
-    assert!(
-        e.contains("settle is not available with the Redis backend"),
-        "{e}"
-    );
-    let (status, body) = curl(
-        "POST",
-        &format!("http://{}/v1/settle", a.http),
-        Some(r#"{"key_class":"customer","key":"3","reserved":5,"actual":50}"#),
-    );
-    assert_eq!(status, 501, "{body}");
-    assert!(
-        body.contains("settle is not available with the Redis backend"),
-        "{body}"
-    );
+        .query(&mut ca)
+        .unwrap();
+    assert_eq!((s.0, s.1, s.2, s.3, s.4), (1, 0, 4, 100, 99), "{s:?}");
     let p: Reply = redis::cmd("TURNSTILE.PEEK")
         .arg("customer")
         .arg("3")
-        .query(&mut con)
+        .query(&mut cb)
         .unwrap();
-    assert_eq!((p.0, p.1, p.2), (1, 100, 95));
+    assert_eq!((p.0, p.1, p.2), (1, 100, 99));
+    // Reserved 5, used 150: 145 charged, past the limit.
+    let (status, body) = curl(
+        "POST",
+        &format!("http://{}/v1/settle", b.http),
+        Some(r#"{"key_class":"customer","key":"3","reserved":5,"actual":150}"#),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.starts_with(r#"{"settled":1,"charged":145,"given_back":0,"limit":100,"remaining":0,"#),
+        "{body}"
+    );
+    let c = check(&mut ca, &["customer", "3"]);
+    assert_eq!(
+        (c.0, c.2, c.5.as_deref()),
+        (0, 0, Some("per-customer")),
+        "{c:?}"
+    );
+    // A key no rule matches: nothing settled.
+    let s: (i64, i64, i64, i64, i64, i64) = redis::cmd("TURNSTILE.SETTLE")
+        .arg(&["route", "/nowhere", "1", "5"])
+        .query(&mut ca)
+        .unwrap();
+    assert_eq!((s.0, s.1, s.2), (0, 0, 0), "{s:?}");
     stop(a);
+    stop(b);
 }
 
 /// The log lines of this test binary's servers (a process-wide subscriber: the servers log on

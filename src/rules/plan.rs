@@ -41,6 +41,8 @@ pub struct PlanStep {
     slot: u32,
     key: u64,
     cost: u64,
+    /// A settle plan's actual cost × the rule's cost; else `cost`.
+    actual: u64,
     shadow: bool,
     pool: bool,
 }
@@ -54,6 +56,12 @@ impl PlanStep {
     /// Units the request takes from this rule (`req.cost × rule.cost`).
     pub fn cost(&self) -> u64 {
         self.cost
+    }
+    /// A settle plan's ([`Engine::settle_plan`]) actual cost of the request × the rule's
+    /// `cost`, to settle [`PlanStep::cost`] (the reserved cost) against; in other plans the
+    /// same as `cost`.
+    pub fn actual_cost(&self) -> u64 {
+        self.actual
     }
     /// Whether the rule is a shadow rule (counted only if the enforcing rules admit; never
     /// denies).
@@ -325,6 +333,21 @@ impl<C: Clock> Engine<C> {
         }
     }
 
+    /// The [`Plan`] of a settle of `req` ([`Engine::settle`]): the refund plan's steps (every
+    /// rule the request matches, enforcing and shadow, never shed), each step's
+    /// [cost](PlanStep::cost) the reserved `req.cost` × the rule's cost and its
+    /// [actual cost](PlanStep::actual_cost) `actual` × the rule's cost. A backend charges the
+    /// difference to the step's own limits when the actual cost is above, or gives it back as a
+    /// refund does (to the pool if it holds a charge) when below.
+    pub fn settle_plan(&self, req: &Request<'_>, actual: u64, keys: &KeyHasher) -> Plan<C> {
+        let mut p = self.refund_plan(req, keys);
+        let c = Arc::clone(&p.compiled);
+        for s in &mut p.steps {
+            s.actual = actual.saturating_mul(c.rules[s.rule as usize].cost);
+        }
+        p
+    }
+
     /// The steps of `req`: the route's candidates (enforcing, then shadow) whose method and
     /// priority conditions `sel` meets and whose key the request has.
     fn steps(
@@ -353,6 +376,7 @@ impl<C: Clock> Engine<C> {
                     slot,
                     key,
                     cost: req.cost.saturating_mul(r.cost),
+                    actual: req.cost.saturating_mul(r.cost),
                     shadow,
                     pool: pool(r),
                 });

@@ -17,6 +17,9 @@
 //!   is dropped ([`RateLimitBody`]).
 //! * **Shaping**: a leaky-bucket shaper's delay is waited (bounded), and refunded if the
 //!   request is cancelled while it waits.
+//! * **Settling** ([`settle`]): a request reserves an estimated cost, and its response settles
+//!   it at the actual one (an [`ActualCost`] extension, or [`Builder::settle_with`]): the
+//!   difference charged or given back on every limit the reservation touched.
 //!
 //! ```
 //! use axum::{body::Body, http::Request, routing::get, Router};
@@ -61,6 +64,7 @@ pub mod observe;
 #[cfg(feature = "redis")]
 pub mod redis;
 mod service;
+pub mod settle;
 
 pub use answer::{write_headers, BodyStyle, Denial, HeaderStyle, Policy};
 pub use body::RateLimitBody;
@@ -71,3 +75,4 @@ pub use limit::{
     Never, NoKey, StoreLimit,
 };
 pub use service::{Builder, Config, RateLimit, RateLimitLayer, ResponseFuture};
+pub use settle::ActualCost;

@@ -107,6 +107,12 @@ pub trait Limit: Send + Sync + 'static {
     /// [`Check::Admitted`] said to refund, and `parts` the head of the request as it was
     /// checked (a shaped request cancelled while it waited).
     fn refund(&self, _parts: &Parts, _id: u64, _cost: u64) {}
+    /// Settles an admission that reserved `reserved` at its `actual` cost (the layer's
+    /// [`crate::settle`]): `id` is what its [`Check::Admitted`] said to refund, `parts` the
+    /// head of the request as it was checked. The difference is charged whatever the limits
+    /// hold, or given back, on every limit the reservation touched, all or nothing. The
+    /// default keeps the reservation as it is (a limit that cannot settle).
+    fn settle(&self, _parts: &Parts, _id: u64, _reserved: u64, _actual: u64) {}
     /// The key class, for observers.
     fn class(&self) -> &'static str;
 }
@@ -190,6 +196,10 @@ impl<K: KeyExtractor, C: Clock + 'static> Limit for StoreLimit<K, C> {
     }
     fn refund(&self, _parts: &Parts, id: u64, cost: u64) {
         self.store.refund(&id, cost);
+    }
+    /// [`Store::settle`]: every limit of the key in one atomic step.
+    fn settle(&self, _parts: &Parts, id: u64, reserved: u64, actual: u64) {
+        self.store.settle(&id, reserved, actual);
     }
     fn class(&self) -> &'static str {
         self.key.class()
@@ -340,6 +350,16 @@ impl<D: Describe, C: Clock + 'static> Limit for EngineLimit<D, C> {
             .describe(parts)
             .unwrap_or_else(|| anonymous(parts));
         self.engine.refund(&req);
+    }
+    /// [`Engine::settle`] of the request described again from the same head (as
+    /// [`Limit::refund`]), at its reserved cost: every rule it matches.
+    fn settle(&self, parts: &Parts, _id: u64, reserved: u64, actual: u64) {
+        let mut req = self
+            .describe
+            .describe(parts)
+            .unwrap_or_else(|| anonymous(parts));
+        req.cost = reserved;
+        self.engine.settle(&req, actual);
     }
     fn class(&self) -> &'static str {
         "rules"

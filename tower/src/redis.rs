@@ -136,6 +136,16 @@ impl<K: KeyExtractor> Limit for RedisLimit<K> {
             });
         }
     }
+    /// [`RedisStore::settle`] (one call, every limit of the key; through the key's lease
+    /// when the store has leases), in the background: the response does not wait for it.
+    fn settle(&self, _parts: &Parts, id: u64, reserved: u64, actual: u64) {
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let store = Arc::clone(&self.store);
+            rt.spawn(async move {
+                let _ = store.settle(&redis_key(id), reserved, actual).await;
+            });
+        }
+    }
     fn class(&self) -> &'static str {
         self.key.class()
     }

@@ -9,6 +9,7 @@ use crate::body::RateLimitBody;
 use crate::headers::RateHeaders;
 use crate::limit::{bounded_delay, retry_after_secs, Check, Checking, Limit, NoKey};
 use crate::observe::{Answer, Event, Observer};
+use crate::settle::{by_extension, Reservation, SettleFn};
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body::Body;
@@ -31,6 +32,7 @@ pub struct Config<L> {
     body: BodyStyle,
     observer: Option<Observer>,
     max_delay: Duration,
+    settle: Option<SettleFn>,
 }
 
 /// Builds a [`RateLimitLayer`].
@@ -79,6 +81,22 @@ impl<L: Limit> Builder<L> {
         self.cfg.max_delay = d;
         self
     }
+    /// Settles every admitted request at the actual cost its response gives in an
+    /// [`ActualCost`](crate::ActualCost) extension ([`crate::settle`]); a response without
+    /// one keeps the reservation. The request's head is kept until its response (one clone
+    /// and one allocation per admitted request).
+    pub fn settle(self) -> Self {
+        self.settle_with(by_extension)
+    }
+    /// Settles every admitted request at the actual cost `f` reads from its response's head
+    /// (a header, the status, an extension); `None` keeps the reservation.
+    pub fn settle_with(
+        mut self,
+        f: impl Fn(&http::response::Parts) -> Option<u64> + Send + Sync + 'static,
+    ) -> Self {
+        self.cfg.settle = Some(Arc::new(f));
+        self
+    }
     /// The layer.
     pub fn build(self) -> RateLimitLayer<L> {
         RateLimitLayer {
@@ -119,6 +137,7 @@ impl<L: Limit> RateLimitLayer<L> {
                 body: BodyStyle::default(),
                 observer: None,
                 max_delay: Duration::from_secs(30),
+                settle: None,
             },
         }
     }
@@ -154,6 +173,28 @@ impl<S: Clone, L> Clone for RateLimit<S, L> {
 }
 
 impl<L: Limit> Config<L> {
+    /// The reservation to settle once the response comes, if settling is on and the
+    /// admission can be given back.
+    fn reserve(
+        &self,
+        parts: &http::request::Parts,
+        refund: Option<(u64, u64)>,
+    ) -> Option<Box<Reservation>> {
+        let (id, cost) = refund.filter(|_| self.settle.is_some())?;
+        Some(Box::new(Reservation {
+            parts: parts.clone(),
+            id,
+            cost,
+        }))
+    }
+
+    /// Settles `r` at the actual cost the response's head gives, if it gives one.
+    fn settle(&self, r: &Reservation, head: &http::response::Parts) {
+        if let Some(actual) = self.settle.as_ref().and_then(|f| f(head)) {
+            self.limit.settle(&r.parts, r.id, r.cost, actual);
+        }
+    }
+
     fn observe(&self, answer: Answer, decision: Option<&Decision>, grpc: bool, rule: Option<&str>) {
         if let Some(o) = &self.observer {
             o(&Event {
@@ -258,8 +299,13 @@ where
             let delay = bounded_delay(&decision, cfg.max_delay);
             if delay.is_zero() {
                 cfg.observe(Answer::Admitted, Some(&decision), grpc, None);
+                let settle = cfg.reserve(&parts, refund).map(|r| (Arc::clone(cfg), r));
                 let fut = svc.call(Request::from_parts(parts, body));
-                let state = State::Inner { fut, permit };
+                let state = State::Inner {
+                    fut,
+                    permit,
+                    settle,
+                };
                 return ResponseFuture { state, headers };
             }
             cfg.observe(Answer::Delayed, Some(&decision), grpc, None);
@@ -299,7 +345,11 @@ where
             cfg.observe(Answer::Unchecked, None, grpc, None);
             let fut = svc.call(Request::from_parts(parts, body));
             ResponseFuture {
-                state: State::Inner { fut, permit: None },
+                state: State::Inner {
+                    fut,
+                    permit: None,
+                    settle: None,
+                },
                 headers: RateHeaders::None,
             }
         }
@@ -361,7 +411,12 @@ pin_project! {
         Checking { wait: Pin<Box<CheckWait<S, ReqB, L>>> },
         Ready { res: Option<Response<Bytes>> },
         Delayed { wait: Pin<Box<Wait<S, ReqB, L>>> },
-        Inner { #[pin] fut: F, permit: Option<L::Permit> },
+        // `settle`: the reservation to settle at the response's actual cost (settling on).
+        Inner {
+            #[pin] fut: F,
+            permit: Option<L::Permit>,
+            settle: Option<(Arc<Config<L>>, Box<Reservation>)>,
+        },
     }
 }
 
@@ -420,12 +475,29 @@ where
                     // head refunds nothing).
                     let parts = w.held.parts.take().expect("polled after completion");
                     let body = w.body.take().expect("polled after completion");
+                    let cfg = &w.held.cfg;
+                    let settle = cfg
+                        .reserve(&parts, w.held.refund)
+                        .map(|r| (Arc::clone(cfg), r));
                     let fut = s.call(Request::from_parts(parts, body));
                     let permit = w.permit.take();
-                    this.state.set(State::Inner { fut, permit });
+                    this.state.set(State::Inner {
+                        fut,
+                        permit,
+                        settle,
+                    });
                 }
-                StateProj::Inner { fut, permit } => {
-                    let res = ready!(fut.poll(cx))?;
+                StateProj::Inner {
+                    fut,
+                    permit,
+                    settle,
+                } => {
+                    let mut res = ready!(fut.poll(cx))?;
+                    if let Some((cfg, r)) = settle.take() {
+                        let (head, body) = res.into_parts();
+                        cfg.settle(&r, &head);
+                        res = Response::from_parts(head, body);
+                    }
                     let mut res = res.map(|b| RateLimitBody::new(b, permit.take()));
                     std::mem::replace(this.headers, RateHeaders::None).write(res.headers_mut());
                     return Poll::Ready(Ok(res));

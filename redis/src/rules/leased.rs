@@ -396,6 +396,44 @@ impl RedisRules {
     }
 }
 
+impl RedisRules {
+    /// Settles the `leased` steps of a settle plan through their tiers (a give-back into the
+    /// lease first, a charge from it when it holds all of it: `RedisStore::settle`); the other
+    /// steps' indices are returned for Redis. Steps whose actual cost is the reserved one are
+    /// left out: nothing to do.
+    pub(super) async fn settle_leased<C: Clock>(
+        &self,
+        plan: &Plan<C>,
+        now: Option<u64>,
+        leased: &Leased,
+    ) -> (Vec<usize>, Result<(), Error>) {
+        let steps = plan.steps();
+        let mut rest = Vec::new();
+        let mut calls = Vec::new();
+        for (i, s) in steps.iter().enumerate() {
+            if s.cost() == s.actual_cost() {
+                continue;
+            }
+            match leased[i].as_ref().and_then(|t| t.store.as_ref()) {
+                Some(store) => calls.push(async move {
+                    let mut buf = [0u8; 16];
+                    let key = hex(s.key(), &mut buf);
+                    store
+                        .settle_inner(key, s.cost(), s.actual_cost(), now)
+                        .await
+                }),
+                None => rest.push(i),
+            }
+        }
+        let r = futures_util::future::join_all(calls)
+            .await
+            .into_iter()
+            .collect::<Result<Vec<()>, Error>>()
+            .map(|_| ());
+        (rest, r)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::hex;

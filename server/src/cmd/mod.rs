@@ -487,7 +487,7 @@ impl Command<'_> {
         match self {
             Command::Throttle(t) => t.apply(ctx.throttles, s, None, o),
             Command::Rules(r) => return (r.apply(ctx, o), Effect::None),
-            Command::Settle(r) => r.apply(ctx, o),
+            Command::Settle(r) => return (r.apply(ctx, o), Effect::None),
             Command::Limits(l) => {
                 let call = l.apply(s.access, o).map(rules::RemoteCall::Limits);
                 return (call, Effect::None);

@@ -108,6 +108,8 @@ pub(crate) enum RemoteCall {
     Rules(RulesCall),
     /// A `TURNSTILE.LIMITS`, run on a blocking thread (its source may wait for the network).
     Limits(super::limits::LimitsCall),
+    /// A `TURNSTILE.SETTLE` whose counts live in Redis.
+    Settle(super::settle::SettleCall),
 }
 
 impl RemoteCall {
@@ -118,6 +120,7 @@ impl RemoteCall {
             RemoteCall::Limits(l) => {
                 Answer::Limits(crate::limits::run(checks.engine.clone(), l.0.clone()).await)
             }
+            RemoteCall::Settle(s) => s.run(checks, metrics).await,
         }
     }
 
@@ -125,8 +128,10 @@ impl RemoteCall {
     pub(crate) fn reply(&self, metrics: &Metrics, a: Answer, o: &mut Out<'_>, _s: &mut Session) {
         match (self, a) {
             (_, Answer::Limits(r)) => super::limits::reply(r, o),
+            (_, Answer::Settled(r)) => super::settle::reply(metrics, r, o),
             (RemoteCall::Rules(r), a) => reply(metrics, r.op, a, o),
             (RemoteCall::Limits(_), a) => reply(metrics, Op::Peek, a, o),
+            (RemoteCall::Settle(_), a) => reply(metrics, Op::Check, a, o),
         }
     }
 }
@@ -173,6 +178,7 @@ fn reply(metrics: &Metrics, op: Op, a: Answer, o: &mut Out<'_>) {
     match a {
         Answer::Failed(m) => o.error(&m),
         Answer::Limits(r) => super::limits::reply(r, o),
+        Answer::Settled(r) => super::settle::reply(metrics, r, o),
         Answer::Refunded(n) => {
             metrics.add(C::Refunds, 1);
             o.int(i64::from(n));

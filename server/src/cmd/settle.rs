@@ -9,11 +9,14 @@
 //! stands right after it, as `TURNSTILE.PEEK` reads it: limit (-1: no rule applies), remaining,
 //! reset_after_ms. A charge past a limit is a debt: remaining stays 0 and the reset moves past
 //! the window until it has been paid, and checks are denied until then.
+//!
+//! With the counts in Redis the settle cannot be answered at once: [`Settle::apply`] hands the
+//! connection a [`RemoteCall::Settle`] to await (every rule settled in one call on one node).
 
-use super::rules::priority;
+use super::rules::{priority, RemoteCall};
 use super::{ArgCursor, CmdError, Ctx};
-use crate::check::{self, count, ms_up, Settled};
-use crate::metrics::C;
+use crate::check::{self, count, ms_up, Answer, Checks, SettleError, Settled};
+use crate::metrics::{Metrics, C};
 use crate::resp::Out;
 use turnstile::rules::Priority;
 
@@ -52,33 +55,80 @@ impl<'a> Settle<'a> {
         })
     }
 
-    /// Settles it, with the counts in memory (with the counts in Redis: refused, nothing
-    /// settled).
-    pub(crate) fn apply(&self, ctx: &Ctx<'_>, o: &mut Out<'_>) {
+    /// Settles it with the counts in memory, or returns the call to await when they are in
+    /// Redis.
+    pub(crate) fn apply(&self, ctx: &Ctx<'_>, o: &mut Out<'_>) -> Option<RemoteCall> {
         if ctx.checks.engine.is_none() {
-            return o.error_fmt(format_args!("ERR {}", check::NO_RULES));
+            o.error_fmt(format_args!("ERR {}", check::NO_RULES));
+            return None;
         }
         let mut req = match check::request(self.class, self.key) {
             Ok(r) => r,
-            Err(m) => return o.error_fmt(format_args!("ERR {m}")),
+            Err(m) => {
+                o.error_fmt(format_args!("ERR {m}"));
+                return None;
+            }
         };
+        if ctx.checks.redis().is_some() {
+            return Some(RemoteCall::Settle(SettleCall {
+                class: self.class.to_owned(),
+                key: self.key.to_owned(),
+                reserved: self.reserved,
+                actual: self.actual,
+                priority: self.priority,
+            }));
+        }
         req.cost = self.reserved;
         req.priority = self.priority;
         let t0 = ctx.metrics.now();
         let r = ctx.checks.settle(&req, self.actual);
         ctx.metrics.latency(ctx.metrics.now().saturating_sub(t0));
-        match r {
-            Ok(s) => {
-                ctx.metrics.add(C::Settles, 1);
-                reply(&s, o);
-            }
-            Err(e) => o.error_fmt(format_args!("ERR {e}")),
-        }
+        reply(ctx.metrics, r, o);
+        None
     }
 }
 
-/// The reply of a settle (the module's doc says its fields).
-fn reply(s: &Settled, o: &mut Out<'_>) {
+/// A settle to make in Redis (owned: the connection's buffers are free while it is awaited).
+pub(crate) struct SettleCall {
+    class: String,
+    key: String,
+    reserved: u64,
+    actual: u64,
+    priority: Option<Priority>,
+}
+
+impl SettleCall {
+    /// Awaits Redis (its timeout bounds the wait); settled in memory if the backend went back
+    /// there meanwhile.
+    pub(crate) async fn run(&self, checks: &Checks, metrics: &Metrics) -> Answer {
+        let mut req = match check::request(&self.class, &self.key) {
+            Ok(r) => r,
+            Err(m) => return Answer::Failed(format!("ERR {m}")),
+        };
+        req.cost = self.reserved;
+        req.priority = self.priority;
+        let t0 = metrics.now();
+        let r = match checks.redis() {
+            Some(redis) => checks.settle_remote(&redis, &req, self.actual).await,
+            None => checks.settle(&req, self.actual),
+        };
+        metrics.latency(metrics.now().saturating_sub(t0));
+        Answer::Settled(r)
+    }
+}
+
+/// The reply of a settle (the module's doc says its fields), or its error.
+pub(crate) fn reply(metrics: &Metrics, r: Result<Settled, SettleError>, o: &mut Out<'_>) {
+    match r {
+        Ok(s) => {
+            metrics.add(C::Settles, 1);
+            fields(&s, o);
+        }
+        Err(e) => o.error_fmt(format_args!("ERR {e}")),
+    }
+}
+
+fn fields(s: &Settled, o: &mut Out<'_>) {
     let d = &s.after.decision;
     o.array(6);
     o.int(i64::from(s.rules));

@@ -55,7 +55,8 @@ struct SettleReply {
 }
 
 /// `POST /v1/settle`: 200 with what was settled; 400 for a body that is not a settle, 503
-/// without rules, 501 with the counts in Redis (nothing settled).
+/// without rules, 502 when the counts are in Redis and Redis did not take it (nothing
+/// settled there).
 pub(super) async fn settle(State(s): State<Arc<Server>>, body: Body) -> Response {
     s.metrics.add(C::HttpRequests, 1);
     let limit = s.http.max_body;
@@ -100,14 +101,17 @@ pub(super) async fn settle(State(s): State<Arc<Server>>, body: Body) -> Response
         }
     }
     let t0 = s.metrics.now();
-    let r = s.checks.settle(&req, b.actual);
+    let r = match s.checks.redis() {
+        Some(redis) => s.checks.settle_remote(&redis, &req, b.actual).await,
+        None => s.checks.settle(&req, b.actual),
+    };
     s.metrics.latency(s.metrics.now().saturating_sub(t0));
     let done = match r {
         Ok(d) => d,
         Err(e) => {
             let status = match e {
                 SettleError::NoRules => StatusCode::SERVICE_UNAVAILABLE,
-                SettleError::Redis => StatusCode::NOT_IMPLEMENTED,
+                SettleError::Redis(_) => StatusCode::BAD_GATEWAY,
             };
             return error(&s, status, e.to_string());
         }

@@ -3,7 +3,7 @@
 //! Redis; and the lease call itself.
 
 use super::record::{Spend, Spent};
-use super::settle::{Credit, Grant, Held, Settle, Unfetch};
+use super::settle::{Credit, Debit, Grant, Held, Settle, Unfetch};
 use super::{LeaseMode, Tier};
 use crate::call::fcall;
 use crate::error::Error;
@@ -258,6 +258,22 @@ impl RedisStore {
         let now = tier.now(explicit);
         let mut op = Credit {
             shape: tier.shape(),
+            key: key.as_bytes(),
+            n,
+            now,
+        };
+        tier.table.update(tier.id(key), now, &mut op)
+    }
+}
+
+impl RedisStore {
+    /// A settled charge of `n` for `key`, from its lease if the lease holds all of it; what
+    /// is left for Redis (0 or `n`: [`Debit`]).
+    pub(crate) fn debit(&self, tier: &Tier, key: &str, n: u64, explicit: Option<u64>) -> u64 {
+        let now = tier.now(explicit);
+        let mut op = Debit {
+            shape: tier.shape(),
+            counters: tier.counters(),
             key: key.as_bytes(),
             n,
             now,

@@ -204,6 +204,44 @@ impl RecordOp for Credit<'_> {
     }
 }
 
+/// A settled charge of `n` for the key (a cost above the one its check reserved): taken from
+/// its lease when the lease holds all of it unspent, else left whole for Redis (returns what
+/// is left: 0 or `n`). Never over: the lease's admissions were counted in Redis when they were
+/// granted, so spending them on the charge counts it as Redis would; a charge the lease cannot
+/// cover goes to Redis whole (all or nothing: none of it spent here), where it is counted
+/// beside what the lease still holds. Delayed mode leaves every charge to Redis.
+pub(crate) struct Debit<'a> {
+    pub(crate) shape: &'a Shape,
+    pub(crate) counters: &'a Counters,
+    pub(crate) key: &'a [u8],
+    pub(crate) n: u64,
+    pub(crate) now: u64,
+}
+
+impl RecordOp for Debit<'_> {
+    type Out = u64;
+    fn inserts(&self) -> bool {
+        false
+    }
+    fn apply<C: Cells + ?Sized>(&mut self, c: &mut C) -> u64 {
+        let sh = self.shape;
+        if !sh.key_matches(c, self.key) || sh.mode != LeaseMode::Reserve {
+            return self.n;
+        }
+        let usable = sh.usable(c, self.now);
+        if usable < self.n {
+            return self.n;
+        }
+        // As a local spend: a bucket's tokens past what its TAT still covers lapsed for good.
+        self.counters.lapse(c.get(HELD) - usable);
+        c.set(HELD, usable - self.n);
+        0
+    }
+    fn absent(&mut self) -> u64 {
+        self.n
+    }
+}
+
 /// What a peek adds to Redis's answer: the admissions this node holds.
 pub(crate) struct Held<'a> {
     pub(crate) shape: &'a Shape,
