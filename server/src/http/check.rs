@@ -3,6 +3,7 @@
 
 use super::{error, RateLimitHeaders};
 use crate::check::{count, ms_up, request};
+use crate::explain::outcome_name as outcome;
 use crate::metrics::C;
 use crate::state::Server;
 use axum::body::{Body, Bytes};
@@ -13,14 +14,14 @@ use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 use std::sync::Arc;
 use turnstile::rules::{Priority, Request, Verdict};
-use turnstile::{Clock, DefaultClock, Outcome};
+use turnstile::{Clock, DefaultClock};
 use turnstile_tower::{write_headers, HeaderStyle, Policy};
 
 /// The body of `POST /v1/check`. Strings borrow from the request's bytes (`Cow`: owned only
 /// when the JSON string has escapes), so a check allocates nothing to read its body.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct CheckBody<'a> {
+pub(super) struct CheckBody<'a> {
     /// `customer`, `ip`, `api_key`, `route`, `method`, or parts joined by `+`.
     #[serde(borrow)]
     key_class: Cow<'a, str>,
@@ -105,19 +106,6 @@ fn write_reply(buf: &mut BytesMut, r: &CheckReply) {
     });
 }
 
-/// The outcome as the reply spells it (the variant's name, as `Debug` prints it).
-fn outcome(o: Outcome) -> &'static str {
-    match o {
-        Outcome::Allowed => "Allowed",
-        Outcome::Limited => "Limited",
-        Outcome::NeverFits => "NeverFits",
-        Outcome::StoreFull => "StoreFull",
-        Outcome::Untracked => "Untracked",
-        // `Outcome` is non-exhaustive: a later variant is still an answer, not a panic.
-        _ => "Other",
-    }
-}
-
 /// The policy the draft-10 fields name: one for the whole API, "default", no window (the
 /// rules' windows differ per rule; the decision does not say which one applied).
 static POLICY: std::sync::LazyLock<Policy> = std::sync::LazyLock::new(Policy::default);
@@ -153,6 +141,41 @@ pub(super) async fn check_direct(s: Arc<Server>, body: Body) -> Response {
         }
     };
     check_body(s, body).await
+}
+
+/// `POST /v1/check?...`: `explain=1` (or `true`) explains the check instead of making it
+/// (`explain=0`, `false` or no `explain`: the check); another value is a 400.
+pub(super) async fn check_or_explain(
+    axum::extract::State(s): axum::extract::State<Arc<Server>>,
+    uri: axum::http::Uri,
+    body: Body,
+) -> Response {
+    let mut explain = false;
+    // The values this reads need no percent-decoding; any other is refused as it is.
+    for (k, v) in uri
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter_map(|p| p.split_once('='))
+    {
+        if k == "explain" {
+            explain = match v {
+                "1" | "true" => true,
+                "0" | "false" => false,
+                v => {
+                    return error(
+                        &s,
+                        StatusCode::BAD_REQUEST,
+                        format!("explain={v}: expected explain=1 (or true) to explain the check, 0 (or false) to make it"),
+                    )
+                }
+            };
+        }
+    }
+    if !explain {
+        return check_direct(s, body).await;
+    }
+    super::explain::explain(s, body).await
 }
 
 /// `POST /v1/check` with its body read: the request it asks for, decided, counted and
@@ -202,7 +225,7 @@ async fn check_body(s: Arc<Server>, body: Bytes) -> Response {
 }
 
 /// The rules request a body asks for.
-fn request_of<'a>(b: &'a CheckBody<'a>) -> Result<Request<'a>, String> {
+pub(super) fn request_of<'a>(b: &'a CheckBody<'a>) -> Result<Request<'a>, String> {
     let mut req = request(&b.key_class, &b.key)?;
     req.cost = b.cost;
     if req.route.is_none() {

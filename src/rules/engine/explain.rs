@@ -9,7 +9,7 @@ use super::{merge, pooled, Engine, Verdict, UNLIMITED};
 use crate::algo::{Algorithm, LimitPeek};
 use crate::clock::{Clock, Nanos};
 use crate::decision::{Decision, Outcome};
-use crate::rules::compile::{CRule, Compiled, Kind};
+use crate::rules::compile::{CRule, Kind};
 use crate::rules::matcher::sel;
 use crate::rules::request::{method_slot, Priority, Request};
 use std::sync::Arc;
