@@ -335,3 +335,162 @@ fn http_explanations_agree_with_the_checks_that_follow() {
     let m = String::from_utf8(m.stdout).unwrap();
     assert!(m.contains("turnstile_explains_total 6"), "{m}");
 }
+
+/// Envoy's rate limit configuration: a counted limit, a shadow limit, an unlimited key. Day
+/// windows (on the Unix epoch, as upstream's): nothing resets during the test.
+const ENVOY: &str = "\
+domain: explain
+descriptors:
+  - key: user
+    rate_limit: {unit: day, requests_per_unit: 3, name: per-user}
+  - key: shadowed
+    shadow_mode: true
+    rate_limit: {unit: day, requests_per_unit: 1}
+  - key: free
+    rate_limit: {unlimited: true}
+";
+
+mod grpc {
+    pub use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    pub use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    pub use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    pub use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+}
+
+fn rls(hits: u32, ds: &[(&str, &str)]) -> grpc::RateLimitRequest {
+    grpc::RateLimitRequest {
+        domain: "explain".into(),
+        descriptors: ds
+            .iter()
+            .map(|(k, v)| grpc::RateLimitDescriptor {
+                entries: vec![grpc::Entry {
+                    key: k.to_string(),
+                    value: v.to_string(),
+                }],
+                ..Default::default()
+            })
+            .collect(),
+        hits_addend: hits,
+    }
+}
+
+/// One `ShouldRateLimit` call, `x-turnstile-explain` set to `explain` if given: the answer
+/// and the explanation the response's metadata carries.
+async fn call(
+    c: &mut grpc::RateLimitServiceClient<tonic::transport::Channel>,
+    req: grpc::RateLimitRequest,
+    explain: Option<&'static str>,
+) -> Result<(grpc::RateLimitResponse, Option<Value>), tonic::Status> {
+    let mut r = tonic::Request::new(req);
+    if let Some(v) = explain {
+        r.metadata_mut()
+            .insert("x-turnstile-explain", v.parse().unwrap());
+    }
+    let r = c.should_rate_limit(r).await?;
+    let x = r
+        .metadata()
+        .get("x-turnstile-explain")
+        .map(|v| serde_json::from_str(v.to_str().unwrap()).unwrap());
+    Ok((r.into_inner(), x))
+}
+
+/// The answer's codes by name, overall and per descriptor.
+fn codes(a: &grpc::RateLimitResponse) -> (String, Vec<String>) {
+    let name = |c: i32| if c == 2 { "OVER_LIMIT" } else { "OK" }.to_string();
+    (
+        name(a.overall_code),
+        a.statuses.iter().map(|s| name(s.code)).collect(),
+    )
+}
+
+#[test]
+fn grpc_explanations_in_the_metadata_agree_with_the_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("explain.yaml");
+    std::fs::write(&config, ENVOY).unwrap();
+    let (grpc, resp, http) = (free_port(), free_port(), free_port());
+    let mut cmd = Command::new(BIN);
+    cmd.args(["serve", "--workers", "1", "--throttle-keys", "1000"])
+        .args(["--resp", &format!("127.0.0.1:{resp}")])
+        .args(["--http", &format!("127.0.0.1:{http}")])
+        .args(["--grpc", &format!("127.0.0.1:{grpc}")])
+        .arg("--envoy-config")
+        .arg(&config)
+        .env_remove("SHADOW_MODE")
+        .env_remove("QUOTA_MODE")
+        .env("RUST_LOG", "warn");
+    let _server = common::spawn_listening(&mut cmd, &[grpc]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut c = grpc::RateLimitServiceClient::connect(format!("http://127.0.0.1:{grpc}"))
+            .await
+            .unwrap();
+        // Not asked: no explanation.
+        let (a, x) = call(&mut c, rls(1, &[("user", "carol")]), None)
+            .await
+            .unwrap();
+        assert_eq!((codes(&a).0.as_str(), x), ("OK", None));
+        let (_, x) = call(&mut c, rls(1, &[("user", "carol")]), Some("0"))
+            .await
+            .unwrap();
+        assert_eq!(x, None);
+
+        // 2 of 3, then 2 more: over. Each explanation is of the answer it comes with, and
+        // its counter is what the calls before counted (the explanation counted nothing).
+        let mut seen = 0;
+        // A request-level hits_addend of 0 counts 1, as upstream counts it.
+        for (hits, want) in [(2, "OK"), (2, "OVER_LIMIT"), (0, "OVER_LIMIT")] {
+            let (a, x) = call(&mut c, rls(hits, &[("user", "alice")]), Some("1"))
+                .await
+                .unwrap();
+            let x = x.expect("asked: explained");
+            let (overall, each) = codes(&a);
+            assert_eq!(overall, want, "{x}");
+            assert_eq!(x["overall_code"], overall.as_str(), "{x}");
+            let d = &x["descriptors"][0];
+            assert_eq!(d["code"], each[0].as_str(), "{x}");
+            assert_eq!(d["remaining"], a.statuses[0].limit_remaining, "{x}");
+            assert_eq!(d["counter"], seen, "{x}");
+            let hits = if hits == 0 { 1 } else { hits };
+            assert_eq!(d["counter_after"], seen + hits, "{x}");
+            assert_eq!(d["matched"], "explain.user", "{x}");
+            assert_eq!(d["limit"], json!(["per-user", 3, "day"]), "{x}");
+            assert_eq!(d["mode"], "hard");
+            assert!(d["key"].as_str().unwrap().ends_with("user|alice"), "{x}");
+            assert!(d["key_id"].as_str().unwrap().parse::<u64>().is_ok(), "{x}");
+            seen += hits;
+        }
+
+        // Several descriptors: the shadow one over (answered OK), the unlimited one, the
+        // counted one deciding the headers with the least remaining.
+        let ds = [("shadowed", "s"), ("free", "f"), ("user", "bob")];
+        call(&mut c, rls(1, &ds[..1]), None).await.unwrap();
+        let (a, x) = call(&mut c, rls(1, &ds), Some("true")).await.unwrap();
+        let x = x.unwrap();
+        assert_eq!(
+            codes(&a),
+            ("OK".to_string(), vec!["OK".to_string(); 3]),
+            "{x}"
+        );
+        assert_eq!(x["overall_code"], "OK");
+        let d = &x["descriptors"];
+        assert_eq!(
+            (&d[0]["mode"], &d[0]["over"], &d[0]["code"]),
+            (&json!("shadow"), &json!(true), &json!("OK")),
+            "{x}"
+        );
+        assert_eq!(d[1]["matched"], "unlimited: explain.free", "{x}");
+        assert_eq!(d[2]["remaining"], 2, "{x}");
+        assert_eq!(x["decided_by"], 0, "the shadow limit has nothing left: {x}");
+
+        // A value that is not a yes or a no is refused, saying what is expected.
+        let e = call(&mut c, rls(1, &[("user", "dan")]), Some("please"))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert!(e.message().contains("expected 1"), "{e:?}");
+    });
+}

@@ -44,13 +44,43 @@ impl RateLimitService for Grpc {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        self.envoy
+        // Explained from peeks just before the answer counts: what the answer then does.
+        let explained = match asks_explain(request.metadata())? {
+            true => Some(self.envoy.explain(request.get_ref())),
+            false => None,
+        };
+        let mut r = self
+            .envoy
             .should_rate_limit(request.get_ref())
             .map(Response::new)
             .map_err(|e| match e {
                 InvalidRequest::Upstream(m) => Status::unknown(m),
                 InvalidRequest::Invalid(m) => Status::invalid_argument(m),
-            })
+            })?;
+        if let Some(Ok(x)) = explained {
+            // ASCII JSON is always a valid metadata value.
+            if let Ok(v) = x.to_ascii_json().parse() {
+                r.metadata_mut().insert(EXPLAIN, v);
+            }
+        }
+        Ok(r)
+    }
+}
+
+/// The metadata that asks for an explanation of the answer (`1` or `true`), and that carries
+/// it back, as JSON ([`super::explain`]).
+pub const EXPLAIN: &str = "x-turnstile-explain";
+
+/// Whether the request's metadata asks for an explanation; another value than `1`, `true`,
+/// `0` or `false` is refused (`INVALID_ARGUMENT`).
+fn asks_explain(m: &tonic::metadata::MetadataMap) -> Result<bool, Status> {
+    match m.get(EXPLAIN).map(|v| v.to_str()) {
+        None => Ok(false),
+        Some(Ok("1" | "true")) => Ok(true),
+        Some(Ok("0" | "false")) => Ok(false),
+        Some(_) => Err(Status::invalid_argument(format!(
+            "{EXPLAIN}: expected 1 (or true) to explain the answer in the response's {EXPLAIN} metadata, 0 (or false) not to"
+        ))),
     }
 }
 
