@@ -420,13 +420,48 @@ impl Serve for HttpServe {
     }
 }
 
+/// `POST /v1/check?...`: `explain=1` (or `true`) explains the check instead of making it
+/// (`explain=0`, `false` or no `explain`: the check); another value is a 400.
+async fn check_or_explain(
+    axum::extract::State(s): axum::extract::State<Arc<Server>>,
+    uri: axum::http::Uri,
+    body: Body,
+) -> Response {
+    let mut explain = false;
+    // The values this reads need no percent-decoding; any other is refused as it is.
+    for (k, v) in uri
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter_map(|p| p.split_once('='))
+    {
+        if k == "explain" {
+            explain = match v {
+                "1" | "true" => true,
+                "0" | "false" => false,
+                v => {
+                    return error(
+                        &s,
+                        StatusCode::BAD_REQUEST,
+                        format!("explain={v}: expected explain=1 (or true) to explain the check, 0 (or false) to make it"),
+                    )
+                }
+            };
+        }
+    }
+    if !explain {
+        return check_direct(s, body).await;
+    }
+    explain::explain(s, body).await
+}
+
 /// The router of every endpoint but the hot one's POST.
 fn router(shared: &Arc<Server>) -> Router {
     let app = Router::new()
         // A POST without a query never gets here (Dispatch answers it first); with one it
         // may ask for an explanation. The route gives other methods their 405 with
         // `Allow: POST`.
-        .route("/v1/check", post(check::check_or_explain))
+        .route("/v1/check", post(check_or_explain))
         .route("/v1/settle", post(settle::settle))
         .route("/v1/reload", post(reload))
         .route(

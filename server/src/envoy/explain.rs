@@ -73,8 +73,8 @@ pub(crate) fn key_text(mut k: &[u8]) -> String {
 /// A status code's name.
 pub(crate) fn code_name(code: i32) -> &'static str {
     match code {
-        super::engine::CODE_OVER_LIMIT => "OVER_LIMIT",
-        super::engine::CODE_OK => "OK",
+        super::response::CODE_OVER_LIMIT => "OVER_LIMIT",
+        super::response::CODE_OK => "OK",
         _ => "UNKNOWN",
     }
 }

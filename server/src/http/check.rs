@@ -143,41 +143,6 @@ pub(super) async fn check_direct(s: Arc<Server>, body: Body) -> Response {
     check_body(s, body).await
 }
 
-/// `POST /v1/check?...`: `explain=1` (or `true`) explains the check instead of making it
-/// (`explain=0`, `false` or no `explain`: the check); another value is a 400.
-pub(super) async fn check_or_explain(
-    axum::extract::State(s): axum::extract::State<Arc<Server>>,
-    uri: axum::http::Uri,
-    body: Body,
-) -> Response {
-    let mut explain = false;
-    // The values this reads need no percent-decoding; any other is refused as it is.
-    for (k, v) in uri
-        .query()
-        .unwrap_or("")
-        .split('&')
-        .filter_map(|p| p.split_once('='))
-    {
-        if k == "explain" {
-            explain = match v {
-                "1" | "true" => true,
-                "0" | "false" => false,
-                v => {
-                    return error(
-                        &s,
-                        StatusCode::BAD_REQUEST,
-                        format!("explain={v}: expected explain=1 (or true) to explain the check, 0 (or false) to make it"),
-                    )
-                }
-            };
-        }
-    }
-    if !explain {
-        return check_direct(s, body).await;
-    }
-    super::explain::explain(s, body).await
-}
-
 /// `POST /v1/check` with its body read: the request it asks for, decided, counted and
 /// answered.
 async fn check_body(s: Arc<Server>, body: Bytes) -> Response {
