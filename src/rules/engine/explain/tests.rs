@@ -152,6 +152,17 @@ proptest! {
             prop_assert_eq!(stats(&e), before);
             let v = e.explain_at(&req, now);
             prop_assert_eq!(&x.verdict, &v);
+            // Each rule's limits say what its step says: all admit, or one does not.
+            for r in &x.rules {
+                let all = r.limits.iter().all(|l| l.admits);
+                match r.step {
+                    RuleStep::Admits | RuleStep::WouldAdmit => prop_assert!(all, "{:?}", r),
+                    RuleStep::Denies | RuleStep::WouldDeny | RuleStep::AdmitsFromPool => {
+                        prop_assert!(!all, "{:?}", r)
+                    }
+                    RuleStep::NotReached => {}
+                }
+            }
             match (&v.rule, x.decider()) {
                 (Some(r), Some(d)) => {
                     prop_assert_eq!(r, &d.rule);
