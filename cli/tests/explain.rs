@@ -493,4 +493,51 @@ fn grpc_explanations_in_the_metadata_agree_with_the_answer() {
         assert_eq!(e.code(), tonic::Code::InvalidArgument);
         assert!(e.message().contains("expected 1"), "{e:?}");
     });
+
+    // `POST /json` explains in the response header of that name.
+    let body = r#"{"domain":"explain","descriptors":[{"entries":[{"key":"user","value":"erin"}]}],"hitsAddend":2}"#;
+    for (counter, code, status) in [(0, "OK", 200), (2, "OVER_LIMIT", 429)] {
+        let (got, headers, answer) = post_json(http, body, "1");
+        assert_eq!(got, status, "{answer}");
+        let x: Value = headers
+            .iter()
+            .find_map(|h| h.strip_prefix("x-turnstile-explain: "))
+            .map(|v| serde_json::from_str(v).unwrap())
+            .unwrap_or_else(|| panic!("no explanation in {headers:?}"));
+        assert_eq!(x["overall_code"], code, "{x}");
+        assert_eq!(x["descriptors"][0]["counter"], counter, "{x}");
+        assert_eq!(answer["overallCode"], code, "{answer}");
+    }
+    let (got, _, _) = post_json(http, body, "maybe");
+    assert_eq!(got, 400);
+}
+
+/// curl `POST /json` with `x-turnstile-explain: explain`: the status, the response's header
+/// lines, the body.
+fn post_json(port: u16, body: &str, explain: &str) -> (u16, Vec<String>, Value) {
+    let o = Command::new("curl")
+        .args(["-s", "-m", "10", "-D", "-", "-X", "POST"])
+        .args(["-H", "content-type: application/json"])
+        .args(["-H", &format!("x-turnstile-explain: {explain}")])
+        .args(["--data-binary", body])
+        .arg(format!("http://127.0.0.1:{port}/json"))
+        .output()
+        .expect("curl runs");
+    let text = String::from_utf8(o.stdout).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let headers = lines.map(|l| l.trim_end().to_string()).collect();
+    (
+        status,
+        headers,
+        serde_json::from_str(body).unwrap_or(Value::Null),
+    )
 }

@@ -3,7 +3,8 @@
 //! counter before and after the request's hits, what remains, the reset, its status; overall,
 //! the code and which descriptor decides. From peeks of the counters: nothing is counted.
 //! The gRPC service sends it as JSON in the response's `x-turnstile-explain` metadata when
-//! the request's metadata asks for it (`x-turnstile-explain: 1`).
+//! the request's metadata asks for it (`x-turnstile-explain: 1`), and `POST /json` in the
+//! response header of that name when the request's header asks for it.
 //!
 //! [`Envoy::explain`]: super::Envoy::explain
 
@@ -68,6 +69,22 @@ pub(crate) fn key_text(mut k: &[u8]) -> String {
         k = &rest[n..];
     }
     parts.join("|")
+}
+
+/// The metadata (gRPC) or header (`POST /json`) that asks for an explanation of the answer
+/// (`1` or `true`), and that carries it back, as JSON.
+pub const EXPLAIN: &str = "x-turnstile-explain";
+
+/// Whether the request's [`EXPLAIN`] value (`None`: absent; `Err`: not text) asks for an
+/// explanation; a value other than `1`, `true`, `0` or `false` is refused with the reason.
+pub(crate) fn asks(value: Option<Result<&str, ()>>) -> Result<bool, String> {
+    match value {
+        None | Some(Ok("0" | "false")) => Ok(false),
+        Some(Ok("1" | "true")) => Ok(true),
+        Some(_) => Err(format!(
+            "{EXPLAIN}: expected 1 (or true) to explain the answer in the response's {EXPLAIN}, 0 (or false) not to"
+        )),
+    }
 }
 
 /// A status code's name.

@@ -9,6 +9,7 @@
 //! oversized entry or an unknown override unit with `INVALID_ARGUMENT`.
 
 use super::engine::Envoy;
+use super::explain::{asks, EXPLAIN};
 use super::health::Health;
 use super::limits::InvalidRequest;
 use crate::config::{Access, Auth};
@@ -67,21 +68,9 @@ impl RateLimitService for Grpc {
     }
 }
 
-/// The metadata that asks for an explanation of the answer (`1` or `true`), and that carries
-/// it back, as JSON ([`super::explain`]).
-pub const EXPLAIN: &str = "x-turnstile-explain";
-
-/// Whether the request's metadata asks for an explanation; another value than `1`, `true`,
-/// `0` or `false` is refused (`INVALID_ARGUMENT`).
+/// Whether the request's metadata asks for an explanation ([`super::explain::asks`]).
 fn asks_explain(m: &tonic::metadata::MetadataMap) -> Result<bool, Status> {
-    match m.get(EXPLAIN).map(|v| v.to_str()) {
-        None => Ok(false),
-        Some(Ok("1" | "true")) => Ok(true),
-        Some(Ok("0" | "false")) => Ok(false),
-        Some(_) => Err(Status::invalid_argument(format!(
-            "{EXPLAIN}: expected 1 (or true) to explain the answer in the response's {EXPLAIN} metadata, 0 (or false) not to"
-        ))),
-    }
+    asks(m.get(EXPLAIN).map(|v| v.to_str().map_err(|_| ()))).map_err(Status::invalid_argument)
 }
 
 /// The tonic service, its messages at most `max_message` bytes (`--max-body`; larger:
