@@ -254,7 +254,7 @@ fn unauthenticated_clients_get_nothing_buffered() {
     assert!(out.contains("NOAUTH"), "{out}");
 }
 
-/// A client that pipelines COMMAND (727 bytes out for 9 in) and never reads is closed once its
+/// A client that pipelines COMMAND (about 1.6 KiB out for 9 in) and never reads is closed once its
 /// waiting output passes --client-output-limit, and the server's memory stays bounded.
 #[test]
 fn a_client_that_never_reads_is_closed_past_its_output_limit() {

@@ -175,6 +175,11 @@ fn memory(o: &mut Exposition, s: &Server) {
         "Requests settled at their actual cost (TURNSTILE.SETTLE, POST /v1/settle).",
         s.metrics.get(C::Settles),
     );
+    o.counter(
+        "turnstile_explains_total",
+        "Decisions explained (TURNSTILE.EXPLAIN, POST /v1/check?explain=1).",
+        s.metrics.get(C::Explains),
+    );
 }
 
 /// HTTP requests and connections.

@@ -1,9 +1,11 @@
-//! The HTTP API (axum): `POST /v1/check`, `POST /v1/settle`, `GET /metrics`, `GET /healthz`,
+//! The HTTP API (axum): `POST /v1/check` (`?explain=1`: explained, not checked: `explain`),
+//! `POST /v1/settle`, `GET /metrics`, `GET /healthz`,
 //! `GET /readyz`, `POST /v1/reload`, `GET`/`PUT`/`DELETE /v1/limits/{class}/{key}` (keys' own limits, `limits`), and with `--envoy-config` Envoy's `POST /json` and `GET /healthcheck`
 //! ([`crate::envoy::json_router`], whose own body limit applies). Errors are JSON
 //! `{"error": "..."}`; a body over `--max-body` gets 413.
 
 mod check;
+mod explain;
 mod limits;
 mod settle;
 
@@ -308,7 +310,11 @@ where
                 Ok(r)
             }));
         }
-        if req.method() == Method::POST && req.uri().path() == "/v1/check" {
+        // A query (`?explain=1`) goes through the router: the hot path reads no query.
+        if req.method() == Method::POST
+            && req.uri().path() == "/v1/check"
+            && req.uri().query().is_none()
+        {
             let s = self.shared.clone();
             // Boxed as axum boxes a handler's future.
             Either::Left(Box::pin(async move {
@@ -414,15 +420,48 @@ impl Serve for HttpServe {
     }
 }
 
+/// `POST /v1/check?...`: `explain=1` (or `true`) explains the check instead of making it
+/// (`explain=0`, `false` or no `explain`: the check); another value is a 400.
+async fn check_or_explain(
+    axum::extract::State(s): axum::extract::State<Arc<Server>>,
+    uri: axum::http::Uri,
+    body: Body,
+) -> Response {
+    let mut explain = false;
+    // The values this reads need no percent-decoding; any other is refused as it is.
+    for (k, v) in uri
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter_map(|p| p.split_once('='))
+    {
+        if k == "explain" {
+            explain = match v {
+                "1" | "true" => true,
+                "0" | "false" => false,
+                v => {
+                    return error(
+                        &s,
+                        StatusCode::BAD_REQUEST,
+                        format!("explain={v}: expected explain=1 (or true) to explain the check, 0 (or false) to make it"),
+                    )
+                }
+            };
+        }
+    }
+    if !explain {
+        return check_direct(s, body).await;
+    }
+    explain::explain(s, body).await
+}
+
 /// The router of every endpoint but the hot one's POST.
 fn router(shared: &Arc<Server>) -> Router {
     let app = Router::new()
-        // POST never gets here (Dispatch answers it first); the route gives other methods
-        // their 405 with `Allow: POST`.
-        .route(
-            "/v1/check",
-            post(|State(s): State<Arc<Server>>, body: Body| check_direct(s, body)),
-        )
+        // A POST without a query never gets here (Dispatch answers it first); with one it
+        // may ask for an explanation. The route gives other methods their 405 with
+        // `Allow: POST`.
+        .route("/v1/check", post(check_or_explain))
         .route("/v1/settle", post(settle::settle))
         .route("/v1/reload", post(reload))
         .route(

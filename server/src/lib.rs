@@ -62,6 +62,7 @@ mod conn;
 mod control;
 pub mod envoy;
 mod error;
+mod explain;
 mod exposition;
 mod grpc;
 mod http;

@@ -22,6 +22,7 @@ pub(crate) enum C {
     CheckDenied,
     Refunds,
     Settles,
+    Explains,
     HttpRequests,
     HttpChecks,
     HttpErrors,
@@ -29,7 +30,7 @@ pub(crate) enum C {
     HttpRejectedConnections,
 }
 
-const COUNTERS: usize = 15;
+const COUNTERS: usize = 16;
 
 /// Latency histogram bucket bounds (ns), per command.
 pub(crate) const BOUNDS_NS: [u64; 12] = [

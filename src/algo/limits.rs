@@ -3,6 +3,31 @@
 use super::{Algorithm, Cells, Limit, Sub};
 use crate::decision::{ConfigError, Decision, Outcome};
 
+/// One limit's view of a record ([`Limits::inspect`]), recording nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LimitPeek {
+    /// The limit's algorithm.
+    pub algorithm: Algorithm,
+    /// What the limit holds now (a request of cost 0): its `limit`, `remaining` and
+    /// `reset_after_ns`.
+    pub held: Decision,
+    /// What it answers a request of the asked cost, alone (a denial not counted): whether it
+    /// admits, what would remain, when it would admit.
+    pub asked: Decision,
+}
+
+impl Limit {
+    /// This limit's [`LimitPeek`] of record `c` for a request of `cost` at `now`.
+    pub fn inspect<C: Cells + ?Sized>(&self, c: &mut C, now: u64, cost: u64) -> LimitPeek {
+        let quiet = self.counting_nothing();
+        LimitPeek {
+            algorithm: self.algorithm(),
+            held: quiet.step(c, now, 0, false),
+            asked: quiet.step(c, now, cost, false),
+        }
+    }
+}
+
 /// Several limits on one key, decided all-or-nothing over one record (their words laid end
 /// to end).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -77,6 +102,17 @@ impl Limits {
             return l.counting_nothing().step(c, now, cost, false);
         }
         self.run(c, now, cost, false)
+    }
+
+    /// Each limit's own view of the record, in order, recording nothing: what it holds (a
+    /// peek: cost 0) and what it answers a request of `cost` (a denial not counted). For
+    /// explanations, off the check path: it allocates the list.
+    pub fn inspect<C: Cells + ?Sized>(&self, c: &mut C, now: u64, cost: u64) -> Vec<LimitPeek> {
+        self.limits
+            .iter()
+            .zip(self.offsets.iter())
+            .map(|(l, &off)| l.inspect(&mut Sub { c: &mut *c, off }, now, cost))
+            .collect()
     }
 
     fn run<C: Cells + ?Sized>(&self, c: &mut C, now: u64, cost: u64, apply: bool) -> Decision {

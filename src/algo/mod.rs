@@ -30,7 +30,7 @@ mod limits;
 
 pub(crate) use limit::{limit_in, window_at_least_1ns};
 pub use limit::{Limit, LimitSpec};
-pub use limits::Limits;
+pub use limits::{LimitPeek, Limits};
 
 use crate::decision::Decision;
 use std::fmt;

@@ -173,6 +173,11 @@ pub fn decide<C: Cells + ?Sized>(
         if apply {
             record(c, p, &v, now, cost);
             d.reset_after_ns = view(c).newest_expiry(c, p, now);
+        } else {
+            // What recording would report: the new entries' expiry, at the tick `record`
+            // logs them at.
+            let t = now.div_ceil(p.tick).max(newest_tick(c, p, &v)) as u128;
+            d.reset_after_ns = until(t * p.tick as u128 + p.window as u128, now);
         }
         return d;
     }

@@ -32,6 +32,7 @@ pub(crate) mod alloc;
 pub(crate) mod arena;
 mod batch;
 mod builder;
+mod inspect;
 pub mod key;
 mod ops;
 mod per_check;

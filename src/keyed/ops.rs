@@ -7,7 +7,7 @@
 //! ([`Decides`]).
 
 use super::table::{Op, Refusal, RECLAIM_GRACE_NS};
-use crate::algo::{concurrency, Cells, Limit, Limits};
+use crate::algo::{concurrency, Cells, Limit, LimitPeek, Limits};
 use crate::clock::Nanos;
 use crate::decision::{Decision, Outcome};
 
@@ -17,6 +17,8 @@ pub(crate) trait Decides {
     fn decide<C: Cells + ?Sized>(&self, c: &mut C, now: Nanos, cost: u64) -> Decision;
     /// What `decide` would answer, recording nothing.
     fn evaluate<C: Cells + ?Sized>(&self, c: &mut C, now: Nanos, cost: u64) -> Decision;
+    /// Each limit's view of the record, recording nothing ([`Limits::inspect`]).
+    fn inspect<C: Cells + ?Sized>(&self, c: &mut C, now: Nanos, cost: u64) -> Vec<LimitPeek>;
     /// Gives `n` back.
     fn refund<C: Cells + ?Sized>(&self, c: &mut C, now: Nanos, n: u64);
     /// Takes `n` whatever the limits hold.
@@ -36,6 +38,9 @@ impl Decides for Limits {
     }
     fn evaluate<C: Cells + ?Sized>(&self, c: &mut C, now: Nanos, cost: u64) -> Decision {
         Limits::evaluate(self, c, now, cost)
+    }
+    fn inspect<C: Cells + ?Sized>(&self, c: &mut C, now: Nanos, cost: u64) -> Vec<LimitPeek> {
+        Limits::inspect(self, c, now, cost)
     }
     fn refund<C: Cells + ?Sized>(&self, c: &mut C, now: Nanos, n: u64) {
         Limits::refund(self, c, now, n)
@@ -70,6 +75,9 @@ impl Decides for Limit {
     }
     fn evaluate<C: Cells + ?Sized>(&self, c: &mut C, now: Nanos, cost: u64) -> Decision {
         self.counting_nothing().step(c, now, cost, false)
+    }
+    fn inspect<C: Cells + ?Sized>(&self, c: &mut C, now: Nanos, cost: u64) -> Vec<LimitPeek> {
+        vec![Limit::inspect(self, c, now, cost)]
     }
     fn refund<C: Cells + ?Sized>(&self, c: &mut C, now: Nanos, n: u64) {
         Limit::refund(self, c, now, n)
@@ -179,6 +187,42 @@ impl<D: Decides + ?Sized> Op for Evaluate<'_, D> {
     }
     fn refused(&mut self, why: Refusal) -> Decision {
         refusal(self.by, why, self.now)
+    }
+}
+
+/// [`Evaluate`] with each limit's view ([`Decides::inspect`]), for explanations: one visit
+/// of the record, so that the decision and the views agree.
+pub(crate) struct Inspect<'a, D: ?Sized> {
+    pub(crate) by: &'a D,
+    pub(crate) now: Nanos,
+    pub(crate) cost: u64,
+}
+
+impl<D: Decides + ?Sized> Op for Inspect<'_, D> {
+    type Out = (Decision, Vec<LimitPeek>);
+    fn inserts(&self) -> bool {
+        false
+    }
+    fn apply<C: Cells + ?Sized>(&mut self, rec: &mut C) -> Self::Out {
+        let d = self.by.evaluate(rec, self.now, self.cost);
+        (d, self.by.inspect(rec, self.now, self.cost))
+    }
+    fn absent(&mut self) -> Self::Out {
+        on_fresh(self.by.words(), |c| self.apply(c))
+    }
+    fn refused(&mut self, why: Refusal) -> Self::Out {
+        // No record to look at: what the table answers, as every limit's view.
+        let d = refusal(self.by, why, self.now);
+        let views = on_fresh(self.by.words(), |c| self.by.inspect(c, self.now, self.cost));
+        let views = views
+            .into_iter()
+            .map(|v| LimitPeek {
+                held: d,
+                asked: d,
+                ..v
+            })
+            .collect();
+        (d, views)
     }
 }
 

@@ -19,7 +19,7 @@ use super::matcher::{key_id, KeyPlan, RouteTable};
 use super::model::{KeyClass, Mode, Rule, Shedding};
 use super::validate::{compile_limits, effective, Loc, Of, Rf};
 use super::{Rules, RulesError};
-use crate::algo::{Limit, Limits};
+use crate::algo::{Limit, LimitPeek, Limits};
 use crate::clock::{Clock, Nanos};
 use crate::decision::Decision;
 use crate::keyed::{FullPolicy, KeyHasher, Store};
@@ -238,6 +238,17 @@ impl<C: Clock> Target<'_, C> {
                 .store()
                 .evaluate_with_at(&id, l, cost, now)
                 .unwrap_or_else(|_| self.store().evaluate_at(&id, cost, now)),
+        }
+    }
+
+    /// [`Target::evaluate_at`] with each limit's view (`Store::inspect_at`).
+    pub(crate) fn inspect_at(&self, id: u64, cost: u64, now: Nanos) -> (Decision, Vec<LimitPeek>) {
+        match &self.own {
+            None => self.store().inspect_at(&id, cost, now),
+            Some(l) => self
+                .store()
+                .inspect_with_at(&id, l, cost, now)
+                .unwrap_or_else(|_| self.store().inspect_at(&id, cost, now)),
         }
     }
 

@@ -54,8 +54,9 @@ mod request;
 mod validate;
 
 pub use engine::{
-    Engine, EngineBuilder, InFlight, LocalEngine, OwnedInFlight, Refusal, ReloadReport,
-    RuleOutcome, RuleStats, Verdict, UNLIMITED,
+    Decider, Engine, EngineBuilder, Explanation, InFlight, LimitState, LimitsFrom, LocalEngine,
+    OwnedInFlight, Refusal, ReloadReport, RuleExplanation, RuleMode, RuleOutcome, RuleStats,
+    RuleStep, Verdict, UNLIMITED,
 };
 pub use keys::{parse_customer, CustomerIdError};
 pub use model::{

@@ -210,7 +210,7 @@ fn arguments(kind: Kind) -> &'static [(&'static str, &'static str, bool)] {
             ("period", "integer", false),
             ("quantity", "integer", true),
         ],
-        Kind::Check | Kind::Refund => &[
+        Kind::Check | Kind::Refund | Kind::Explain => &[
             ("key_class", "string", false),
             ("key", "key", false),
             ("cost", "integer", true),

@@ -7,6 +7,7 @@
 //!
 //! * `throttle`: `CL.THROTTLE`.
 //! * `rules`: `TURNSTILE.CHECK`, `TURNSTILE.PEEK`, `TURNSTILE.REFUND`.
+//! * `explain`: `TURNSTILE.EXPLAIN`, why a check would be answered as it would.
 //! * `settle`: `TURNSTILE.SETTLE`, a reserved cost settled at the actual one.
 //! * `limits`: `TURNSTILE.LIMITS SET|GET|DEL`, keys' own limits.
 //! * `session`: `AUTH`, `HELLO`, `CLIENT`, `SELECT`, `PING`, `ECHO`, `QUIT`, `RESET`.
@@ -15,6 +16,7 @@
 //!   ([`crate::conn`]).
 
 pub(crate) mod client;
+pub(crate) mod explain;
 pub(crate) mod info;
 pub(crate) mod introspect;
 pub(crate) mod limits;
@@ -270,6 +272,7 @@ pub(crate) enum Kind {
     Throttle,
     Check,
     Peek,
+    Explain,
     Refund,
     Settle,
     Limits,
@@ -350,6 +353,8 @@ pub(crate) const COMMANDS: &[Spec] = &[
         "Checks a request against the rules: allowed, limit, remaining, retry ms, reset ms, rule."),
     spec("TURNSTILE.PEEK", Kind::Peek, -3, 4, &["readonly", "fast"], true,
         "What TURNSTILE.CHECK would answer, without counting the request."),
+    spec("TURNSTILE.EXPLAIN", Kind::Explain, -3, 5, &["readonly"], true,
+        "Why TURNSTILE.CHECK would answer as it would: every matching rule, each limit's counter, remaining and reset, the key id, the mode, who decides; counting nothing."),
     spec("TURNSTILE.REFUND", Kind::Refund, -3, 5, &["write", "fast"], true,
         "Gives back what an admitted request took, where its algorithm can."),
     spec("TURNSTILE.SETTLE", Kind::Settle, -5, 6, &["write", "fast"], true,
@@ -423,6 +428,7 @@ pub(crate) enum Command<'a> {
     Throttle(throttle::Throttle<'a>),
     Rules(rules::RulesCommand<'a>),
     Settle(settle::Settle<'a>),
+    Explain(explain::Explain<'a>),
     Limits(limits::LimitsCommand),
     Session(session::SessionCommand<'a>),
     Introspect(introspect::Introspect<'a>),
@@ -452,6 +458,7 @@ impl<'a> Command<'a> {
                 Command::Rules(rules::RulesCommand::parse(spec.kind, &mut c)?)
             }
             Kind::Settle => Command::Settle(settle::Settle::parse(&mut c)?),
+            Kind::Explain => Command::Explain(explain::Explain::parse(&mut c)?),
             Kind::Limits => Command::Limits(limits::LimitsCommand::parse(&mut c)?),
             Kind::Ping
             | Kind::Echo
@@ -488,6 +495,7 @@ impl Command<'_> {
             Command::Throttle(t) => t.apply(ctx.throttles, s, None, o),
             Command::Rules(r) => return (r.apply(ctx, o), Effect::None),
             Command::Settle(r) => return (r.apply(ctx, o), Effect::None),
+            Command::Explain(x) => x.apply(ctx, o),
             Command::Limits(l) => {
                 let call = l.apply(s.access, o).map(rules::RemoteCall::Limits);
                 return (call, Effect::None);

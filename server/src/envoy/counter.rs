@@ -123,40 +123,82 @@ impl Counter {
             c.over,
             limit.shadow_mode,
         );
-        DescriptorStatus {
-            // A shadow limit that is over still answers OK, with nothing remaining.
-            code: if c.over && !limit.shadow_mode {
-                CODE_OVER_LIMIT
-            } else {
-                CODE_OK
-            },
-            current_limit: Some(PbRateLimit {
-                name: limit.name.to_string(),
-                requests_per_unit: limit.requests_per_unit,
-                unit: limit.unit.map_or(0, Unit::proto),
-            }),
-            limit_remaining: if c.over {
-                0
-            } else {
-                c.remaining.min(u32::MAX as u64) as u32
-            },
-            duration_until_reset: Some(PbDuration {
-                seconds: c.reset_s.min(i64::MAX as u64) as i64,
-                nanos: 0,
-            }),
-            quota: None,
+        status(&c, limit)
+    }
+
+    /// What [`Counter::check`] would answer, counting nothing (a peek of the counter), and
+    /// the counts it would see: for explanations.
+    pub(crate) fn peek(
+        &self,
+        key: &[u8],
+        hits: u64,
+        now: Nanos,
+        limit: &Applied<'_>,
+    ) -> (DescriptorStatus, Counted) {
+        let rpu = limit.requests_per_unit as u64;
+        let c = match self {
+            Counter::Upstream { store, window_s } => {
+                let count = MAX_LIMIT - store.peek_at(key, now).remaining.min(MAX_LIMIT);
+                let after = count.saturating_add(hits);
+                Counted {
+                    over: after > rpu,
+                    remaining: rpu.saturating_sub(after),
+                    reset_s: window_s - (now / NANOS_PER_SEC) % window_s,
+                    before: count,
+                    after,
+                }
+            }
+            Counter::Algorithm(store) => counted(store.evaluate_at(key, hits, now), hits, rpu),
+        };
+        (status(&c, limit), c)
+    }
+
+    /// The key id the counter's store keeps `key` under.
+    pub(crate) fn key_id(&self, key: &[u8]) -> u64 {
+        use turnstile::keyed::Key;
+        match self {
+            Counter::Upstream { store, .. } | Counter::Algorithm(store) => {
+                key.key_id(store.hasher())
+            }
         }
     }
 }
 
+/// A descriptor's status from its counts.
+fn status(c: &Counted, limit: &Applied<'_>) -> DescriptorStatus {
+    DescriptorStatus {
+        // A shadow limit that is over still answers OK, with nothing remaining.
+        code: if c.over && !limit.shadow_mode {
+            CODE_OVER_LIMIT
+        } else {
+            CODE_OK
+        },
+        current_limit: Some(PbRateLimit {
+            name: limit.name.to_string(),
+            requests_per_unit: limit.requests_per_unit,
+            unit: limit.unit.map_or(0, Unit::proto),
+        }),
+        limit_remaining: if c.over {
+            0
+        } else {
+            c.remaining.min(u32::MAX as u64) as u32
+        },
+        duration_until_reset: Some(PbDuration {
+            seconds: c.reset_s.min(i64::MAX as u64) as i64,
+            nanos: 0,
+        }),
+        quota: None,
+    }
+}
+
 /// One check's outcome in upstream's terms.
-struct Counted {
-    over: bool,
-    remaining: u64,
-    reset_s: u64,
+pub(crate) struct Counted {
+    pub(crate) over: bool,
+    pub(crate) remaining: u64,
+    pub(crate) reset_s: u64,
     /// The count before and after this request's hits (for the metrics' split).
-    before: u64,
-    after: u64,
+    pub(crate) before: u64,
+    pub(crate) after: u64,
 }
 
 /// Upstream's counter: count every hit, then compare with `requests_per_unit`.
@@ -192,7 +234,11 @@ fn upstream(
 
 /// Our extension: the algorithm's store decides; the count is what it has used of the limit.
 fn algorithm(store: &Store<DynClock>, key: &[u8], hits: u64, now: Nanos, rpu: u64) -> Counted {
-    let d = store.check_at(key, hits, now);
+    counted(store.check_at(key, hits, now), hits, rpu)
+}
+
+/// [`algorithm`]'s counts from the store's decision `d`.
+fn counted(d: turnstile::Decision, hits: u64, rpu: u64) -> Counted {
     let remaining = d.remaining.min(rpu);
     let used = rpu - remaining;
     let over = !d.allowed();

@@ -17,6 +17,7 @@
 
 use super::config::{EnvoyConfig, Unit};
 use super::counter::{Applied, Counter, DynClock};
+use super::explain::{code_name, key_text, DescriptorExplanation, EnvoyExplanation};
 use super::limits::{self, Found, InvalidRequest, ToCheck};
 use super::matcher::Matcher;
 use super::metrics::{Counters, Metrics};
@@ -137,6 +138,136 @@ impl Envoy {
         }
         resp.statuses = statuses;
         Ok(resp)
+    }
+
+    /// What [`Envoy::should_rate_limit`] would answer `req` now and why, counting nothing:
+    /// each descriptor's counter is peeked ([`super::explain`]).
+    pub fn explain(&self, req: &RateLimitRequest) -> Result<EnvoyExplanation, InvalidRequest> {
+        limits::validate(req)?;
+        let state = self.state.load();
+        let m = &state.matcher;
+        let checks = limits::limits_to_check(m, req);
+        let now: Nanos = self.clock.now();
+        let request_hits = if req.hits_addend == 0 {
+            1
+        } else {
+            req.hits_addend as u64
+        };
+        let quota = |i: usize| {
+            self.settings.quota_mode
+                || matches!(checks[i].found, Found::Rule(r) if m.rules()[r].quota_mode)
+        };
+        let (statuses, descriptors): (Vec<_>, Vec<_>) = req
+            .descriptors
+            .iter()
+            .zip(&checks)
+            .enumerate()
+            .map(|(i, (d, c))| {
+                let hits = d.hits_addend.map_or(request_hits, |h| h.value);
+                let entries: Vec<String> = d
+                    .entries
+                    .iter()
+                    .map(|e| format!("{}={}", e.key, e.value))
+                    .collect();
+                self.peek(&state, c, entries.join(","), hits, now, quota(i))
+            })
+            .unzip();
+        let unlimited = |i: usize| matches!(checks[i].found, Found::Unlimited(_));
+        let summary = response::summarise(&statuses, unlimited, quota);
+        let mut overall = summary.overall_code;
+        if overall == CODE_OVER_LIMIT && self.settings.shadow_mode {
+            overall = CODE_OK;
+        }
+        Ok(EnvoyExplanation {
+            overall_code: code_name(overall),
+            global_shadow_mode: self.settings.shadow_mode,
+            decided_by: summary.headers_from,
+            descriptors,
+        })
+    }
+
+    /// One descriptor's status as [`Envoy::do_limit`] would give it, from a peek of its
+    /// counter, and its explanation.
+    fn peek(
+        &self,
+        state: &Compiled,
+        c: &ToCheck,
+        entries: String,
+        hits: u64,
+        now: Nanos,
+        quota: bool,
+    ) -> (DescriptorStatus, DescriptorExplanation) {
+        let mut x = DescriptorExplanation {
+            entries,
+            matched: "none".into(),
+            limit: None,
+            mode: "none",
+            key: key_text(&c.key),
+            key_id: None,
+            hits,
+            counter: 0,
+            counter_after: 0,
+            remaining: 0,
+            reset_after_s: 0,
+            over: false,
+            code: "OK",
+        };
+        let (applied, counter) = match c.found {
+            Found::None | Found::Unlimited(_) => {
+                let st = DescriptorStatus {
+                    code: CODE_OK,
+                    limit_remaining: if let Found::Unlimited(r) = c.found {
+                        x.matched = format!("unlimited: {}", state.matcher.rules()[r].full_key);
+                        u32::MAX
+                    } else {
+                        0
+                    },
+                    ..Default::default()
+                };
+                x.remaining = st.limit_remaining;
+                return (st, x);
+            }
+            Found::Rule(r) => {
+                let rule = &state.matcher.rules()[r];
+                x.matched = rule.full_key.clone();
+                let applied = Applied {
+                    name: &rule.limit.name,
+                    requests_per_unit: rule.limit.requests_per_unit,
+                    unit: rule.limit.unit,
+                    shadow_mode: rule.shadow_mode,
+                };
+                let counter = state.rules[r]
+                    .0
+                    .as_ref()
+                    .expect("limited rules have a counter");
+                (applied, &**counter)
+            }
+            Found::Override(rpu, unit) => {
+                x.matched = "override".into();
+                let applied = Applied {
+                    name: "",
+                    requests_per_unit: rpu,
+                    unit: Some(unit),
+                    shadow_mode: false,
+                };
+                let idx = Unit::ALL.iter().position(|&u| u == unit).unwrap_or(0);
+                (applied, &self.overrides[idx])
+            }
+        };
+        x.mode = match (applied.shadow_mode, quota) {
+            (true, _) => "shadow",
+            (false, true) => "quota",
+            (false, false) => "hard",
+        };
+        let unit = applied.unit.map_or("", Unit::name);
+        x.limit = Some((applied.name.to_string(), applied.requests_per_unit, unit));
+        x.key_id = Some(counter.key_id(&c.key).to_string());
+        let (st, k) = counter.peek(&c.key, hits, now, &applied);
+        (x.counter, x.counter_after, x.over) = (k.before, k.after, k.over);
+        x.remaining = st.limit_remaining;
+        x.reset_after_s = st.duration_until_reset.as_ref().map_or(0, |d| d.seconds);
+        x.code = code_name(st.code);
+        (st, x)
     }
 
     /// Counts and decides each descriptor (upstream's `DoLimit`), in request order.

@@ -9,6 +9,7 @@
 //! oversized entry or an unknown override unit with `INVALID_ARGUMENT`.
 
 use super::engine::Envoy;
+use super::explain::{asks, EXPLAIN};
 use super::health::Health;
 use super::limits::InvalidRequest;
 use crate::config::{Access, Auth};
@@ -45,14 +46,32 @@ impl RateLimitService for Grpc {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        self.envoy
+        // Explained from peeks just before the answer counts: what the answer then does.
+        let explained = match asks_explain(request.metadata())? {
+            true => Some(self.envoy.explain(request.get_ref())),
+            false => None,
+        };
+        let mut r = self
+            .envoy
             .should_rate_limit(request.get_ref())
             .map(Response::new)
             .map_err(|e| match e {
                 InvalidRequest::Upstream(m) => Status::unknown(m),
                 InvalidRequest::Invalid(m) => Status::invalid_argument(m),
-            })
+            })?;
+        if let Some(Ok(x)) = explained {
+            // ASCII JSON is always a valid metadata value.
+            if let Ok(v) = x.to_ascii_json().parse() {
+                r.metadata_mut().insert(EXPLAIN, v);
+            }
+        }
+        Ok(r)
     }
+}
+
+/// Whether the request's metadata asks for an explanation ([`super::explain::asks`]).
+fn asks_explain(m: &tonic::metadata::MetadataMap) -> Result<bool, Status> {
+    asks(m.get(EXPLAIN).map(|v| v.to_str().map_err(|_| ()))).map_err(Status::invalid_argument)
 }
 
 /// The tonic service, its messages at most `max_message` bytes (`--max-body`; larger:

@@ -5,12 +5,14 @@
 //! strings, enums by name or number; an unknown field is an error. The response is written
 //! as `protojson` writes it: lowerCamelCase, default values left out, enums by name,
 //! durations as `"42s"`. The status is 200 for OK, 429 for OVER_LIMIT, 400 for a request
-//! that cannot be read or is invalid.
+//! that cannot be read or is invalid. A request header `x-turnstile-explain: 1` adds the
+//! answer's explanation in the response header of that name (`super::explain`).
 //!
 //! `envoy-types` has no serde support, so this mapping is written here; it covers the
 //! request and response messages only.
 
 use super::engine::Envoy;
+use super::explain::{asks, EXPLAIN};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -41,6 +43,7 @@ pub fn json_router(envoy: Arc<Envoy>, max_body: usize) -> Router {
 
 async fn handle_json(
     State(envoy): State<Arc<Envoy>>,
+    headers: axum::http::HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
     let body = match body {
@@ -61,6 +64,13 @@ async fn handle_json(
         Ok(r) => r,
         Err(e) => return (StatusCode::BAD_REQUEST, e).into_response(),
     };
+    let asked = headers.get(EXPLAIN).map(|v| v.to_str().map_err(|_| ()));
+    let explained = match asks(asked) {
+        // Explained from peeks just before the answer counts, as over gRPC.
+        Ok(true) => envoy.explain(&req).ok(),
+        Ok(false) => None,
+        Err(m) => return (StatusCode::BAD_REQUEST, m).into_response(),
+    };
     match envoy.should_rate_limit(&req) {
         Ok(resp) => {
             let status = if resp.overall_code == Code::OverLimit as i32 {
@@ -68,12 +78,17 @@ async fn handle_json(
             } else {
                 StatusCode::OK
             };
-            (
+            let mut r = (
                 status,
                 [(axum::http::header::CONTENT_TYPE, "application/json")],
                 response_json(&resp).to_string(),
             )
-                .into_response()
+                .into_response();
+            // ASCII JSON is always a valid header value.
+            if let Some(Ok(v)) = explained.map(|x| x.to_ascii_json().parse()) {
+                r.headers_mut().insert(EXPLAIN, v);
+            }
+            r
         }
         Err(e) => (StatusCode::BAD_REQUEST, e.to_string()).into_response(),
     }

@@ -21,6 +21,7 @@
 pub mod config;
 mod counter;
 pub mod engine;
+pub mod explain;
 pub mod grpc;
 pub(crate) mod health;
 mod import;
@@ -35,6 +36,7 @@ mod yaml;
 
 pub use config::{load, load_with, ConfigError, EnvoyConfig, LoadOptions};
 pub use engine::Envoy;
+pub use explain::{DescriptorExplanation, EnvoyExplanation};
 pub use grpc::service;
 pub use import::import_to_rules;
 pub use json::json_router;

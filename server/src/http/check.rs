@@ -3,6 +3,7 @@
 
 use super::{error, RateLimitHeaders};
 use crate::check::{count, ms_up, request};
+use crate::explain::outcome_name as outcome;
 use crate::metrics::C;
 use crate::state::Server;
 use axum::body::{Body, Bytes};
@@ -13,14 +14,14 @@ use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 use std::sync::Arc;
 use turnstile::rules::{Priority, Request, Verdict};
-use turnstile::{Clock, DefaultClock, Outcome};
+use turnstile::{Clock, DefaultClock};
 use turnstile_tower::{write_headers, HeaderStyle, Policy};
 
 /// The body of `POST /v1/check`. Strings borrow from the request's bytes (`Cow`: owned only
 /// when the JSON string has escapes), so a check allocates nothing to read its body.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct CheckBody<'a> {
+pub(super) struct CheckBody<'a> {
     /// `customer`, `ip`, `api_key`, `route`, `method`, or parts joined by `+`.
     #[serde(borrow)]
     key_class: Cow<'a, str>,
@@ -103,19 +104,6 @@ fn write_reply(buf: &mut BytesMut, r: &CheckReply) {
     } else {
         br#","shed":false}"#
     });
-}
-
-/// The outcome as the reply spells it (the variant's name, as `Debug` prints it).
-fn outcome(o: Outcome) -> &'static str {
-    match o {
-        Outcome::Allowed => "Allowed",
-        Outcome::Limited => "Limited",
-        Outcome::NeverFits => "NeverFits",
-        Outcome::StoreFull => "StoreFull",
-        Outcome::Untracked => "Untracked",
-        // `Outcome` is non-exhaustive: a later variant is still an answer, not a panic.
-        _ => "Other",
-    }
 }
 
 /// The policy the draft-10 fields name: one for the whole API, "default", no window (the
@@ -202,7 +190,7 @@ async fn check_body(s: Arc<Server>, body: Bytes) -> Response {
 }
 
 /// The rules request a body asks for.
-fn request_of<'a>(b: &'a CheckBody<'a>) -> Result<Request<'a>, String> {
+pub(super) fn request_of<'a>(b: &'a CheckBody<'a>) -> Result<Request<'a>, String> {
     let mut req = request(&b.key_class, &b.key)?;
     req.cost = b.cost;
     if req.route.is_none() {

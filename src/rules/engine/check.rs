@@ -85,7 +85,7 @@ impl Track for Why {
 /// more than 64 enforcing candidates.
 const WIDE: usize = MAX_RULES.div_ceil(64);
 
-fn shed_decision(s: &Shedding) -> Decision {
+pub(super) fn shed_decision(s: &Shedding) -> Decision {
     let ns = crate::clock::nanos(s.retry_after);
     Decision {
         outcome: Outcome::Limited,
@@ -101,7 +101,7 @@ fn shed_decision(s: &Shedding) -> Decision {
 /// the nominal limit (`nominal`: (scaled, nominal) capacity per limit), and whether it was
 /// admitted inside the tolerance band.
 #[inline]
-fn soft_view(nominal: &[(u64, u64)], mut d: Decision) -> (Decision, bool) {
+pub(super) fn soft_view(nominal: &[(u64, u64)], mut d: Decision) -> (Decision, bool) {
     let mut over = false;
     if let Some(&(scaled, nominal)) = nominal.iter().find(|(s, _)| *s == d.limit) {
         let band = scaled - nominal;
@@ -483,7 +483,7 @@ impl<C: Clock> Engine<C> {
     #[cold]
     #[inline(never)]
     #[allow(clippy::too_many_arguments)]
-    fn latest(
+    pub(super) fn latest(
         &self,
         c: &Compiled<C>,
         req: &Request<'_>,

@@ -2,9 +2,11 @@
 //! reload. The check's protocol (consume, then refund) is described in the [module
 //! docs](super); it is in `check` (with `explain`), the refund of an admitted request in
 //! `refund`, a cost settled after the work in `settle`, the in-flight guards and the load in
-//! `inflight`, the rules' counters in `stats`, the per-rule report of a check in `trace`.
+//! `inflight`, the rules' counters in `stats`, the per-rule report of a check in `trace`, the explanation of a check from peeks in
+//! `explain`.
 
 mod check;
+mod explain;
 mod inflight;
 mod refund;
 mod settle;
@@ -13,6 +15,9 @@ mod trace;
 
 use check::Quiet;
 pub(super) use check::{by_mode, merge, pooled};
+pub use explain::{
+    Decider, Explanation, LimitState, LimitsFrom, RuleExplanation, RuleMode, RuleStep,
+};
 pub use inflight::{InFlight, OwnedInFlight};
 pub use trace::RuleOutcome;
 
