@@ -41,6 +41,7 @@
 //! to parse or validate is refused with `file:line:column: message` and the old rules stay.
 
 mod compile;
+mod counters;
 mod engine;
 mod keys;
 pub mod limits;
@@ -54,8 +55,8 @@ mod request;
 mod validate;
 
 pub use engine::{
-    Engine, EngineBuilder, InFlight, LocalEngine, OwnedInFlight, Refusal, ReloadReport,
-    RuleOutcome, RuleStats, Verdict, UNLIMITED,
+    Engine, EngineBuilder, InFlight, LimitStats, LocalEngine, OwnedInFlight, Refusal, ReloadReport,
+    RuleOutcome, RuleStats, Verdict, DEFAULT_NEAR_LIMIT, UNLIMITED,
 };
 pub use keys::parse_customer;
 pub use model::{
