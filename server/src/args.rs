@@ -240,6 +240,36 @@ pub struct ServeArgs {
     /// never; SIGHUP and POST /v1/reload still reload).
     #[arg(long, default_value = "1s", value_parser = duration)]
     pub watch_every: Duration,
+    /// The share of a limit past which an admission counts as near the limit in /metrics
+    /// (`turnstile_rule_limit_events_total{event="near_limit"}`: admitted with less than
+    /// `1 - share` of the limit left), from 0 to 1.
+    #[arg(long, default_value_t = 0.8, value_parser = share)]
+    pub near_limit: f64,
+    /// How many of the most denied keys GET /v1/top-denied answers (a sketch of 4 x K
+    /// slots per thread that denies; 0: none recorded), at most 1000.
+    #[arg(long, default_value_t = 10, value_parser = top_k)]
+    pub top_denied: usize,
+}
+
+/// `--top-denied`: 0 to [`crate::denied::MAX_K`] keys.
+fn top_k(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(k) if k <= crate::denied::MAX_K => Ok(k),
+        _ => Err(format!(
+            "`{s}` is not a number of keys from 0 to {}",
+            crate::denied::MAX_K
+        )),
+    }
+}
+
+/// `--near-limit`: a share from 0 to 1.
+fn share(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if (0.0..=1.0).contains(&x) => Ok(x),
+        _ => Err(format!(
+            "`{s}` is not a share of the limit from 0 to 1 (e.g. 0.8)"
+        )),
+    }
 }
 
 impl ServeArgs {

@@ -80,6 +80,7 @@ pub(crate) fn render(s: &Server) -> String {
     // Envoy's rate limit service, in upstream's names.
     if let Some(e) = &s.envoy {
         o.0.push_str(&e.render_metrics());
+        o.0.push_str(&e.render_descriptor_metrics());
     }
     o.0
 }
@@ -329,6 +330,7 @@ fn rules(o: &mut Exposition, s: &Server) {
                 }
             }
         }
+        rule_limits(o, e, &names);
         let keys = names
             .iter()
             .filter_map(|n| e.rule_keys(n).map(|k| (label(n), k)));
@@ -385,6 +387,22 @@ fn rules(o: &mut Exposition, s: &Server) {
     limits_in_redis(o);
 }
 
+/// A counter or gauge of one label: (name, kind, help, the value from a row's stats).
+type Family<'a, S> = (&'a str, &'a str, &'a str, fn(&S) -> u64);
+
+/// Each family of `families` over `rows`, a series per row labelled `label="row name"`.
+fn families<S>(o: &mut Exposition, label_name: &str, rows: &[(String, S)], families: &[Family<S>]) {
+    for (name, kind, help, f) in families {
+        o.by(
+            name,
+            kind,
+            help,
+            label_name,
+            rows.iter().map(|(r, st)| (label(r), f(st))),
+        );
+    }
+}
+
 /// What each leased rule's leases did (`[backend] leases = "auto"`), by rule: a series per
 /// rule whose limits are leased, never per key.
 fn leases(o: &mut Exposition, s: &Server) {
@@ -392,8 +410,7 @@ fn leases(o: &mut Exposition, s: &Server) {
     if all.is_empty() {
         return;
     }
-    type Field = fn(&turnstile_redis::LeaseStats) -> u64;
-    let rows: [(&str, &str, &str, Field); 7] = [
+    families(o, "rule", &all, &[
         ("turnstile_lease_checks_total", "counter", "Checks of a leased rule.", |x| x.checks),
         ("turnstile_lease_local_total", "counter", "Of them, answered in this process (from a lease, or a denial Redis gave until its retry).", |x| x.local),
         ("turnstile_lease_round_trips_total", "counter", "Calls to Redis for a leased rule: one-by-one checks, lease calls, give-backs.", |x| x.round_trips),
@@ -401,16 +418,7 @@ fn leases(o: &mut Exposition, s: &Server) {
         ("turnstile_lease_returned_total", "counter", "Admissions given back to Redis unspent.", |x| x.returned),
         ("turnstile_lease_stranded_total", "counter", "Admissions held when their lease ended, not given back: counted in Redis, admitted nowhere.", |x| x.stranded),
         ("turnstile_lease_keys", "gauge", "Keys in a leased rule's lease table.", |x| x.keys),
-    ];
-    for (name, kind, help, f) in rows {
-        o.by(
-            name,
-            kind,
-            help,
-            "rule",
-            all.iter().map(|(r, st)| (label(r), f(st))),
-        );
-    }
+    ]);
 }
 
 /// The counters of the limits classes whose entries are in Redis.
@@ -419,8 +427,7 @@ fn limits_in_redis(o: &mut Exposition) {
     if all.is_empty() {
         return;
     }
-    type Field = fn(&turnstile_redis::RedisLimitsStats) -> u64;
-    let families: [(&str, &str, &str, Field); 8] = [
+    families(o, "class", &all, &[
         ("turnstile_limits_redis_unknown_total", "counter", "Lookups of a key whose bucket was not cached yet: the rule's defaults applied to that request.", |s| s.unknown),
         ("turnstile_limits_redis_fetches_total", "counter", "Buckets of entries fetched from Redis.", |s| s.fetches),
         ("turnstile_limits_redis_fetch_errors_total", "counter", "Fetch pipelines that failed (Redis away or slow).", |s| s.fetch_errors),
@@ -429,14 +436,32 @@ fn limits_in_redis(o: &mut Exposition) {
         ("turnstile_limits_redis_reconnects_total", "counter", "Connections to Redis made again after a loss.", |s| s.reconnects),
         ("turnstile_limits_redis_bad_entries_total", "counter", "Entries in Redis the class cannot read, skipped (their keys get the defaults).", |s| s.bad_entries),
         ("turnstile_limits_redis_cached_entries", "gauge", "Entries in the cached buckets.", |s| s.cached_entries),
-    ];
-    for (name, kind, help, f) in families {
-        o.by(
-            name,
-            kind,
-            help,
-            "class",
-            all.iter().map(|(n, s)| (label(n), f(s))),
-        );
+    ]);
+}
+
+/// Each rule's limits: five series per limit (and per `override`, `own` row), never per key.
+fn rule_limits(o: &mut Exposition, e: &crate::snapshot::RulesEngine, names: &[String]) {
+    const NAME: &str = "turnstile_rule_limit_events_total";
+    o.head(NAME, "counter", "What each limit of each rule decided, as the binding limit of a check (the one with the least left, or the one that denied): checks, admitted, denied, shadow_denied (a shadow rule would have denied), near_limit (admitted with less than 1 - --near-limit of the limit left). limit is the position in the rule's limits, override (keys with an override) or own (keys with their own limit). Peeks are not counted.");
+    for n in names {
+        let Some(rows) = e.limit_stats(n) else {
+            continue;
+        };
+        let n = label(n);
+        for l in rows {
+            for (k, v) in [
+                ("checks", l.checks),
+                ("admitted", l.admitted),
+                ("denied", l.denied),
+                ("shadow_denied", l.shadow_denied),
+                ("near_limit", l.near_limit),
+            ] {
+                o.sample(
+                    NAME,
+                    &format!("rule=\"{n}\",limit=\"{}\",event=\"{k}\"", l.limit),
+                    v,
+                );
+            }
+        }
     }
 }

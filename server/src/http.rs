@@ -72,6 +72,12 @@ async fn metrics(State(s): State<Arc<Server>>) -> Response {
         .into_response()
 }
 
+/// `GET /v1/top-denied` (admin): the most denied keys (crate::denied).
+async fn top_denied(State(s): State<Arc<Server>>) -> Response {
+    s.metrics.add(C::HttpRequests, 1);
+    Json(crate::denied::DENIED.json()).into_response()
+}
+
 async fn healthz(State(s): State<Arc<Server>>) -> Response {
     s.metrics.add(C::HttpRequests, 1);
     Json(json!({ "status": "ok" })).into_response()
@@ -173,7 +179,7 @@ fn needs(method: &Method, path: &str, metrics_open: bool) -> Access {
     match path {
         "/healthz" | "/readyz" | "/healthcheck" => Access::None,
         "/metrics" if metrics_open => Access::None,
-        "/v1/reload" => Access::Admin,
+        "/v1/reload" | "/v1/top-denied" => Access::Admin,
         p if p.starts_with("/v1/limits/") && method != Method::GET && method != Method::HEAD => {
             Access::Admin
         }
@@ -469,6 +475,7 @@ fn router(shared: &Arc<Server>) -> Router {
             get(limits::get).put(limits::put).delete(limits::delete),
         )
         .route("/metrics", get(metrics))
+        .route("/v1/top-denied", get(top_denied))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .fallback(not_found)

@@ -60,6 +60,7 @@ mod cmd;
 mod config;
 mod conn;
 mod control;
+mod denied;
 pub mod envoy;
 mod error;
 mod explain;
@@ -151,6 +152,7 @@ pub fn start(args: ServeArgs) -> Result<Running, ServeError> {
         .workers
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
         .max(1);
+    denied::DENIED.set_k(args.top_denied);
     let srv = server(&args, loaded, workers);
     listen(srv, &args, workers)
 }
@@ -278,6 +280,7 @@ fn engine(
     let e = b
         .build_with_clock(snapshot::Timeline::continuing(restored))
         .map_err(ServeError::Rules)?;
+    e.set_near_limit(args.near_limit);
     if let Some(c) = change {
         backends.commit(c, &rules);
     }

@@ -12,6 +12,10 @@
 //! the swap still update one state. Otherwise the part starts fresh. Counters are kept per rule
 //! name.
 
+pub(crate) use super::counters::{
+    Counters, DENIED, ELASTIC, L_ADMITTED, L_DENIED, L_SHADOW, OVER, WOULD,
+};
+use super::counters::{OVERRIDE_ROW, OWN_ROW};
 use super::keys::resolve;
 use super::limits::{LimitsSource, Lookup};
 use super::load::LoadConfig;
@@ -23,8 +27,6 @@ use crate::algo::{Limit, LimitPeek, Limits};
 use crate::clock::{Clock, Nanos};
 use crate::decision::Decision;
 use crate::keyed::{FullPolicy, KeyHasher, Store};
-use crate::sync::{AtomicU64, Ordering};
-use crossbeam_utils::CachePadded;
 use std::collections::HashMap;
 // std's `Arc`, as in `engine` (arc-swap swaps a std `Arc`).
 use std::sync::Arc;
@@ -41,53 +43,6 @@ pub struct ReloadReport {
     pub fresh: Vec<String>,
     /// Rules no longer present.
     pub removed: Vec<String>,
-}
-
-/// What one rule has done since it was first loaded (kept across reloads by name).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RuleStats {
-    /// Requests it denied.
-    pub denied: u64,
-    /// Requests a shadow rule would have denied (they were allowed).
-    pub would_deny: u64,
-    /// Requests an elastic rule admitted from its extra pool.
-    pub elastic: u64,
-    /// Requests a soft rule admitted over the nominal limit.
-    pub over_nominal: u64,
-}
-
-pub(crate) const DENIED: usize = 0;
-pub(crate) const WOULD: usize = 1;
-pub(crate) const ELASTIC: usize = 2;
-pub(crate) const OVER: usize = 3;
-
-/// Per-rule counters, sharded like the in-flight counter (a denied flood hits them from
-/// every core).
-pub(crate) struct Counters(Box<[CachePadded<[AtomicU64; 4]>]>);
-
-impl Counters {
-    pub(crate) fn new(shards: usize) -> Self {
-        Self(
-            (0..shards)
-                .map(|_| CachePadded::new(std::array::from_fn(|_| AtomicU64::new(0))))
-                .collect(),
-        )
-    }
-    #[inline]
-    pub(crate) fn add(&self, shard: usize, what: usize) {
-        // Relaxed: statistics; nothing is published through them.
-        self.0[shard % self.0.len()][what].fetch_add(1, Ordering::Relaxed);
-    }
-    pub(crate) fn get(&self) -> RuleStats {
-        // Relaxed: statistics.
-        let sum = |w: usize| self.0.iter().map(|c| c[w].load(Ordering::Relaxed)).sum();
-        RuleStats {
-            denied: sum(DENIED),
-            would_deny: sum(WOULD),
-            elastic: sum(ELASTIC),
-            over_nominal: sum(OVER),
-        }
-    }
 }
 
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -147,6 +102,25 @@ pub(crate) struct Slot<C: Clock> {
     pub(crate) pool: Option<Arc<Part<C>>>,
     /// Soft rules: (scaled capacity, nominal capacity) per limit.
     pub(crate) nominal: Box<[(u64, u64)]>,
+    /// The capacity of each limit of the rule's store, in order (what a decision's `limit`
+    /// says); empty for an override's slot.
+    pub(crate) marks: Box<[u64]>,
+}
+
+impl<C: Clock> Slot<C> {
+    /// The per-limit row of a decision of this slot's store whose `limit` is `cap`: the
+    /// limit's position, `override` for an override's slot, `own` for a capacity that is none
+    /// of the rule's (a key's own limit).
+    #[inline]
+    pub(crate) fn row(&self, cap: u64) -> usize {
+        if self.marks.is_empty() {
+            return OVERRIDE_ROW;
+        }
+        match self.marks.iter().position(|&m| m == cap) {
+            Some(i) => i,
+            None => OWN_ROW,
+        }
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -373,6 +347,16 @@ impl<C: Clock> Compiler<'_, C> {
             )
         };
         let (main, kept) = part(ident(main, false))?;
+        let marks = match target {
+            Some(_) => Box::default(),
+            None => main
+                .ident
+                .limits
+                .limits()
+                .iter()
+                .map(|l| l.capacity())
+                .collect(),
+        };
         let pool = match pool {
             Some(l) => Some(part(ident(l, true))?.0),
             None => None,
@@ -391,6 +375,7 @@ impl<C: Clock> Compiler<'_, C> {
             main,
             pool,
             nominal,
+            marks,
         };
         Ok((slot, kept))
     }

@@ -41,6 +41,7 @@
 //! to parse or validate is refused with `file:line:column: message` and the old rules stay.
 
 mod compile;
+mod counters;
 mod engine;
 mod keys;
 pub mod limits;
@@ -54,9 +55,9 @@ mod request;
 mod validate;
 
 pub use engine::{
-    Decider, Engine, EngineBuilder, Explanation, InFlight, LimitState, LimitsFrom, LocalEngine,
-    OwnedInFlight, Refusal, ReloadReport, RuleExplanation, RuleMode, RuleOutcome, RuleStats,
-    RuleStep, Verdict, UNLIMITED,
+    Decider, Engine, EngineBuilder, Explanation, InFlight, LimitState, LimitStats, LimitsFrom,
+    LocalEngine, OwnedInFlight, Refusal, ReloadReport, RuleExplanation, RuleMode, RuleOutcome,
+    RuleStats, RuleStep, Verdict, DEFAULT_NEAR_LIMIT, UNLIMITED,
 };
 pub use keys::{parse_customer, CustomerIdError};
 pub use model::{

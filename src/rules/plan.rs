@@ -19,8 +19,10 @@
 //! Plans are built outside the engine's in-memory check path: a plan allocates its list of
 //! steps and holds the loaded rules (an `Arc`) until dropped.
 
-use super::compile::{CRule, Compiled, Kind, Slot, DENIED, ELASTIC, WOULD};
-use super::engine::{by_mode, merge, pooled, Engine, Verdict, UNLIMITED};
+use super::compile::{
+    CRule, Compiled, Kind, Slot, DENIED, ELASTIC, L_ADMITTED, L_DENIED, L_SHADOW, WOULD,
+};
+use super::engine::{by_mode, merge, near, pooled, Engine, Verdict, UNLIMITED};
 use super::matcher::sel;
 use super::request::{method_slot, Priority, Request};
 use crate::algo::Limits;
@@ -126,6 +128,8 @@ pub struct Plan<C: Clock> {
     shed: Option<Decision>,
     steps: Vec<PlanStep>,
     shard: usize,
+    /// `1 -` the engine's near-limit share, when the plan was made.
+    near_below: f64,
 }
 
 impl<C: Clock> std::fmt::Debug for Plan<C> {
@@ -222,10 +226,12 @@ impl<C: Clock> Plan<C> {
             }
             match self.mode(r, self.slot(s), o, s.pool) {
                 Ok(d) => {
+                    self.count(s, o, L_ADMITTED, near(&d, self.near_below));
                     merge(&mut acc, &d);
                     matched += 1;
                 }
                 Err(d) => {
+                    self.count(s, o, L_DENIED, false);
                     acc = d;
                     denier = Some(s.rule);
                     r.counters.add(self.shard, DENIED);
@@ -236,8 +242,11 @@ impl<C: Clock> Plan<C> {
             for (s, o) in paired.filter(|(s, _)| s.shadow) {
                 if let Some(o) = o {
                     if !o.main.allowed() {
+                        self.count(s, o, L_SHADOW, false);
                         self.rule(s).counters.add(self.shard, WOULD);
                         would_deny += 1;
+                    } else {
+                        self.count(s, o, L_ADMITTED, near(&o.main, self.near_below));
                     }
                 }
             }
@@ -248,6 +257,15 @@ impl<C: Clock> Plan<C> {
             shed: false,
             matched,
             would_deny,
+        }
+    }
+
+    /// Counts event `what` of step `s`'s limit row (as the check does: by the `limit` of its
+    /// limits' answer; a peek, cost 0, is not counted).
+    fn count(&self, s: &PlanStep, o: &StepOutcome, what: usize, near: bool) {
+        if s.cost != 0 {
+            let row = self.slot(s).row(o.main.limit);
+            self.rule(s).counters.limit(self.shard, row, what, near);
         }
     }
 
@@ -301,6 +319,7 @@ impl<C: Clock> Engine<C> {
                         shed: Some(d),
                         steps: Vec::new(),
                         shard,
+                        near_below: self.near_below(),
                     }
                 }
             }
@@ -314,6 +333,7 @@ impl<C: Clock> Engine<C> {
             shed: None,
             steps,
             shard,
+            near_below: self.near_below(),
         }
     }
 
@@ -330,6 +350,7 @@ impl<C: Clock> Engine<C> {
             shed: None,
             steps,
             shard: self.load.shard(),
+            near_below: self.near_below(),
         }
     }
 

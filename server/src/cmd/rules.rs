@@ -95,7 +95,7 @@ impl<'a> RulesCommand<'a> {
         let t0 = ctx.metrics.now();
         let a = ctx.checks.local(self.op, &req);
         ctx.metrics.latency(ctx.metrics.now().saturating_sub(t0));
-        reply(ctx.metrics, self.op, a, o);
+        reply(ctx.metrics, self.op, (self.class, self.key), a, o);
         None
     }
 }
@@ -129,9 +129,11 @@ impl RemoteCall {
         match (self, a) {
             (_, Answer::Limits(r)) => super::limits::reply(r, o),
             (_, Answer::Settled(r)) => super::settle::reply(metrics, r, o),
-            (RemoteCall::Rules(r), a) => reply(metrics, r.op, a, o),
-            (RemoteCall::Limits(_), a) => reply(metrics, Op::Peek, a, o),
-            (RemoteCall::Settle(_), a) => reply(metrics, Op::Check, a, o),
+            (RemoteCall::Rules(r), a) => {
+                reply(metrics, r.op, (r.class.as_str(), r.key.as_str()), a, o)
+            }
+            (RemoteCall::Limits(_), a) => reply(metrics, Op::Peek, ("", ""), a, o),
+            (RemoteCall::Settle(_), a) => reply(metrics, Op::Check, ("", ""), a, o),
         }
     }
 }
@@ -173,8 +175,9 @@ impl RulesCall {
 }
 
 /// An answer's reply: `[allowed, limit, remaining, retry_after_ms, reset_after_ms, rule]`
-/// for a check or peek, the number of limits refunded for a refund.
-fn reply(metrics: &Metrics, op: Op, a: Answer, o: &mut Out<'_>) {
+/// for a check or peek, the number of limits refunded for a refund. A denied check's key
+/// (`(class, key)`, as sent) is recorded among the most denied.
+fn reply(metrics: &Metrics, op: Op, (class, key): (&str, &str), a: Answer, o: &mut Out<'_>) {
     match a {
         Answer::Failed(m) => o.error(&m),
         Answer::Limits(r) => super::limits::reply(r, o),
@@ -186,6 +189,9 @@ fn reply(metrics: &Metrics, op: Op, a: Answer, o: &mut Out<'_>) {
         Answer::Verdict(v) => {
             let d: &Decision = &v.decision;
             if op != Op::Peek {
+                if !d.allowed() {
+                    crate::denied::record_rules(v.rule.as_deref(), class, key);
+                }
                 metrics.add(
                     if d.allowed() {
                         C::CheckAllowed

@@ -3,6 +3,7 @@
 
 use super::{ArgCursor, CmdError};
 use crate::cmd::client::Session;
+use crate::denied::{Source, DENIED};
 use crate::metrics::C;
 use crate::resp::Out;
 use crate::throttle::{ArgError, Params, Throttles};
@@ -47,6 +48,7 @@ impl<'a> Throttle<'a> {
             Ok((c, t0)) => {
                 s.tally.add(
                     if c.limited == 1 {
+                        DENIED.record(Source::Throttle, &[self.key]);
                         C::ThrottleLimited
                     } else {
                         C::ThrottleAllowed

@@ -96,6 +96,11 @@ impl Envoy {
         self.metrics.render()
     }
 
+    /// The configured descriptors' hits in turnstile's names (`domain`, `key`, `value` labels).
+    pub fn render_descriptor_metrics(&self) -> String {
+        self.metrics.render_descriptors()
+    }
+
     /// The counters of the rule with this full key (`domain.key_value.subkey`), if any.
     pub fn counters(&self, full_key: &str) -> Option<[u64; 5]> {
         self.metrics.get(full_key)
@@ -357,6 +362,7 @@ fn compile(
                     .map_err(|e| format!("{}: {e}", r.full_key))?,
             ))
         };
+        metrics.describe(&r.full_key, [&r.domain, &r.metric_key, &r.metric_value]);
         rules.push((c, metrics.counters(&r.full_key)));
     }
     Ok(Compiled { matcher, rules })

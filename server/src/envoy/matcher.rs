@@ -29,6 +29,11 @@ pub struct Rule {
     pub full_key: String,
     /// The domain.
     pub domain: String,
+    /// The descriptor's path of keys for `/metrics`: the parents' `key_value`s and its own key
+    /// (`key`, `parent_value.key`), never a value the configuration does not name.
+    pub metric_key: String,
+    /// Its value, as configured (empty: any value).
+    pub metric_value: String,
     /// The limit.
     pub limit: RateLimit,
     /// Report over-limit but answer OK.
@@ -199,9 +204,17 @@ fn level(domain: &str, ds: &[Descriptor], rules: &mut Vec<Rule>) -> Level {
     let mut l = Level::default();
     for d in ds {
         let rule = d.rate_limit.as_ref().map(|rl| {
+            let parents = d
+                .full_key
+                .strip_suffix(&d.composite())
+                .and_then(|p| p.strip_prefix(domain))
+                .and_then(|p| p.strip_prefix('.'))
+                .unwrap_or("");
             rules.push(Rule {
                 full_key: d.full_key.clone(),
                 domain: domain.to_string(),
+                metric_key: format!("{parents}{}", d.key),
+                metric_value: d.value.clone(),
                 limit: rl.clone(),
                 shadow_mode: d.shadow_mode,
                 detailed_metric: d.detailed_metric,

@@ -80,14 +80,59 @@ impl Counters {
 #[derive(Debug, Default)]
 pub struct Metrics {
     by_key: Mutex<BTreeMap<String, Arc<Counters>>>,
+    /// The configured descriptors' labels (domain, key, value), by stats key.
+    labels: Mutex<BTreeMap<String, [String; 3]>>,
     global_shadow: AtomicU64,
 }
+
+/// The results of `turnstile_envoy_descriptor_hits_total`, by index in [`NAMES`].
+const RESULTS: [(&str, usize); 4] = [
+    ("total", 0),
+    ("over_limit", 1),
+    ("near_limit", 2),
+    ("shadow_mode", 4),
+];
 
 impl Metrics {
     /// The counters of `key`, created on first use (at configuration load, not per request).
     pub fn counters(&self, key: &str) -> Arc<Counters> {
         let mut m = self.by_key.lock().unwrap_or_else(|e| e.into_inner());
         Arc::clone(m.entry(key.to_string()).or_default())
+    }
+
+    /// Labels a configured descriptor's counters for `turnstile_envoy_descriptor_hits_total`:
+    /// its domain, its key path and its configured value (empty: none). At configuration load.
+    pub fn describe(&self, key: &str, labels: [&str; 3]) {
+        let mut m = self.labels.lock().unwrap_or_else(|e| e.into_inner());
+        m.insert(key.to_string(), labels.map(str::to_string));
+    }
+
+    /// `turnstile_envoy_descriptor_hits_total{domain, key, value?, result}`: each configured
+    /// descriptor's hits, four series each (`within_limit` is `total` less the others'
+    /// share; see the module docs). A value is a label only where the configuration names it.
+    pub fn render_descriptors(&self) -> String {
+        const NAME: &str = "turnstile_envoy_descriptor_hits_total";
+        let labels = self.labels.lock().unwrap_or_else(|e| e.into_inner());
+        let m = self.by_key.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = format!("# HELP {NAME} Hits of each configured Envoy descriptor (hits_addend summed), by result: total, over_limit, near_limit (past NEAR_LIMIT_RATIO), shadow_mode.\n# TYPE {NAME} counter\n");
+        for (key, [domain, k, v]) in labels.iter() {
+            let Some(c) = m.get(key) else { continue };
+            let value = if v.is_empty() {
+                String::new()
+            } else {
+                format!(",value=\"{}\"", escape(v))
+            };
+            for (result, i) in RESULTS {
+                let _ = writeln!(
+                    out,
+                    "{NAME}{{domain=\"{}\",key=\"{}\"{value},result=\"{result}\"}} {}",
+                    escape(domain),
+                    escape(k),
+                    c.c[i].load(Ordering::Relaxed)
+                );
+            }
+        }
+        out
     }
 
     /// The values of `key`'s counters, if it has any.

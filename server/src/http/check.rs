@@ -182,6 +182,7 @@ async fn check_body(s: Arc<Server>, body: Bytes) -> Response {
         if d.allowed() {
             C::CheckAllowed
         } else {
+            crate::denied::record_rules(v.rule.as_deref(), &b.key_class, &b.key);
             C::CheckDenied
         },
         1,

@@ -4,7 +4,9 @@
 use super::{Engine, Verdict, UNLIMITED};
 use crate::clock::{Clock, Nanos};
 use crate::decision::{Decision, Outcome};
-use crate::rules::compile::{CRule, Compiled, Kind, Slot, DENIED, ELASTIC, OVER, WOULD};
+use crate::rules::compile::{
+    CRule, Compiled, Kind, Slot, DENIED, ELASTIC, L_ADMITTED, L_DENIED, L_SHADOW, OVER, WOULD,
+};
 use crate::rules::matcher::{sel, Cand};
 use crate::rules::model::{Shedding, MAX_RULES};
 use crate::rules::request::{method_slot, Priority, Request};
@@ -138,6 +140,12 @@ pub(in crate::rules) fn by_mode<C: Clock>(
     } else {
         Err(d)
     }
+}
+
+/// Whether admission `d` left less than `below` (1 − the near-limit share) of its limit.
+#[inline(always)]
+pub(in crate::rules) fn near(d: &Decision, below: f64) -> bool {
+    (d.remaining as f64) < below * d.limit as f64
 }
 
 /// An elastic rule's admission by its extra pool: its own limits' denial `d`, the pool's
@@ -316,18 +324,21 @@ impl<C: Clock> Engine<C> {
         let cost = req.cost.saturating_mul(r.cost);
         let t = r.target(id);
         let d = t.check_at(id, cost, now);
+        let raw = d.limit;
         let d = if matches!(r.kind, Kind::Hard) && d.allowed() {
             d
         } else {
             match self.decide(r, t.slot, d, id, cost, now, load) {
                 Ok((d, _)) => d,
                 Err(d) => {
+                    self.count(r, t.slot, raw, cost, L_DENIED, false);
                     self.deny(c, req, &[], now, &[], sel, rule);
                     why.denied(rule, &d);
                     return d;
                 }
             }
         };
+        self.admitted(r, t.slot, raw, cost, &d);
         // `d` merged into `UNLIMITED` (as `apply` would): `d` itself, unless its remainder
         // is not below `UNLIMITED`'s.
         if d.remaining < u64::MAX {
@@ -358,13 +369,16 @@ impl<C: Clock> Engine<C> {
         let cost = req.cost.saturating_mul(r.cost);
         let t = r.target(id);
         let d = t.check_at(id, cost, now);
+        let raw = d.limit;
         // The common case inline: a hard rule that admits.
         if matches!(r.kind, Kind::Hard) && d.allowed() {
+            self.admitted(r, t.slot, raw, cost, &d);
             merge(acc, &d);
             return Step::Admitted;
         }
         match self.decide(r, t.slot, d, id, cost, now, load) {
             Ok((d, pool)) => {
+                self.admitted(r, t.slot, raw, cost, &d);
                 merge(acc, &d);
                 if pool {
                     Step::Pooled
@@ -373,9 +387,29 @@ impl<C: Clock> Engine<C> {
                 }
             }
             Err(d) => {
+                self.count(r, t.slot, raw, cost, L_DENIED, false);
                 *acc = d;
                 Step::Denied
             }
+        }
+    }
+
+    /// Counts an admission by rule `r` in the row of its slot's limit `raw` (the `limit` of
+    /// its store's decision), near the limit if `d` (as reported) has less than the
+    /// near-limit share left ([`Engine::set_near_limit`]).
+    #[inline(always)]
+    fn admitted(&self, r: &CRule<C>, slot: &Slot<C>, raw: u64, cost: u64, d: &Decision) {
+        let near = near(d, self.near_below());
+        self.count(r, slot, raw, cost, L_ADMITTED, near);
+    }
+
+    /// Counts event `what` of rule `r`'s limit row for `raw` (see [`Engine::admitted`]); a
+    /// peek (cost 0) is not counted. Two relaxed adds at most, in this thread's shard.
+    #[inline(always)]
+    fn count(&self, r: &CRule<C>, slot: &Slot<C>, raw: u64, cost: u64, what: usize, near: bool) {
+        if cost != 0 {
+            r.counters
+                .limit(self.load.shard(), slot.row(raw), what, near);
         }
     }
 
@@ -432,10 +466,13 @@ impl<C: Clock> Engine<C> {
             let Some((r, id, cost)) = self.keyed(c, req, cand, sel) else {
                 continue;
             };
-            let d = r.target(id).check_at(id, cost, now);
+            let t = r.target(id);
+            let d = t.check_at(id, cost, now);
             if d.allowed() {
+                self.admitted(r, t.slot, d.limit, cost, &d);
                 why.would_admit(cand.rule);
             } else {
+                self.count(r, t.slot, d.limit, cost, L_SHADOW, false);
                 r.counters.add(self.load.shard(), WOULD);
                 why.would_deny(cand.rule, &d);
             }

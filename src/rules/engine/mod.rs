@@ -14,15 +14,16 @@ mod stats;
 mod trace;
 
 use check::Quiet;
-pub(super) use check::{by_mode, merge, pooled};
+pub(super) use check::{by_mode, merge, near, pooled};
 pub use explain::{
     Decider, Explanation, LimitState, LimitsFrom, RuleExplanation, RuleMode, RuleStep,
 };
 pub use inflight::{InFlight, OwnedInFlight};
 pub use trace::RuleOutcome;
 
+pub use super::compile::ReloadReport;
 use super::compile::{compile, Compiled};
-pub use super::compile::{ReloadReport, RuleStats};
+pub use super::counters::{LimitStats, RuleStats};
 use super::limits::{self, LimitsClass, LimitsError, LimitsSource, LoadReport, MemoryLimits};
 use super::load::Load;
 use super::request::Request;
@@ -37,6 +38,7 @@ use std::collections::HashMap;
 use std::path::Path;
 // arc-swap swaps a std `Arc`; loom does not model arc-swap, so this module uses std's `Arc`
 // (the rules layer is not loom-checked; the stores under it are).
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Why a check was answered as it was (see [`Engine::explain`]).
@@ -160,6 +162,7 @@ impl EngineBuilder {
             reload: Mutex::new(()),
             classes: Mutex::new(classes),
             provided: self.provided,
+            near_below: AtomicU64::new((1.0 - DEFAULT_NEAR_LIMIT).to_bits()),
         })
     }
 }
@@ -177,7 +180,12 @@ pub struct Engine<C: Clock = DefaultClock> {
     classes: Mutex<Classes>,
     /// Sources given to the builder, by class name.
     provided: HashMap<String, Arc<dyn LimitsSource>>,
+    /// `1 - share` of [`Engine::set_near_limit`], as `f64` bits.
+    near_below: AtomicU64,
 }
+
+/// The share of a limit past which an admission is counted as near the limit, by default.
+pub const DEFAULT_NEAR_LIMIT: f64 = 0.8;
 
 /// Limits classes by name, with their sources.
 type Classes = HashMap<String, (LimitsClass, Arc<dyn LimitsSource>)>;
@@ -270,6 +278,32 @@ impl<C: Clock> Engine<C> {
             engine: self,
             cache: Cache::new(&self.current),
         }
+    }
+
+    /// Sets the share of a limit past which an admission counts as near the limit in
+    /// [`Engine::limit_stats`] (admitted with less than `1 - share` of the limit left); `share`
+    /// in `0.0..=1.0`, [`DEFAULT_NEAR_LIMIT`] until set. Values outside are clamped.
+    pub fn set_near_limit(&self, share: f64) {
+        let share = if share.is_nan() {
+            DEFAULT_NEAR_LIMIT
+        } else {
+            share.clamp(0.0, 1.0)
+        };
+        // Relaxed: a setting read by the statistics; nothing else is published through it.
+        self.near_below
+            .store((1.0 - share).to_bits(), Ordering::Relaxed);
+    }
+
+    /// The near-limit share (see [`Engine::set_near_limit`]).
+    pub fn near_limit(&self) -> f64 {
+        1.0 - self.near_below()
+    }
+
+    /// `1 - ` the near-limit share.
+    #[inline(always)]
+    pub(crate) fn near_below(&self) -> f64 {
+        // Relaxed: as in `set_near_limit`.
+        f64::from_bits(self.near_below.load(Ordering::Relaxed))
     }
 
     /// Replaces the rules atomically. Stores of rules whose name, key class, limits and

@@ -2,7 +2,7 @@
 
 use super::Engine;
 use crate::clock::Clock;
-use crate::rules::compile::RuleStats;
+use crate::rules::counters::{LimitStats, RuleStats};
 // std's `Arc`, as in `engine` (arc-swap swaps a std `Arc`).
 use std::sync::Arc;
 
@@ -14,6 +14,18 @@ impl<C: Clock> Engine<C> {
             .iter()
             .find(|r| &*r.name == name)
             .map(|r| r.counters.get())
+    }
+
+    /// A rule's counters per limit ([`LimitStats`]): one per limit of the rule, in its order,
+    /// then `override` (if it has overrides) and `own` (if its keys may have their own limit).
+    /// Each check of the rule counts once, under the limit that bound it: the one with the
+    /// least left when admitted, the one that denied otherwise; peeks (cost 0) are not counted.
+    pub fn limit_stats(&self, name: &str) -> Option<Vec<LimitStats>> {
+        let c = self.current.load();
+        c.rules
+            .iter()
+            .find(|r| &*r.name == name)
+            .map(|r| r.limit_stats())
     }
 
     /// The loaded rules' names, in order.
