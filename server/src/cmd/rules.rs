@@ -90,12 +90,13 @@ impl<'a> RulesCommand<'a> {
                 key: self.key.to_owned(),
                 cost: self.cost,
                 priority: self.priority,
+                span: None,
             }));
         }
         let t0 = ctx.metrics.now();
         let a = ctx.checks.local(self.op, &req);
         ctx.metrics.latency(ctx.metrics.now().saturating_sub(t0));
-        reply(ctx.metrics, self.op, a, o);
+        reply(ctx.metrics, self.op, self.class, a, o);
         None
     }
 }
@@ -113,8 +114,12 @@ pub(crate) enum RemoteCall {
 impl RemoteCall {
     /// Awaits the answer (Redis's timeout and failure policy bound a rules call's wait).
     pub(crate) async fn run(&self, checks: &Checks, metrics: &Metrics) -> Answer {
+        use tracing::Instrument;
         match self {
-            RemoteCall::Rules(r) => r.run(checks, metrics).await,
+            RemoteCall::Rules(r) => match &r.span {
+                Some(s) => r.run(checks, metrics).instrument(s.clone()).await,
+                None => r.run(checks, metrics).await,
+            },
             RemoteCall::Limits(l) => {
                 Answer::Limits(crate::limits::run(checks.engine.clone(), l.0.clone()).await)
             }
@@ -125,8 +130,19 @@ impl RemoteCall {
     pub(crate) fn reply(&self, metrics: &Metrics, a: Answer, o: &mut Out<'_>, _s: &mut Session) {
         match (self, a) {
             (_, Answer::Limits(r)) => super::limits::reply(r, o),
-            (RemoteCall::Rules(r), a) => reply(metrics, r.op, a, o),
-            (RemoteCall::Limits(_), a) => reply(metrics, Op::Peek, a, o),
+            (RemoteCall::Rules(r), a) => match &r.span {
+                Some(s) => s.in_scope(|| reply(metrics, r.op, &r.class, a, o)),
+                None => reply(metrics, r.op, &r.class, a, o),
+            },
+            (RemoteCall::Limits(_), a) => reply(metrics, Op::Peek, "", a, o),
+        }
+    }
+
+    /// Keeps the command's span (crate::spans) until the call is answered: the Redis calls
+    /// are its children, its decision is recorded on it.
+    pub(crate) fn carry(&mut self, span: tracing::Span) {
+        if let RemoteCall::Rules(r) = self {
+            r.span = Some(span);
         }
     }
 }
@@ -138,6 +154,8 @@ pub(crate) struct RulesCall {
     key: String,
     cost: u64,
     priority: Option<Priority>,
+    /// The command's span, when the spans are on.
+    span: Option<tracing::Span>,
 }
 
 impl RulesCall {
@@ -169,7 +187,7 @@ impl RulesCall {
 
 /// An answer's reply: `[allowed, limit, remaining, retry_after_ms, reset_after_ms, rule]`
 /// for a check or peek, the number of limits refunded for a refund.
-fn reply(metrics: &Metrics, op: Op, a: Answer, o: &mut Out<'_>) {
+fn reply(metrics: &Metrics, op: Op, class: &str, a: Answer, o: &mut Out<'_>) {
     match a {
         Answer::Failed(m) => o.error(&m),
         Answer::Limits(r) => super::limits::reply(r, o),
@@ -179,6 +197,9 @@ fn reply(metrics: &Metrics, op: Op, a: Answer, o: &mut Out<'_>) {
         }
         Answer::Verdict(v) => {
             let d: &Decision = &v.decision;
+            if crate::spans::on() {
+                crate::spans::verdict(d.allowed(), class, v.rule.as_deref());
+            }
             if op != Op::Peek {
                 metrics.add(
                     if d.allowed() {

@@ -44,6 +44,18 @@ impl RateLimitService for Grpc {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
+        if crate::spans::on() {
+            return self.spanned(&request);
+        }
+        self.decide(&request)
+    }
+}
+
+impl Grpc {
+    fn decide(
+        &self,
+        request: &Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
         self.envoy
             .should_rate_limit(request.get_ref())
             .map(Response::new)
@@ -51,6 +63,30 @@ impl RateLimitService for Grpc {
                 InvalidRequest::Upstream(m) => Status::unknown(m),
                 InvalidRequest::Invalid(m) => Status::invalid_argument(m),
             })
+    }
+
+    /// [`Grpc::decide`] within the call's span (crate::spans): the domain, the overall code,
+    /// the gRPC status.
+    #[cold]
+    fn spanned(
+        &self,
+        request: &Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        let headers = request.metadata().clone().into_headers();
+        let span = crate::spans::grpc(&request.get_ref().domain, &headers);
+        let r = span.in_scope(|| self.decide(request));
+        match &r {
+            Ok(res) => {
+                let code = res.get_ref().overall_code();
+                span.record("turnstile.decision", code.as_str_name());
+                span.record("rpc.grpc.status_code", 0);
+            }
+            Err(s) => {
+                span.record("rpc.grpc.status_code", s.code() as i32);
+                span.record("otel.status_code", "ERROR");
+            }
+        }
+        r
     }
 }
 
