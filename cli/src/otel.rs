@@ -151,9 +151,12 @@ pub(crate) fn from_env(
         .with_location(false)
         .with_threads(false)
         .with_tracked_inactivity(false)
-        .with_filter(tracing_subscriber::filter::filter_fn(|m| {
-            m.target() == turnstile_server::spans::TARGET
-        }))
+        // The request spans alone, decided per callsite (a target filter): the log's
+        // events are never asked again, and the highest level stays the log's.
+        .with_filter(
+            tracing_subscriber::filter::Targets::new()
+                .with_target(turnstile_server::spans::TARGET, tracing::Level::INFO),
+        )
         .boxed();
     turnstile_server::spans::enable(Some(parent));
     let what = format!(
