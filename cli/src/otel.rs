@@ -3,8 +3,9 @@
 //! `OTEL_*` variables only, and off — no exporter, no layer, the spans' flag down — when none
 //! is set. docs/service.md, "Tracing".
 //!
-//! The SDK reads the sampler (`OTEL_TRACES_SAMPLER`, `OTEL_TRACES_SAMPLER_ARG`), the
-//! resource (`OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`), the batch processor's
+//! This module reads the sampler (`OTEL_TRACES_SAMPLER`, `OTEL_TRACES_SAMPLER_ARG`): the
+//! server draws its root requests at the sampler's ratio before it makes their spans (a span
+//! made to be dropped would cost more than the request). The SDK reads the resource (`OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`), the batch processor's
 //! settings (`OTEL_BSP_*`) and the exporter's endpoint, headers, timeout and compression
 //! (`OTEL_EXPORTER_OTLP_*`); this module picks the protocol
 //! (`OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`, then `OTEL_EXPORTER_OTLP_PROTOCOL`: `grpc` or
@@ -16,10 +17,12 @@
 //! nor hyper's client can spawn from there.
 
 use opentelemetry::propagation::TextMapPropagator;
-use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::trace::{Link, SpanKind, TraceContextExt, TraceId, TracerProvider as _};
 use opentelemetry_http::{Bytes, HttpClient, HttpError, Request, Response};
 use opentelemetry_otlp::{Protocol, SpanExporter, WithHttpConfig};
-use opentelemetry_sdk::trace::SdkTracerProvider;
+use opentelemetry_sdk::trace::{
+    Sampler, SamplingDecision, SamplingResult, SdkTracerProvider, ShouldSample,
+};
 use opentelemetry_sdk::Resource;
 use std::fmt;
 use std::sync::Arc;
@@ -36,6 +39,8 @@ pub(crate) enum OtelError {
     Runtime(std::io::Error),
     /// The exporter could not be built (an endpoint that is not a URL, ...).
     Exporter(opentelemetry_otlp::ExporterBuildError),
+    /// A sampler this build does not know, or a ratio that is not one.
+    Sampler { var: &'static str, value: String },
 }
 
 impl fmt::Display for OtelError {
@@ -46,6 +51,10 @@ impl fmt::Display for OtelError {
                 "{var}={value:?}: turnstile exports traces over `grpc` or `http/protobuf`; set one of them (or unset it for http/protobuf)"
             ),
             OtelError::Runtime(e) => write!(f, "the OTLP exporter's runtime: {e}"),
+            OtelError::Sampler { var, value } => write!(
+                f,
+                "{var}={value:?}: expected always_on, always_off, traceidratio, parentbased_always_on, parentbased_always_off or parentbased_traceidratio, and for the ratios OTEL_TRACES_SAMPLER_ARG a number from 0 to 1"
+            ),
             OtelError::Exporter(e) => write!(
                 f,
                 "the OTLP exporter (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT): {e}"
@@ -105,6 +114,89 @@ fn protocol(get: impl Fn(&str) -> Option<String>) -> Result<Protocol, OtelError>
     Ok(Protocol::HttpBinary)
 }
 
+/// The sampler the variables name (`parentbased_always_on` when none does), and the share of
+/// root requests it keeps.
+fn sampler(get: impl Fn(&str) -> Option<String>) -> Result<(Sampler, f64), OtelError> {
+    let name = get("OTEL_TRACES_SAMPLER").map(|v| v.trim().to_ascii_lowercase());
+    let ratio = || -> Result<f64, OtelError> {
+        // The specification's default when the argument is missing: 1.
+        let Some(a) = get("OTEL_TRACES_SAMPLER_ARG") else {
+            return Ok(1.0);
+        };
+        match a.trim().parse::<f64>() {
+            Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
+            _ => Err(OtelError::Sampler {
+                var: "OTEL_TRACES_SAMPLER_ARG",
+                value: a,
+            }),
+        }
+    };
+    let parent = |root: Sampler| Sampler::ParentBased(Box::new(root));
+    Ok(match name.as_deref() {
+        None | Some("parentbased_always_on") => (parent(Sampler::AlwaysOn), 1.0),
+        Some("always_on") => (Sampler::AlwaysOn, 1.0),
+        Some("always_off") => (Sampler::AlwaysOff, 0.0),
+        Some("parentbased_always_off") => (parent(Sampler::AlwaysOff), 0.0),
+        Some("traceidratio") => {
+            let r = ratio()?;
+            (Sampler::TraceIdRatioBased(r), r)
+        }
+        Some("parentbased_traceidratio") => {
+            let r = ratio()?;
+            (parent(Sampler::TraceIdRatioBased(r)), r)
+        }
+        Some(_) => {
+            return Err(OtelError::Sampler {
+                var: "OTEL_TRACES_SAMPLER",
+                value: get("OTEL_TRACES_SAMPLER").unwrap_or_default(),
+            })
+        }
+    })
+}
+
+/// The exporting side of the server's sampling: the server spans a root request only when it
+/// has drawn it at the sampler's ratio (turnstile_server::spans::enable), so a root span is
+/// kept; a local parent's decision is its children's; a caller's trace (a remote parent) goes
+/// to the sampler the variables name.
+#[derive(Clone, Debug)]
+struct Drawn(Sampler);
+
+impl ShouldSample for Drawn {
+    fn should_sample(
+        &self,
+        parent: Option<&opentelemetry::Context>,
+        trace_id: TraceId,
+        name: &str,
+        kind: &SpanKind,
+        attributes: &[opentelemetry::KeyValue],
+        links: &[Link],
+    ) -> SamplingResult {
+        let sc = parent
+            .filter(|c| c.has_active_span())
+            .map(|c| c.span().span_context().clone())
+            .filter(|sc| sc.is_valid());
+        match sc {
+            Some(sc) if sc.is_remote() => self
+                .0
+                .should_sample(parent, trace_id, name, kind, attributes, links),
+            Some(sc) => SamplingResult {
+                decision: if sc.is_sampled() {
+                    SamplingDecision::RecordAndSample
+                } else {
+                    SamplingDecision::Drop
+                },
+                attributes: Vec::new(),
+                trace_state: sc.trace_state().clone(),
+            },
+            None => SamplingResult {
+                decision: SamplingDecision::RecordAndSample,
+                attributes: Vec::new(),
+                trace_state: Default::default(),
+            },
+        }
+    }
+}
+
 /// The layer that exports the request spans, a line for the log saying so, and what keeps the
 /// export running, if the environment asks for traces; the server's spans turned on with it.
 pub(crate) fn from_env(
@@ -115,6 +207,7 @@ pub(crate) fn from_env(
         return Ok(None);
     }
     let proto = protocol(|k| std::env::var(k).ok())?;
+    let (sampler, roots) = sampler(|k| std::env::var(k).ok())?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("otel-export")
@@ -139,9 +232,9 @@ pub(crate) fn from_env(
     {
         resource = resource.with_service_name("turnstile");
     }
-    // The sampler is the SDK's from OTEL_TRACES_SAMPLER (default parentbased_always_on).
     let provider = SdkTracerProvider::builder()
         .with_batch_exporter(exporter)
+        .with_sampler(Drawn(sampler))
         .with_resource(resource.build())
         .build();
     let tracer = provider.tracer("turnstile");
@@ -158,7 +251,7 @@ pub(crate) fn from_env(
                 .with_target(turnstile_server::spans::TARGET, tracing::Level::INFO),
         )
         .boxed();
-    turnstile_server::spans::enable(Some(parent));
+    turnstile_server::spans::enable(Some(parent), roots);
     let what = format!(
         "OpenTelemetry traces on: OTLP over {}",
         if proto == Protocol::Grpc {
@@ -256,6 +349,50 @@ mod tests {
             ("OTEL_TRACES_EXPORTER", "none"),
             ("OTEL_SERVICE_NAME", "rl"),
         ])));
+    }
+
+    #[test]
+    fn samplers_as_the_specification_names_them() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let (s, r) = sampler(env(&[])).unwrap();
+        assert!(matches!(s, Sampler::ParentBased(_)) && r == 1.0);
+        let (s, r) = sampler(env(&[
+            ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+            ("OTEL_TRACES_SAMPLER_ARG", "0.01"),
+        ]))
+        .unwrap();
+        assert!(matches!(s, Sampler::ParentBased(_)) && r == 0.01);
+        let (s, r) = sampler(env(&[
+            ("OTEL_TRACES_SAMPLER", "traceidratio"),
+            ("OTEL_TRACES_SAMPLER_ARG", "0.5"),
+        ]))
+        .unwrap();
+        assert!(matches!(s, Sampler::TraceIdRatioBased(x) if x == 0.5) && r == 0.5);
+        let (_, r) = sampler(env(&[("OTEL_TRACES_SAMPLER", "always_off")])).unwrap();
+        assert_eq!(r, 0.0);
+        let (_, r) = sampler(env(&[("OTEL_TRACES_SAMPLER", "traceidratio")])).unwrap();
+        assert_eq!(r, 1.0, "no argument: the specification's 1");
+        for bad in [
+            &[("OTEL_TRACES_SAMPLER", "jaeger_remote")][..],
+            &[
+                ("OTEL_TRACES_SAMPLER", "traceidratio"),
+                ("OTEL_TRACES_SAMPLER_ARG", "1.5"),
+            ],
+            &[
+                ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+                ("OTEL_TRACES_SAMPLER_ARG", "one"),
+            ],
+        ] {
+            let e = sampler(env(bad)).unwrap_err().to_string();
+            assert!(e.contains("expected always_on"), "{e}");
+        }
     }
 
     #[test]

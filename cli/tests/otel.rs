@@ -524,3 +524,53 @@ fn otlp_receiver_for_benchmarks() {
     let n = rx.got.1.load(std::sync::atomic::Ordering::Relaxed);
     println!("spans received: {n}");
 }
+
+/// `parentbased_traceidratio` at 0: no root request is spanned, while a request whose caller's
+/// trace is sampled (`traceparent` flags 01) is, in that trace; at 0.5, about half the
+/// CL.THROTTLEs are.
+#[test]
+fn roots_follow_the_ratio_and_callers_their_own_decision() {
+    let rx = grpc_receiver(0).expect("a free port");
+    let dir = tempfile::tempdir().unwrap();
+    let (rules, envoy) = configs(dir.path(), None);
+    let mut env = otel_env(format!("http://127.0.0.1:{}", rx.port), "grpc");
+    env.retain(|(k, _)| *k != "OTEL_TRACES_SAMPLER");
+    env.push(("OTEL_TRACES_SAMPLER", "parentbased_traceidratio".into()));
+    env.push(("OTEL_TRACES_SAMPLER_ARG", "0".into()));
+    let (s, p) = serve(&rules, &envoy, &env, &dir.path().join("log0"));
+    send_requests(&p);
+    rx.got.wait_for(&[("POST /v1/check", 1)]);
+    // Five batch delays more: a root span exported by mistake would be in.
+    std::thread::sleep(Duration::from_millis(500));
+    let got = rx.got.spans();
+    drop(s);
+    assert_eq!(got.len(), 1, "only the caller's: {got:#?}");
+    assert_eq!(hex(&got[0].trace_id), TRACE_ID);
+    assert_eq!(got[0].attr("turnstile.decision"), Some("limited"));
+
+    let rx = grpc_receiver(0).expect("a free port");
+    let mut env = otel_env(format!("http://127.0.0.1:{}", rx.port), "grpc");
+    env.retain(|(k, _)| *k != "OTEL_TRACES_SAMPLER");
+    env.push(("OTEL_TRACES_SAMPLER", "traceidratio".into()));
+    env.push(("OTEL_TRACES_SAMPLER_ARG", "0.5".into()));
+    let (_s, p) = serve(&rules, &envoy, &env, &dir.path().join("log1"));
+    let mut c = TcpStream::connect(("127.0.0.1", p.resp)).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let one = "*5\r\n$11\r\nCL.THROTTLE\r\n$1\r\nk\r\n$4\r\n1000\r\n$4\r\n1000\r\n$2\r\n60\r\n";
+    c.write_all(one.repeat(400).as_bytes()).unwrap();
+    let mut r = BufReader::new(c);
+    for _ in 0..400 * 6 {
+        let mut l = String::new();
+        r.read_line(&mut l).unwrap();
+    }
+    // 400 draws at 1/2: 200, sd 10; within 5 sd.
+    rx.got.wait_for(&[("CL.THROTTLE", 150)]);
+    std::thread::sleep(Duration::from_millis(500));
+    let n = rx
+        .got
+        .spans()
+        .iter()
+        .filter(|g| g.name == "CL.THROTTLE")
+        .count();
+    assert!((150..=250).contains(&n), "{n} of 400");
+}

@@ -17,9 +17,9 @@ use tracing::Instrument;
 /// Whether each call is a span (a child of the request's: turnstile-server's request spans).
 static SPANS: AtomicBool = AtomicBool::new(false);
 
-/// Makes each call to Redis a span of target `turnstile::span` (`FCALL` or `PIPELINE`, with
-/// the number of commands and the outcome), the child of the span current where it is
-/// awaited; for the rest of the process. Off, a call pays one relaxed load.
+/// Makes each call to Redis made within a span a span of target `turnstile::span` (`FCALL` or
+/// `PIPELINE`, with the number of commands and the outcome), that span's child; for the rest
+/// of the process. Off, a call pays one relaxed load.
 pub fn enable_call_spans() {
     // Relaxed: a flag set once at start, ordering nothing.
     SPANS.store(true, Ordering::Relaxed);
@@ -29,6 +29,10 @@ pub fn enable_call_spans() {
 fn span(operation: &'static str, commands: usize) -> Option<tracing::Span> {
     // Relaxed: see enable_call_spans.
     if !SPANS.load(Ordering::Relaxed) {
+        return None;
+    }
+    // Children only: a request that was not sampled has no span, nor have its calls.
+    if tracing::Span::current().is_none() {
         return None;
     }
     Some(tracing::info_span!(

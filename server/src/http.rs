@@ -293,7 +293,8 @@ where
 }
 
 impl Dispatch {
-    /// [`Dispatch::call`] within the request's span (crate::spans), its status recorded.
+    /// [`Dispatch::call`] within the request's span, if sampled (crate::spans), its status
+    /// recorded.
     #[cold]
     fn call_spanned<B>(&mut self, req: axum::http::Request<B>) -> DispatchFuture
     where
@@ -301,6 +302,9 @@ impl Dispatch {
         B::Error: Into<axum::BoxError>,
     {
         use tracing::Instrument;
+        if !crate::spans::has_parent(req.headers()) && !crate::spans::root_sampled() {
+            return self.call_unspanned(req);
+        }
         let span = crate::spans::http(req.method(), req.uri().path(), req.headers());
         let fut = span.in_scope(|| self.call_unspanned(req));
         futures_util::future::Either::Left(Box::pin(async move {

@@ -393,7 +393,8 @@ impl Connection {
         self.run_item_unspanned(i)
     }
 
-    /// [`Self::run_item`] within the command's span; a remote call carries the span on.
+    /// [`Self::run_item`] within the command's span, if sampled (crate::spans); a remote call
+    /// carries the span on.
     #[cold]
     fn run_item_spanned(&mut self, i: usize) -> Option<RemoteCall> {
         let item = &self.ahead.items[i];
@@ -404,9 +405,12 @@ impl Connection {
         if args.len() == 0 {
             return self.run_item_unspanned(i);
         }
+        if !crate::spans::root_sampled() {
+            return self.run_item_unspanned(i);
+        }
         let name = cmd::lookup(args.name()).map_or("unknown", |s| s.name);
         let span = crate::spans::resp(name);
-        let mut call = span.in_scope(|| self.run_item_unspanned(i));
+        let mut call = crate::spans::in_span(&span, || self.run_item_unspanned(i));
         if let Some(c) = &mut call {
             c.carry(span);
         }

@@ -73,6 +73,9 @@ impl Grpc {
         request: &Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         let headers = request.metadata().clone().into_headers();
+        if !crate::spans::has_parent(&headers) && !crate::spans::root_sampled() {
+            return self.decide(request);
+        }
         let span = crate::spans::grpc(&request.get_ref().domain, &headers);
         let r = span.in_scope(|| self.decide(request));
         match &r {
