@@ -18,6 +18,8 @@ mod bench;
 mod demo;
 mod limits;
 mod memory;
+#[cfg(feature = "otel")]
+mod otel;
 mod progress;
 mod replay;
 mod rules;
@@ -148,7 +150,7 @@ fn main() {
             no_huge_pages_for_a_service();
             alloc::give_back_freed_pages();
             turnstile_server::trim::set_hook(give_memory_back);
-            turnstile_server::run(*a).map_err(Error::from)
+            serve(*a)
         }
         Command::Soak(a) => soak::run(a).map_err(Error::from),
         Command::Replay(a) => replay::run(*a),
@@ -161,6 +163,22 @@ fn main() {
         eprintln!("error: {e}");
         std::process::exit(2);
     }
+}
+
+/// `turnstile serve`, its request spans exported when the `OTEL_*` variables ask for it
+/// (feature otel).
+fn serve(args: turnstile_server::ServeArgs) -> Result<()> {
+    #[cfg(feature = "otel")]
+    {
+        // Kept until the server has stopped: dropped, it exports the last spans.
+        let (layer, _tracing) = match otel::from_env()? {
+            Some((layer, what, t)) => (Some((layer, what)), Some(t)),
+            None => (None, None),
+        };
+        turnstile_server::run_traced(args, layer).map_err(Error::from)
+    }
+    #[cfg(not(feature = "otel"))]
+    turnstile_server::run(args).map_err(Error::from)
 }
 
 /// `serve` runs without transparent huge pages, unless `MIMALLOC_ALLOW_THP` says otherwise.

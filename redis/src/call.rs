@@ -10,7 +10,57 @@ use crate::error::Error;
 use crate::script::{library, Library};
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Cmd, ToRedisArgs, Value};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+use tracing::Instrument;
+
+/// Whether each call is a span (a child of the request's: turnstile-server's request spans).
+static SPANS: AtomicBool = AtomicBool::new(false);
+
+/// Makes each call to Redis made within a span a span of target `turnstile::span` (`FCALL` or
+/// `PIPELINE`, with the number of commands and the outcome), that span's child; for the rest
+/// of the process. Off, a call pays one relaxed load.
+pub fn enable_call_spans() {
+    // Relaxed: a flag set once at start, ordering nothing.
+    SPANS.store(true, Ordering::Relaxed);
+}
+
+/// A call's span (`operation`: `FCALL` or `PIPELINE`), if spans are on.
+fn span(operation: &'static str, commands: usize) -> Option<tracing::Span> {
+    // Relaxed: see enable_call_spans.
+    if !SPANS.load(Ordering::Relaxed) {
+        return None;
+    }
+    // Children only: a request that was not sampled has no span, nor have its calls.
+    if tracing::Span::current().is_none() {
+        return None;
+    }
+    Some(tracing::info_span!(
+        target: "turnstile::span",
+        "redis",
+        otel.name = operation,
+        otel.kind = "client",
+        db.system.name = "redis",
+        db.operation.name = operation,
+        db.operation.batch.size = commands,
+        otel.status_code = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+    ))
+}
+
+/// Runs `f` within `span` (if any), marking the span failed when `f` fails.
+async fn spanned<T>(
+    span: Option<tracing::Span>,
+    f: impl std::future::Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    let Some(span) = span else { return f.await };
+    let r = f.instrument(span.clone()).await;
+    if let Err(e) = &r {
+        span.record("otel.status_code", "ERROR");
+        span.record("error.type", e.kind());
+    }
+    r
+}
 
 /// Calls the library's functions over one connection, each call (with its reload) within
 /// `timeout`.
@@ -127,19 +177,25 @@ impl Caller {
                 r => Ok(r?),
             }
         };
-        match tokio::time::timeout(self.timeout, run).await {
-            Ok(r) => r,
-            Err(_) => Err(Error::Timeout(self.timeout)),
-        }
+        let timed = async {
+            match tokio::time::timeout(self.timeout, run).await {
+                Ok(r) => r,
+                Err(_) => Err(Error::Timeout(self.timeout)),
+            }
+        };
+        spanned(span("FCALL", 1), timed).await
     }
 
     /// Plain commands (no function: nothing to reload) within the timeout.
     pub(crate) async fn plain(&self, pipe: &redis::Pipeline) -> Result<Vec<Value>, Error> {
         let mut conn = self.conn.clone();
-        match tokio::time::timeout(self.timeout, pipe.query_async(&mut conn)).await {
-            Ok(r) => Ok(r?),
-            Err(_) => Err(Error::Timeout(self.timeout)),
-        }
+        let timed = async {
+            match tokio::time::timeout(self.timeout, pipe.query_async(&mut conn)).await {
+                Ok(r) => Ok(r?),
+                Err(_) => Err(Error::Timeout(self.timeout)),
+            }
+        };
+        spanned(span("PIPELINE", pipe.cmd_iter().count()), timed).await
     }
 
     /// The calls in one pipeline (one node) within the timeout; the replies in order, a
@@ -172,10 +228,13 @@ impl Caller {
             }
             Ok::<_, Error>(vals)
         };
-        match tokio::time::timeout(self.timeout, run).await {
-            Ok(r) => r,
-            Err(_) => Err(Error::Timeout(self.timeout)),
-        }
+        let timed = async {
+            match tokio::time::timeout(self.timeout, run).await {
+                Ok(r) => r,
+                Err(_) => Err(Error::Timeout(self.timeout)),
+            }
+        };
+        spanned(span("PIPELINE", cmds.len()), timed).await
     }
 }
 

@@ -34,6 +34,19 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
+impl Error {
+    /// The kind, in a word (a span's `error.type`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::Config(_) => "config",
+            Error::Redis(_) => "redis",
+            Error::Timeout(_) => "timeout",
+            Error::Reply(_) => "reply",
+            Error::Key(_) => "key",
+        }
+    }
+}
+
 impl From<redis::RedisError> for Error {
     fn from(e: redis::RedisError) -> Self {
         Error::Redis(e)

@@ -71,6 +71,7 @@ mod script;
 mod store;
 
 pub use builder::RedisStoreBuilder;
+pub use call::enable_call_spans;
 pub use conn::Conn;
 pub use error::Error;
 pub use limits::{RedisLimits, RedisLimitsStats};

@@ -273,6 +273,10 @@ impl Dispatch {
 }
 
 type CheckFuture = futures_util::future::BoxFuture<'static, Result<Response, Infallible>>;
+type DispatchFuture = futures_util::future::Either<
+    CheckFuture,
+    <Router as tower_service::Service<axum::extract::Request>>::Future,
+>;
 
 impl<B> tower_service::Service<axum::http::Request<B>> for Dispatch
 where
@@ -281,10 +285,7 @@ where
 {
     type Response = Response;
     type Error = Infallible;
-    type Future = futures_util::future::Either<
-        CheckFuture,
-        <Router as tower_service::Service<axum::extract::Request>>::Future,
-    >;
+    type Future = DispatchFuture;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         // The router is always ready (axum's Router::poll_ready), and so is the handler.
@@ -292,6 +293,42 @@ where
     }
 
     fn call(&mut self, req: axum::http::Request<B>) -> Self::Future {
+        if crate::spans::on() {
+            return self.call_spanned(req);
+        }
+        self.call_unspanned(req)
+    }
+}
+
+impl Dispatch {
+    /// [`Dispatch::call`] within the request's span, if sampled (crate::spans), its status
+    /// recorded.
+    #[cold]
+    fn call_spanned<B>(&mut self, req: axum::http::Request<B>) -> DispatchFuture
+    where
+        B: axum::body::HttpBody<Data = Bytes> + Send + 'static,
+        B::Error: Into<axum::BoxError>,
+    {
+        use tracing::Instrument;
+        if !crate::spans::has_parent(req.headers()) && !crate::spans::root_sampled() {
+            return self.call_unspanned(req);
+        }
+        let span = crate::spans::http(req.method(), req.uri().path(), req.headers());
+        let fut = span.in_scope(|| self.call_unspanned(req));
+        futures_util::future::Either::Left(Box::pin(async move {
+            let r = fut.instrument(span.clone()).await;
+            if let Ok(res) = &r {
+                span.record("http.response.status_code", res.status().as_u16());
+            }
+            r
+        }))
+    }
+
+    fn call_unspanned<B>(&mut self, req: axum::http::Request<B>) -> DispatchFuture
+    where
+        B: axum::body::HttpBody<Data = Bytes> + Send + 'static,
+        B::Error: Into<axum::BoxError>,
+    {
         use futures_util::future::Either;
         // The request's head is in: the connection is busy until its response is made.
         let busy = self.conn.begin();

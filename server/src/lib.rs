@@ -74,6 +74,7 @@ mod ready;
 mod redis_limits;
 pub mod resp;
 pub mod snapshot;
+pub mod spans;
 mod state;
 pub mod throttle;
 mod tls;
@@ -397,18 +398,52 @@ impl std::io::Write for LogWriter {
     }
 }
 
+/// A tracing layer that exports the request spans ([`spans`]): given to [`run_traced`].
+pub type TraceLayer =
+    Box<dyn tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync + 'static>;
+
 /// `turnstile serve`: logs to stderr (`RUST_LOG`, default `info`), starts, and runs until
 /// SIGTERM or SIGINT (a second one exits at once).
 pub fn run(args: ServeArgs) -> Result<(), ServeError> {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(|| LogWriter)
-        // Colours for a terminal only: a log file or a collector gets plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
+    run_traced(args, None)
+}
+
+/// [`run`], with `layer` (if any) beside the log: it sees the request spans, which
+/// [`spans::enable`] turns on, and nothing the log prints; its description is logged once the
+/// log is set up.
+pub fn run_traced(args: ServeArgs, layer: Option<(TraceLayer, String)>) -> Result<(), ServeError> {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+    let filter = || {
+        tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+    };
+    // Colours for a terminal only: a log file or a collector gets plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    match layer {
+        None => {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(filter())
+                .with_writer(|| LogWriter)
+                .with_ansi(ansi)
+                .try_init();
+        }
+        Some((layer, what)) => {
+            // The log's filter is its own: the request spans are the layer's alone.
+            let off = spans::TARGET.to_owned() + "=off";
+            let log_filter = filter().add_directive(off.parse().expect("a valid directive"));
+            let log = tracing_subscriber::fmt::layer()
+                .with_writer(|| LogWriter)
+                .with_ansi(ansi)
+                .with_filter(log_filter);
+            let _ = tracing_subscriber::registry()
+                .with(layer)
+                .with(log)
+                .try_init();
+            tracing::info!("{what}");
+        }
+    }
     let r = start(args)?;
     r.join()
 }

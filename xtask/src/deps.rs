@@ -79,7 +79,7 @@ pub const APT: &[Apt] = &[
         probe: Probe::Program("redis-server"),
         programs: &["redis-server"],
         scope: Scope::Tests,
-        why: "turnstile-redis, turnstile-tower (redis), turnstile serve's [backend] redis tests start their own redis-server",
+        why: "turnstile-redis, turnstile-tower (redis), turnstile serve's [backend] redis tests (cli/tests/otel.rs's Redis spans among them) start their own redis-server",
     },
     Apt {
         package: "redis-tools",

@@ -90,6 +90,7 @@ impl<'a> RulesCommand<'a> {
                 key: self.key.to_owned(),
                 cost: self.cost,
                 priority: self.priority,
+                span: None,
             }));
         }
         let t0 = ctx.metrics.now();
@@ -115,8 +116,12 @@ pub(crate) enum RemoteCall {
 impl RemoteCall {
     /// Awaits the answer (Redis's timeout and failure policy bound a rules call's wait).
     pub(crate) async fn run(&self, checks: &Checks, metrics: &Metrics) -> Answer {
+        use tracing::Instrument;
         match self {
-            RemoteCall::Rules(r) => r.run(checks, metrics).await,
+            RemoteCall::Rules(r) => match &r.span {
+                Some(s) => r.run(checks, metrics).instrument(s.clone()).await,
+                None => r.run(checks, metrics).await,
+            },
             RemoteCall::Limits(l) => {
                 Answer::Limits(crate::limits::run(checks.engine.clone(), l.0.clone()).await)
             }
@@ -130,10 +135,22 @@ impl RemoteCall {
             (_, Answer::Limits(r)) => super::limits::reply(r, o),
             (_, Answer::Settled(r)) => super::settle::reply(metrics, r, o),
             (RemoteCall::Rules(r), a) => {
-                reply(metrics, r.op, (r.class.as_str(), r.key.as_str()), a, o)
+                let k = (r.class.as_str(), r.key.as_str());
+                match &r.span {
+                    Some(s) => s.in_scope(|| reply(metrics, r.op, k, a, o)),
+                    None => reply(metrics, r.op, k, a, o),
+                }
             }
             (RemoteCall::Limits(_), a) => reply(metrics, Op::Peek, ("", ""), a, o),
             (RemoteCall::Settle(_), a) => reply(metrics, Op::Check, ("", ""), a, o),
+        }
+    }
+
+    /// Keeps the command's span (crate::spans) until the call is answered: the Redis calls
+    /// are its children, its decision is recorded on it.
+    pub(crate) fn carry(&mut self, span: tracing::Span) {
+        if let RemoteCall::Rules(r) = self {
+            r.span = Some(span);
         }
     }
 }
@@ -145,6 +162,8 @@ pub(crate) struct RulesCall {
     key: String,
     cost: u64,
     priority: Option<Priority>,
+    /// The command's span, when the spans are on.
+    span: Option<tracing::Span>,
 }
 
 impl RulesCall {
@@ -188,6 +207,9 @@ fn reply(metrics: &Metrics, op: Op, (class, key): (&str, &str), a: Answer, o: &m
         }
         Answer::Verdict(v) => {
             let d: &Decision = &v.decision;
+            if crate::spans::on() {
+                crate::spans::verdict(d.allowed(), class, v.rule.as_deref());
+            }
             if op != Op::Peek {
                 if !d.allowed() {
                     crate::denied::record_rules(v.rule.as_deref(), class, key);

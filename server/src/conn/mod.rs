@@ -385,7 +385,40 @@ impl Connection {
     }
 
     /// Runs the parsed command `i`; a remote call if it needs Redis.
+    #[inline]
     fn run_item(&mut self, i: usize) -> Option<RemoteCall> {
+        if crate::spans::on() {
+            return self.run_item_spanned(i);
+        }
+        self.run_item_unspanned(i)
+    }
+
+    /// [`Self::run_item`] within the command's span, if sampled (crate::spans); a remote call
+    /// carries the span on.
+    #[cold]
+    fn run_item_spanned(&mut self, i: usize) -> Option<RemoteCall> {
+        let item = &self.ahead.items[i];
+        let args = Args {
+            buf: &self.input[item.start..self.filled],
+            ranges: &self.ahead.ranges[item.args.clone()],
+        };
+        if args.len() == 0 {
+            return self.run_item_unspanned(i);
+        }
+        if !crate::spans::root_sampled() {
+            return self.run_item_unspanned(i);
+        }
+        let name = cmd::lookup(args.name()).map_or("unknown", |s| s.name);
+        let span = crate::spans::resp(name);
+        let mut call = crate::spans::in_span(&span, || self.run_item_unspanned(i));
+        if let Some(c) = &mut call {
+            c.carry(span);
+        }
+        call
+    }
+
+    /// Runs the parsed command `i` (no span); a remote call if it needs Redis.
+    fn run_item_unspanned(&mut self, i: usize) -> Option<RemoteCall> {
         let item = &self.ahead.items[i];
         let args = Args {
             buf: &self.input[item.start..self.filled],

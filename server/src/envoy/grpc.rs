@@ -46,6 +46,18 @@ impl RateLimitService for Grpc {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
+        if crate::spans::on() {
+            return self.spanned(&request);
+        }
+        self.decide(&request)
+    }
+}
+
+impl Grpc {
+    fn decide(
+        &self,
+        request: &Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
         // Explained from peeks just before the answer counts: what the answer then does.
         let explained = match asks_explain(request.metadata())? {
             true => Some(self.envoy.explain(request.get_ref())),
@@ -66,6 +78,33 @@ impl RateLimitService for Grpc {
             }
         }
         Ok(r)
+    }
+
+    /// [`Grpc::decide`] within the call's span (crate::spans): the domain, the overall code,
+    /// the gRPC status.
+    #[cold]
+    fn spanned(
+        &self,
+        request: &Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        let headers = request.metadata().clone().into_headers();
+        if !crate::spans::has_parent(&headers) && !crate::spans::root_sampled() {
+            return self.decide(request);
+        }
+        let span = crate::spans::grpc(&request.get_ref().domain, &headers);
+        let r = span.in_scope(|| self.decide(request));
+        match &r {
+            Ok(res) => {
+                let code = res.get_ref().overall_code();
+                span.record("turnstile.decision", code.as_str_name());
+                span.record("rpc.grpc.status_code", 0);
+            }
+            Err(s) => {
+                span.record("rpc.grpc.status_code", s.code() as i32);
+                span.record("otel.status_code", "ERROR");
+            }
+        }
+        r
     }
 }
 

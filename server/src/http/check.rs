@@ -176,6 +176,9 @@ async fn check_body(s: Arc<Server>, body: Bytes) -> Response {
         None => engine.explain(&req),
     };
     let d = v.decision;
+    if crate::spans::on() {
+        crate::spans::verdict(d.allowed(), &b.key_class, v.rule.as_deref());
+    }
     s.metrics.latency(clock.now().saturating_sub(t0));
     s.metrics.add(C::HttpChecks, 1);
     s.metrics.add(
