@@ -8,6 +8,7 @@ use crate::snapshot::RulesEngine;
 use std::net::IpAddr;
 use std::sync::Arc;
 use turnstile::rules::{parse_customer, Request, Verdict};
+use turnstile_redis::RedisRules;
 
 /// Which rules operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -113,14 +114,24 @@ impl Checks {
     }
 
     /// [`Checks::settle`] with the counts in Redis ([`RedisRules::settle`]: every rule in one
-    /// call on one node), then a peek through Redis. An error if Redis did not take it.
+    /// call on one node), then a peek through Redis. An error if Redis did not take it, or
+    /// has not been reached since the start.
     pub(crate) async fn settle_remote(
         &self,
-        redis: &RedisRules,
+        redis: &Remote,
         req: &Request<'_>,
         actual: u64,
     ) -> Result<Settled, SettleError> {
         let engine = self.engine.as_ref().ok_or(SettleError::NoRules)?;
+        let redis: &RedisRules = match redis {
+            Remote::Connected(r) => r,
+            Remote::Connecting(_) => {
+                return Err(SettleError::Redis(
+                    "Redis has not been reached since the start (connecting in the background)"
+                        .into(),
+                ))
+            }
+        };
         let rules = redis
             .settle(engine, req, actual)
             .await
@@ -237,7 +248,7 @@ mod tests {
             "18446744073709551616",
         ] {
             let e = parse_customer(bad).unwrap_err();
-            assert!(e.contains("api_key"), "{bad}: {e}");
+            assert!(e.to_string().contains("api_key"), "{bad}: {e}");
         }
     }
 

@@ -137,6 +137,7 @@ impl Deferred {
                 "limits class `{}` is not loaded from Redis yet (connecting in the background): try again",
                 self.name
             ),
+            setting: None,
         }
     }
 }
