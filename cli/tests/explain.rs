@@ -211,15 +211,7 @@ fn resp_explanations_agree_with_the_checks_that_follow() {
     assert_eq!(x["allowed"], 0);
     assert_eq!(rule(&x, "pair")["limits"][0]["counter"], 5);
 
-    // A soft rule: 4 nominal, 6 admitted (its band reported as 0 remaining), the 7th denied.
-    for n in 1..=7 {
-        let x = agree(&mut c, "api_key", "k", 1);
-        let soft = rule(&x, "soft-keys");
-        assert_eq!(soft["mode"], "soft");
-        assert_eq!(soft["limits"][0]["limit"], 4, "the nominal limit");
-        assert_eq!(x["allowed"], json!(i64::from(n <= 6)), "request {n}: {x}");
-        assert_ne!(soft["key"], "k", "an API key's id is its hash");
-    }
+    soft_rule_through_its_band(&mut c);
 
     // Cost 0 explains a peek; the priority is the method's default.
     let x = c.explain("customer", "2", 0);
@@ -238,7 +230,23 @@ fn resp_explanations_agree_with_the_checks_that_follow() {
     let flat = flat.as_array().unwrap();
     assert_eq!(flat.len() % 2, 0);
     assert_eq!((&flat[0], &flat[1]), (&json!("allowed"), &json!(0)));
-    // Bad input: clear errors, nothing explained.
+    refusals(&mut c2);
+}
+
+/// A soft rule: 4 nominal, 6 admitted (its band reported as 0 remaining), the 7th denied.
+fn soft_rule_through_its_band(c: &mut Resp) {
+    for n in 1..=7 {
+        let x = agree(c, "api_key", "k", 1);
+        let soft = rule(&x, "soft-keys");
+        assert_eq!(soft["mode"], "soft");
+        assert_eq!(soft["limits"][0]["limit"], 4, "the nominal limit");
+        assert_eq!(x["allowed"], json!(i64::from(n <= 6)), "request {n}: {x}");
+        assert_ne!(soft["key"], "k", "an API key's id is its hash");
+    }
+}
+
+/// Bad input: clear errors, nothing explained.
+fn refusals(c2: &mut Resp) {
     for (args, want) in [
         (
             &["TURNSTILE.EXPLAIN", "customer"][..],
@@ -464,27 +472,7 @@ fn grpc_explanations_in_the_metadata_agree_with_the_answer() {
             seen += hits;
         }
 
-        // Several descriptors: the shadow one over (answered OK), the unlimited one, the
-        // counted one deciding the headers with the least remaining.
-        let ds = [("shadowed", "s"), ("free", "f"), ("user", "bob")];
-        call(&mut c, rls(1, &ds[..1]), None).await.unwrap();
-        let (a, x) = call(&mut c, rls(1, &ds), Some("true")).await.unwrap();
-        let x = x.unwrap();
-        assert_eq!(
-            codes(&a),
-            ("OK".to_string(), vec!["OK".to_string(); 3]),
-            "{x}"
-        );
-        assert_eq!(x["overall_code"], "OK");
-        let d = &x["descriptors"];
-        assert_eq!(
-            (&d[0]["mode"], &d[0]["over"], &d[0]["code"]),
-            (&json!("shadow"), &json!(true), &json!("OK")),
-            "{x}"
-        );
-        assert_eq!(d[1]["matched"], "unlimited: explain.free", "{x}");
-        assert_eq!(d[2]["remaining"], 2, "{x}");
-        assert_eq!(x["decided_by"], 0, "the shadow limit has nothing left: {x}");
+        several_descriptors(&mut c).await;
 
         // A value that is not a yes or a no is refused, saying what is expected.
         let e = call(&mut c, rls(1, &[("user", "dan")]), Some("please"))
@@ -494,7 +482,34 @@ fn grpc_explanations_in_the_metadata_agree_with_the_answer() {
         assert!(e.message().contains("expected 1"), "{e:?}");
     });
 
-    // `POST /json` explains in the response header of that name.
+    json_explains(http);
+}
+
+/// Several descriptors: the shadow one over (answered OK), the unlimited one, the counted one.
+async fn several_descriptors(c: &mut grpc::RateLimitServiceClient<tonic::transport::Channel>) {
+    let ds = [("shadowed", "s"), ("free", "f"), ("user", "bob")];
+    call(c, rls(1, &ds[..1]), None).await.unwrap();
+    let (a, x) = call(c, rls(1, &ds), Some("true")).await.unwrap();
+    let x = x.unwrap();
+    assert_eq!(
+        codes(&a),
+        ("OK".to_string(), vec!["OK".to_string(); 3]),
+        "{x}"
+    );
+    assert_eq!(x["overall_code"], "OK");
+    let d = &x["descriptors"];
+    assert_eq!(
+        (&d[0]["mode"], &d[0]["over"], &d[0]["code"]),
+        (&json!("shadow"), &json!(true), &json!("OK")),
+        "{x}"
+    );
+    assert_eq!(d[1]["matched"], "unlimited: explain.free", "{x}");
+    assert_eq!(d[2]["remaining"], 2, "{x}");
+    assert_eq!(x["decided_by"], 0, "the shadow limit has nothing left: {x}");
+}
+
+/// `POST /json` explains in the response header of that name.
+fn json_explains(http: u16) {
     let body = r#"{"domain":"explain","descriptors":[{"entries":[{"key":"user","value":"erin"}]}],"hitsAddend":2}"#;
     for (counter, code, status) in [(0, "OK", 200), (2, "OVER_LIMIT", 429)] {
         let (got, headers, answer) = post_json(http, body, "1");

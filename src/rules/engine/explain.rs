@@ -277,14 +277,7 @@ impl<C: Clock> Engine<C> {
             x.verdict.rule = Some(x.rules[i].rule.clone());
             x.decided_by = Some(limit_of(&x.rules, i, &acc));
         } else if acc.remaining < u64::MAX {
-            x.decided_by = x
-                .rules
-                .iter()
-                .position(|e| {
-                    matches!(e.step, RuleStep::Admits | RuleStep::AdmitsFromPool)
-                        && e.decision.remaining == acc.remaining
-                })
-                .map(|i| limit_of(&x.rules, i, &acc));
+            x.decided_by = admitting(&x.rules, &acc);
         }
         x.verdict.decision = acc;
         x
@@ -353,6 +346,18 @@ impl<C: Clock> Engine<C> {
         };
         e
     }
+}
+
+/// The admitting rule and limit whose numbers the admission `d` reports: the first rule with
+/// its remainder (as `merge` keeps it).
+fn admitting(rules: &[RuleExplanation], d: &Decision) -> Option<Decider> {
+    rules
+        .iter()
+        .position(|e| {
+            matches!(e.step, RuleStep::Admits | RuleStep::AdmitsFromPool)
+                && e.decision.remaining == d.remaining
+        })
+        .map(|i| limit_of(rules, i, d))
 }
 
 /// The limit of rule `i` whose numbers the answer `d` reports: the first of its limit (`d`'s
