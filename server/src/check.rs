@@ -215,7 +215,7 @@ mod tests {
             " 1",
             "18446744073709551616",
         ] {
-            let e = parse_customer(bad).unwrap_err();
+            let e = parse_customer(bad).unwrap_err().to_string();
             assert!(e.contains("api_key"), "{bad}: {e}");
         }
     }

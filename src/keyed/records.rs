@@ -20,7 +20,6 @@ use super::table::{shard_index, Ctx, Judge, Loc, Op, RecordKind, Refusal, Shard}
 use crate::algo::Cells;
 use crate::clock::Nanos;
 use crate::decision::ConfigError;
-use crate::sync::Ordering;
 use crossbeam_utils::CachePadded;
 
 /// An operation on one key's record ([`Records::update`]).
@@ -165,6 +164,7 @@ impl<K: RecordKind> Records<K> {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+    use crate::sync::Ordering;
     use std::sync::atomic::AtomicU64;
 
     /// A record of two words: a count, and the time it stops mattering.
