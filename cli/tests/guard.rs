@@ -579,7 +579,7 @@ fn the_soft_descriptor_limit_is_raised_and_logged() {
         http,
         admin: None,
         grpc: None,
-        _dir: tempfile::tempdir().unwrap(),
+        dir: tempfile::tempdir().unwrap(),
     };
     let log = server.stop_and_log();
     assert!(
