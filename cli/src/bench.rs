@@ -88,7 +88,7 @@ pub fn run(mut args: BenchArgs) -> crate::Result<()> {
     }
     if args.own_limits {
         let repeat = if args.repeat > 1 { o.repeat } else { 3 };
-        return Ok(own_limits::run(o.keys, o.seconds, repeat, o.json)?);
+        return own_limits::run(o.keys, o.seconds, repeat, o.json);
     }
     if let Some(f) = args.plot {
         // Said before the sweep (tens of seconds), not after it.

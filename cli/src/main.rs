@@ -152,10 +152,10 @@ fn main() {
             turnstile_server::trim::set_hook(give_memory_back);
             serve(*a)
         }
-        Command::Soak(a) => soak::run(a).map_err(Error::from),
+        Command::Soak(a) => soak::run(a),
         Command::Replay(a) => replay::run(*a),
         Command::Rules { command } => rules::run(command),
-        Command::Limits { command } => limits::run(command).map_err(Error::from),
+        Command::Limits { command } => limits::run(command),
         Command::Completions { shell } => completions(shell),
     };
     if let Err(e) = result {

@@ -478,7 +478,7 @@ mod tests {
         assert_eq!(resolve(&n, "$uri").unwrap().part, Part::ReqPath);
         assert_eq!(resolve(&n, "request_method").unwrap().part, Part::ReqMethod);
         assert!(resolve(&n, "$nope").is_none());
-        let m = Mapping::new(&n, &[], false).unwrap_err();
+        let m = Mapping::new(&n, &[], false).unwrap_err().to_string();
         assert!(m.contains("no timestamp"), "{m}");
     }
 
