@@ -81,3 +81,44 @@ fn nodes_sharing_a_key_never_admit_over_its_limit() {
         }
     });
 }
+
+/// Settles on a leased key: each request reserves 2 and uses 1 (a give-back into the lease)
+/// or 3 (a charge, from the lease when it holds it); every unit is counted in Redis exactly
+/// once — after the leases are given back, the key's count in Redis is the units the requests
+/// used — and the lease answered most of them locally.
+#[test]
+fn settles_on_a_leased_key_are_counted_once() {
+    let server = common::Server::start();
+    let rt = common::runtime();
+    rt.block_on(async {
+        let w = 10 * S;
+        let l = Limit::fixed_window(1000, Duration::from_nanos(w)).unwrap();
+        let n = node(&server.url(), vec![l], explicit()).await;
+        let t0 = 1_000 * S;
+        let (mut admitted, mut units) = (0u64, 0u64);
+        for i in 0..1500u64 {
+            let t = t0 + i * MS;
+            if !n.check_at("hot", 2, t).await.unwrap().allowed() {
+                continue;
+            }
+            admitted += 1;
+            let actual = if i % 2 == 0 { 1 } else { 3 };
+            n.settle_at("hot", 2, actual, t).await.unwrap();
+            units += actual;
+        }
+        n.return_leases_at(t0 + 1500 * MS).await;
+        let st = n.lease_stats().unwrap();
+        // The record: the window's start plus its count, one integer (lua/fixed_window.lua).
+        let key = &n.redis_keys("hot")[0];
+        let v: String = redis::cmd("GET")
+            .arg(key)
+            .query_async(&mut n.connection())
+            .await
+            .unwrap();
+        let count = (v.parse::<u128>().unwrap() % u128::from(w)) as u64;
+        eprintln!("admitted {admitted}, units {units}, count {count}, {st:?}");
+        assert_eq!(count, units, "{st:?}");
+        assert!(admitted >= 450 && units <= 1000 + 2, "{admitted} {units}");
+        assert!(st.local > 400, "{st:?}");
+    });
+}

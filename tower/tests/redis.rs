@@ -176,3 +176,65 @@ async fn a_cancelled_shaped_request_is_refunded_in_redis() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Settling through Redis: each request reserves 10 and its handler says what it used; the
+/// layer settles in the background (one Redis call per request), so the test waits (bounded)
+/// until Redis shows it: 4 used gives 6 back, 30 used charges 20 more, 200 used leaves a debt
+/// and the next request is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_limit_settles_at_the_responses_actual_cost() {
+    use axum::extract::Query;
+    use std::collections::HashMap;
+    use turnstile::keyed::KeyHasher;
+    use turnstile_tower::redis::DEFAULT_SEED;
+    use turnstile_tower::ActualCost;
+
+    let redis = Redis::start();
+    let q = Quota::fixed_window(100, Duration::from_secs(3600)).unwrap();
+    let store = Arc::new(
+        RedisStore::builder(Limits::new(vec![q]).unwrap())
+            .timeout(Duration::from_secs(2))
+            .connect(&redis.url())
+            .await
+            .unwrap(),
+    );
+    let limit = RedisLimit::new(Arc::clone(&store), Header::named("x-api-key")).cost(10);
+    let used = |Query(q): Query<HashMap<String, u64>>| async move {
+        (axum::Extension(ActualCost(q["used"])), "done")
+    };
+    let app = Router::new()
+        .route("/", get(used))
+        .layer(RateLimitLayer::builder(limit).settle().build());
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    // The Redis key of the API key "k-1": its id under the layer's seed, in hex.
+    let id = KeyHasher::with_seed(DEFAULT_SEED, 64).bytes(b"k-1");
+    let key = format!("{id:016x}");
+    let c = reqwest::Client::new();
+    let send = |n: u64| {
+        c.get(format!("http://{addr}/?used={n}"))
+            .header("x-api-key", "k-1")
+            .send()
+    };
+    let settled_to = |want: u64| {
+        let (store, key) = (Arc::clone(&store), key.clone());
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let left = store.peek(&key).await.unwrap().remaining;
+                if left == want || Instant::now() > deadline {
+                    return left;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    };
+    assert_eq!(send(4).await.unwrap().status(), 200);
+    assert_eq!(settled_to(96).await, 96);
+    assert_eq!(send(30).await.unwrap().status(), 200);
+    assert_eq!(settled_to(66).await, 66);
+    assert_eq!(send(200).await.unwrap().status(), 200);
+    assert_eq!(settled_to(0).await, 0);
+    assert_eq!(send(0).await.unwrap().status(), 429);
+}
