@@ -516,25 +516,30 @@ mod tests {
     }
 
     /// A reader never sees a key's text with another key's hash while the writer replaces
-    /// slots as fast as it can.
+    /// slots as fast as it can (1 000 keys over 4 slots: nearly every record takes a slot).
     #[test]
     fn reads_are_consistent_under_writes() {
         let d: &'static Denied = Box::leak(Box::new(fresh(1)));
         let stop: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
         let w = std::thread::spawn(move || {
             let mut i = 0u64;
-            while !stop.load(Ordering::Relaxed) && i < 5_000_000 {
+            while !stop.load(Ordering::Relaxed) && i < 50_000_000 {
                 let t = format!("key{}", i % 1000);
                 d.record(Source::Throttle, &[t.as_bytes()]);
                 i += 1;
             }
         });
-        for _ in 0..2000 {
+        // A second of reads (the threads overlap on a loaded machine too), at least 200 000.
+        let (mut seen, t0) = (0usize, std::time::Instant::now());
+        let long = |t: std::time::Duration| t > std::time::Duration::from_secs(1);
+        while (seen < 200_000 || !long(t0.elapsed())) && t0.elapsed().as_secs() < 10 {
             for e in d.top(8) {
                 assert_eq!(e.hash, hash(Source::Throttle, &[&e.text]));
+                seen += 1;
             }
         }
         stop.store(true, Ordering::Relaxed);
         w.join().unwrap();
+        assert!(seen >= 200_000, "only {seen} entries read in 10 s");
     }
 }
