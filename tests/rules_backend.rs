@@ -292,6 +292,31 @@ limits = [{ algorithm = "fixed_window", limit = 30, window = "1s" }]
     ]);
     assert_eq!(v.rule.as_deref(), Some("keys"));
     assert_eq!(v.decision.retry_after_ns, Some(5));
+    // Per limit, counted as the in-memory check counts: (limit, checks, admitted, denied,
+    // shadow_denied, near_limit). The soft rule's first admission (0 left of its nominal 10)
+    // is near the limit; the override's key counts under `override`.
+    let rows = |rule: &str| -> Vec<(String, [u64; 5])> {
+        e.limit_stats(rule)
+            .unwrap()
+            .into_iter()
+            .map(|l| {
+                let v = [
+                    l.checks,
+                    l.admitted,
+                    l.denied,
+                    l.shadow_denied,
+                    l.near_limit,
+                ];
+                (l.limit, v)
+            })
+            .collect()
+    };
+    assert_eq!(rows("soft"), [("0".into(), [2, 2, 0, 0, 1])]);
+    assert_eq!(
+        rows("keys"),
+        [("0".into(), [0; 5]), ("override".into(), [2, 1, 1, 0, 0])]
+    );
+    assert_eq!(rows("watch"), [("0".into(), [1, 0, 0, 1, 0])]);
     // No rule: nothing to ask.
     assert!(e.plan_at(&Request::new(), 0, &keys).steps().len() == 1);
 }

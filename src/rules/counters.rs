@@ -70,7 +70,9 @@ struct Shard {
 pub(crate) struct Counters(Box<[CachePadded<Shard>]>);
 
 impl Counters {
+    /// `shards` (a power of two: a shard is picked by a mask, not a division).
     pub(crate) fn new(shards: usize) -> Self {
+        let shards = shards.max(1).next_power_of_two();
         Self(
             (0..shards)
                 .map(|_| {
@@ -85,13 +87,13 @@ impl Counters {
     #[inline]
     pub(crate) fn add(&self, shard: usize, what: usize) {
         // Relaxed: statistics; nothing is published through them.
-        self.0[shard % self.0.len()].rule[what].fetch_add(1, Ordering::Relaxed);
+        self.0[shard & (self.0.len() - 1)].rule[what].fetch_add(1, Ordering::Relaxed);
     }
-    /// A limit row's event (`row`: [`Slot::row`]); `near`: an admission near the limit,
+    /// A limit row's event (`row`: from `Slot::row`); `near`: an admission near the limit,
     /// counted too.
     #[inline]
     pub(crate) fn limit(&self, shard: usize, row: usize, what: usize, near: bool) {
-        let l = &self.0[shard % self.0.len()].limit[row % ROWS];
+        let l = &self.0[shard & (self.0.len() - 1)].limit[row];
         // Relaxed: statistics; nothing is published through them.
         l[what].fetch_add(1, Ordering::Relaxed);
         if near {

@@ -403,7 +403,7 @@ impl<C: Clock> Engine<C> {
         self.count(r, slot, raw, cost, L_ADMITTED, near);
     }
 
-    /// Counts event `what` of rule `r`'s limit row for `raw` (see [`Engine::admitted`]); a
+    /// Counts event `what` of rule `r`'s limit row for `raw` (see `Engine::admitted`); a
     /// peek (cost 0) is not counted. Two relaxed adds at most, in this thread's shard.
     #[inline(always)]
     fn count(&self, r: &CRule<C>, slot: &Slot<C>, raw: u64, cost: u64, what: usize, near: bool) {
