@@ -3,7 +3,7 @@
 //! and a key ([`request`]), then decided by the rules engine with its counts in memory or in
 //! Redis ([`Checks`]). The transports only read their own framing and write their own replies.
 
-use crate::backend::Backends;
+use crate::backend::{Backends, Remote};
 use crate::snapshot::RulesEngine;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -31,6 +31,8 @@ pub(crate) enum Answer {
     Failed(String),
     /// What a `TURNSTILE.LIMITS` did.
     Limits(Result<crate::limits::Done, crate::limits::Refused>),
+    /// What a settle did.
+    Settled(Result<Settled, SettleError>),
 }
 
 /// The rules engine and where its counts live.
@@ -60,22 +62,21 @@ pub(crate) struct Settled {
 }
 
 /// Why a settle was refused.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum SettleError {
     /// The server has no rules.
     NoRules,
-    /// The rules' counts are in Redis, whose scripts do not settle.
-    Redis,
+    /// The rules' counts are in Redis, which did not take the settle (its error).
+    Redis(String),
 }
 
 impl std::fmt::Display for SettleError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             SettleError::NoRules => f.write_str(NO_RULES),
-            SettleError::Redis => f.write_str(
-                "settle is not available with the Redis backend (the rules file's [backend] table): \
-                 nothing was settled; check with the actual cost instead, or refund what an admitted \
-                 request did not use",
+            SettleError::Redis(e) => write!(
+                f,
+                "the settle did not reach Redis: {e}; nothing was settled there, send it again"
             ),
         }
     }
@@ -84,7 +85,7 @@ impl std::fmt::Display for SettleError {
 impl Checks {
     /// The Redis backend, if the rules keep their counts there.
     #[inline]
-    pub(crate) fn redis(&self) -> Option<Arc<RedisRules>> {
+    pub(crate) fn redis(&self) -> Option<Remote> {
         self.engine.as_ref()?;
         self.backends.redis()
     }
@@ -102,34 +103,48 @@ impl Checks {
     }
 
     /// Settles `req`, checked (and admitted) at a reserved cost of `req.cost`, at `actual`
-    /// ([`turnstile::rules::Engine::settle`]: the difference charged or given back on every
-    /// rule the request matches), then peeks at the key. Refused, settling nothing, when the
-    /// counts are in Redis: a settle there would be a silent wrong answer.
+    /// with the counts in memory (the caller has seen [`Checks::redis`] is `None`;
+    /// [`turnstile::rules::Engine::settle`]: the difference charged or given back on every
+    /// rule the request matches), then peeks at the key.
     pub(crate) fn settle(&self, req: &Request<'_>, actual: u64) -> Result<Settled, SettleError> {
         let engine = self.engine.as_ref().ok_or(SettleError::NoRules)?;
-        if self.backends.redis().is_some() {
-            return Err(SettleError::Redis);
-        }
         let rules = engine.settle(req, actual);
-        let (charged, given_back) = match rules {
-            0 => (0, 0),
-            _ => (
-                actual.saturating_sub(req.cost),
-                req.cost.saturating_sub(actual),
-            ),
-        };
         let after = engine.explain(&Request { cost: 0, ..*req });
-        Ok(Settled {
-            rules,
-            charged,
-            given_back,
-            after,
-        })
+        Ok(settled(req, actual, rules, after))
+    }
+
+    /// [`Checks::settle`] with the counts in Redis ([`RedisRules::settle`]: every rule in one
+    /// call on one node), then a peek through Redis. An error if Redis did not take it, or
+    /// has not been reached since the start.
+    pub(crate) async fn settle_remote(
+        &self,
+        redis: &Remote,
+        req: &Request<'_>,
+        actual: u64,
+    ) -> Result<Settled, SettleError> {
+        let engine = self.engine.as_ref().ok_or(SettleError::NoRules)?;
+        let redis: &RedisRules = match redis {
+            Remote::Connected(r) => r,
+            Remote::Connecting(_) => {
+                return Err(SettleError::Redis(
+                    "Redis has not been reached since the start (connecting in the background)"
+                        .into(),
+                ))
+            }
+        };
+        let rules = redis
+            .settle(engine, req, actual)
+            .await
+            .map_err(|e| SettleError::Redis(e.to_string()))?;
+        let after = redis.explain(engine, &Request { cost: 0, ..*req }).await;
+        Ok(settled(req, actual, rules, after))
     }
 
     /// `op` on `req` with the counts in Redis: the check awaits Redis (the backend's timeout,
     /// then its failure policy answers); a refund Redis does not take is an error.
-    pub(crate) async fn remote(&self, redis: &RedisRules, op: Op, req: &Request<'_>) -> Answer {
+    /// While the backend is still connecting, its failure policy answers a check, and a
+    /// refund is an error.
+    pub(crate) async fn remote(&self, redis: &Remote, op: Op, req: &Request<'_>) -> Answer {
         let Some(engine) = &self.engine else {
             return Answer::Failed(format!("ERR {NO_RULES}"));
         };
@@ -140,6 +155,23 @@ impl Checks {
             },
             Op::Check | Op::Peek => Answer::Verdict(redis.explain(engine, req).await),
         }
+    }
+}
+
+/// What a settle of `req` at `actual` did to `rules` rules, and the peek after it.
+fn settled(req: &Request<'_>, actual: u64, rules: u32, after: Verdict) -> Settled {
+    let (charged, given_back) = match rules {
+        0 => (0, 0),
+        _ => (
+            actual.saturating_sub(req.cost),
+            req.cost.saturating_sub(actual),
+        ),
+    };
+    Settled {
+        rules,
+        charged,
+        given_back,
+        after,
     }
 }
 
