@@ -168,17 +168,15 @@ fn main() {
 /// `turnstile serve`, its request spans exported when the `OTEL_*` variables ask for it
 /// (feature otel).
 fn serve(args: turnstile_server::ServeArgs) -> Result<()> {
+    // Kept until the server has stopped: dropped, it exports the last spans.
     #[cfg(feature = "otel")]
-    {
-        // Kept until the server has stopped: dropped, it exports the last spans.
-        let (layer, _tracing) = match otel::from_env()? {
-            Some((layer, what, t)) => (Some((layer, what)), Some(t)),
-            None => (None, None),
-        };
-        turnstile_server::run_traced(args, layer).map_err(Error::from)
-    }
+    let (layer, _tracing) = match otel::from_env()? {
+        Some((layer, what, t)) => (Some((layer, what)), Some(t)),
+        None => (None, None),
+    };
     #[cfg(not(feature = "otel"))]
-    turnstile_server::run(args).map_err(Error::from)
+    let layer = None;
+    turnstile_server::run_traced(args, layer).map_err(Error::from)
 }
 
 /// `serve` runs without transparent huge pages, unless `MIMALLOC_ALLOW_THP` says otherwise.

@@ -30,9 +30,6 @@ static ROOTS: AtomicU64 = AtomicU64::new(u64::MAX);
 thread_local! {
     /// This thread's random state for [`root_sampled`] (xorshift64*, seeded once per thread).
     static RNG: Cell<u64> = const { Cell::new(0) };
-    /// Whether a RESP command runs within its span ([`in_span`]): what [`throttled`] asks
-    /// before it looks for the span.
-    static SPANNED: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Turns the request spans on for the rest of the process (and turnstile-redis's call
@@ -86,14 +83,6 @@ pub(crate) fn root_sampled() -> bool {
         r.set(x);
         x.wrapping_mul(0x2545_F491_4F6C_DD1D) < t
     })
-}
-
-/// Runs a RESP command within its span.
-pub(crate) fn in_span<R>(span: &Span, f: impl FnOnce() -> R) -> R {
-    SPANNED.set(true);
-    let r = span.in_scope(f);
-    SPANNED.set(false);
-    r
 }
 
 /// Whether an HTTP or gRPC request carries a caller's trace (then its span is made, and the
@@ -197,11 +186,9 @@ pub(crate) fn verdict(allowed: bool, key_class: &str, rule: Option<&str>) {
     }
 }
 
-/// Records a `CL.THROTTLE` decision on the command's span, if it has one.
-pub(crate) fn throttled(limited: bool) {
-    if SPANNED.get() {
-        Span::current().record("turnstile.decision", decision(!limited));
-    }
+/// Records a `CL.THROTTLE` decision on `span`.
+pub(crate) fn throttled(span: &Span, limited: bool) {
+    span.record("turnstile.decision", decision(!limited));
 }
 
 /// `allowed` or `limited`.

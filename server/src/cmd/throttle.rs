@@ -49,9 +49,6 @@ impl<'a> Throttle<'a> {
     pub(crate) fn apply(&self, t: &Throttles, s: &mut Session, id: Option<u64>, o: &mut Out<'_>) {
         match s.last.throttle(t, self.key, self.params, self.quantity, id) {
             Ok((c, t0)) => {
-                if crate::spans::on() {
-                    crate::spans::throttled(c.limited == 1);
-                }
                 s.tally.add(
                     if c.limited == 1 {
                         DENIED.record(Source::Throttle, &[self.key]);

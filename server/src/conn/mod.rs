@@ -410,14 +410,26 @@ impl Connection {
         }
         let name = cmd::lookup(args.name()).map_or("unknown", |s| s.name);
         let span = crate::spans::resp(name);
-        let mut call = crate::spans::in_span(&span, || self.run_item_unspanned(i));
+        let from = self.out.len();
+        let mut call = span.in_scope(|| self.run_item_unspanned(i));
+        if name == "CL.THROTTLE" {
+            // Its reply says the decision (`*5`, then `:0` allowed or `:1` limited): read
+            // there, so that the command itself pays nothing for its span.
+            match self.out.get(from..from + 6) {
+                Some(b"*5\r\n:0") => crate::spans::throttled(&span, false),
+                Some(b"*5\r\n:1") => crate::spans::throttled(&span, true),
+                _ => {}
+            }
+        }
         if let Some(c) = &mut call {
             c.carry(span);
         }
         call
     }
 
-    /// Runs the parsed command `i` (no span); a remote call if it needs Redis.
+    /// Runs the parsed command `i` (no span); a remote call if it needs Redis. Inlined into
+    /// [`Self::run_item`]: the command loop's hot path, as it was before spans.
+    #[inline(always)]
     fn run_item_unspanned(&mut self, i: usize) -> Option<RemoteCall> {
         let item = &self.ahead.items[i];
         let args = Args {
