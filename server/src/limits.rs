@@ -5,7 +5,7 @@
 //! A class's source may do network I/O on `set`, `remove` and `entry` (one in front of Redis
 //! waits for a round trip): an operation never runs on an I/O worker. [`run`] hands it to the
 //! runtime's blocking pool and is awaited by the connection (RESP: as a
-//! [`crate::cmd::rules::RemoteCall`]) or the request; the worker serves the others meanwhile.
+//! [`crate::cmd::remote::RemoteCall`]) or the request; the worker serves the others meanwhile.
 //! Bounds: a RESP connection has at most one operation out (it reads nothing more until the
 //! answer), an HTTP request one; tokio's blocking pool runs at most 512 at once per runtime
 //! and queues the rest.

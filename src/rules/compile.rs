@@ -145,6 +145,16 @@ pub(crate) struct CRule<C: Clock> {
 }
 
 impl<C: Clock> CRule<C> {
+    /// The rule's per-limit counts ([`Counters::limit_stats`]).
+    pub(crate) fn limit_stats(&self) -> Vec<super::counters::LimitStats> {
+        let c = &self.counters;
+        c.limit_stats(
+            self.main.marks.len(),
+            !self.overrides.is_empty(),
+            self.own.is_some(),
+        )
+    }
+
     /// The override's slot for key `id`, else the rule's.
     #[inline]
     pub(crate) fn slot(&self, id: u64) -> &Slot<C> {

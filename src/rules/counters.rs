@@ -2,9 +2,7 @@
 //! of each rule (admitted, denied, shadow-denied, near the limit), sharded per thread and kept
 //! across reloads by rule name.
 
-use super::compile::CRule;
 use super::model::MAX_LIMITS;
-use crate::clock::Clock;
 use crate::sync::{AtomicU64, Ordering};
 use crossbeam_utils::CachePadded;
 
@@ -137,20 +135,20 @@ impl Counters {
     }
 }
 
-impl<C: Clock> CRule<C> {
-    /// The rule's per-limit counts: one per limit of the rule, then `override` if the rule has
-    /// overrides, `own` if its keys may have their own limit (or it counted some).
-    pub(crate) fn limit_stats(&self) -> Vec<LimitStats> {
-        let c = &self.counters;
-        let mut out: Vec<LimitStats> = (0..self.main.marks.len().min(MAX_LIMITS))
-            .map(|i| c.row(i, i.to_string()))
+impl Counters {
+    /// A rule's per-limit counts: one per limit of the rule (`limits` of them), then
+    /// `override` if the rule has overrides, `own` if its keys may have their own limit (or
+    /// it counted some).
+    pub(crate) fn limit_stats(&self, limits: usize, overrides: bool, own: bool) -> Vec<LimitStats> {
+        let mut out: Vec<LimitStats> = (0..limits.min(MAX_LIMITS))
+            .map(|i| self.row(i, i.to_string()))
             .collect();
-        if !self.overrides.is_empty() {
-            out.push(c.row(OVERRIDE_ROW, "override".into()));
+        if overrides {
+            out.push(self.row(OVERRIDE_ROW, "override".into()));
         }
-        let own = c.row(OWN_ROW, "own".into());
-        if self.own.is_some() || own.checks > 0 {
-            out.push(own);
+        let own_row = self.row(OWN_ROW, "own".into());
+        if own || own_row.checks > 0 {
+            out.push(own_row);
         }
         out
     }

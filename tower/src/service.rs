@@ -309,24 +309,13 @@ where
                 return ResponseFuture { state, headers };
             }
             cfg.observe(Answer::Delayed, Some(&decision), grpc, None);
-            // The ready instance waits with the request, a clone takes its place.
-            let clone = svc.clone();
-            let svc = std::mem::replace(svc, clone);
-            // One allocation for the wait (the timer, the request, the service): a shaped
-            // request is rare, and the future of every other stays small.
-            let wait = Box::pin(Wait {
-                sleep: tokio::time::sleep(delay),
-                svc: Some(svc),
-                body: Some(body),
-                held: Held {
-                    cfg: Arc::clone(cfg),
-                    parts: Some(parts),
-                    refund,
-                },
-                permit,
-            });
+            let held = Held {
+                cfg: Arc::clone(cfg),
+                parts: Some(parts),
+                refund,
+            };
             ResponseFuture {
-                state: State::Delayed { wait },
+                state: delayed(svc, held, body, permit, delay),
                 headers,
             }
         }
@@ -358,6 +347,32 @@ where
             ResponseFuture::ready(Some(no_key_response()))
         }
     }
+}
+
+/// A shaped request's state: the ready instance waits with the request, a clone takes its
+/// place. One allocation for the wait (the timer, the request, the service): a shaped request
+/// is rare, and the future of every other stays small.
+fn delayed<S, L, ReqB>(
+    svc: &mut S,
+    held: Held<L>,
+    body: ReqB,
+    permit: Option<L::Permit>,
+    delay: std::time::Duration,
+) -> State<S::Future, S, ReqB, L>
+where
+    S: Service<Request<ReqB>> + Clone,
+    L: Limit,
+{
+    let clone = svc.clone();
+    let svc = std::mem::replace(svc, clone);
+    let wait = Box::pin(Wait {
+        sleep: tokio::time::sleep(delay),
+        svc: Some(svc),
+        body: Some(body),
+        held,
+        permit,
+    });
+    State::Delayed { wait }
 }
 
 pin_project! {

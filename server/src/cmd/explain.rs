@@ -4,7 +4,7 @@
 //! limit, remaining, retry_after_ms, reset_after_ms, rule, shed), the cost and priority, who
 //! decides (`decided_by`: rule and limit index), and `rules`, one map per matching rule.
 
-use super::rules::priority;
+use super::priority;
 use super::{ArgCursor, CmdError, Ctx};
 use crate::check;
 use crate::explain::tree;

@@ -20,6 +20,7 @@ pub(crate) mod explain;
 pub(crate) mod info;
 pub(crate) mod introspect;
 pub(crate) mod limits;
+pub(crate) mod remote;
 pub(crate) mod rules;
 pub(crate) mod session;
 pub(crate) mod settle;
@@ -489,15 +490,17 @@ impl Command<'_> {
         ctx: &Ctx<'_>,
         s: &mut client::Session,
         o: &mut crate::resp::Out<'_>,
-    ) -> (Option<rules::RemoteCall>, session::Effect) {
+    ) -> (Option<remote::RemoteCall>, session::Effect) {
         use session::Effect;
         match self {
             Command::Throttle(t) => t.apply(ctx.throttles, s, None, o),
-            Command::Rules(r) => return (r.apply(ctx, o), Effect::None),
-            Command::Settle(r) => return (r.apply(ctx, o), Effect::None),
+            Command::Rules(r) => return (r.apply(ctx, o).map(remote::RemoteCall::Rules), Effect::None),
+            Command::Settle(r) => {
+                return (r.apply(ctx, o).map(remote::RemoteCall::Settle), Effect::None)
+            }
             Command::Explain(x) => x.apply(ctx, o),
             Command::Limits(l) => {
-                let call = l.apply(s.access, o).map(rules::RemoteCall::Limits);
+                let call = l.apply(s.access, o).map(remote::RemoteCall::Limits);
                 return (call, Effect::None);
             }
             Command::Session(sc) => {
@@ -519,6 +522,16 @@ impl Command<'_> {
         }
         (None, Effect::None)
     }
+}
+
+/// A priority argument: `critical`, `post`, `get` or `test`.
+pub(crate) fn priority(p: &[u8]) -> Result<turnstile::rules::Priority, CmdError> {
+    std::str::from_utf8(p)
+        .ok()
+        .and_then(|s| s.parse::<turnstile::rules::Priority>().ok())
+        .ok_or_else(|| {
+            CmdError::Syntax("unknown priority; expected critical, post, get or test".into())
+        })
 }
 
 #[cfg(test)]

@@ -1,28 +1,17 @@
 //! `TURNSTILE.CHECK key_class key [cost] [priority]`, `TURNSTILE.PEEK key_class key
 //! [priority]`, `TURNSTILE.REFUND key_class key [cost] [priority]`: the rules engine, through
 //! the one check path of [`crate::check`]. With the counts in Redis the command cannot be
-//! answered at once: [`RulesCommand::apply`] then hands the connection a [`RemoteCall`] to
-//! await, and [`RemoteCall::reply`] writes its answer.
+//! answered at once: [`RulesCommand::apply`] then hands the connection a [`RulesCall`] to
+//! await (as a [`RemoteCall`](super::remote::RemoteCall)), whose reply [`reply`] writes.
 
 use super::{ArgCursor, CmdError, Kind};
 use crate::check::Checks;
 use crate::check::{self, count, ms_up, Answer, Op};
-use crate::cmd::client::Session;
 use crate::metrics::Metrics;
 use crate::metrics::C;
 use crate::resp::Out;
 use turnstile::rules::{Priority, Request};
 use turnstile::Decision;
-
-/// A priority argument: `critical`, `post`, `get` or `test`.
-pub(crate) fn priority(p: &[u8]) -> Result<Priority, CmdError> {
-    std::str::from_utf8(p)
-        .ok()
-        .and_then(|s| s.parse::<Priority>().ok())
-        .ok_or_else(|| {
-            CmdError::Syntax("unknown priority; expected critical, post, get or test".into())
-        })
-}
 
 /// A parsed rules command.
 #[derive(Clone, Copy, Debug)]
@@ -50,7 +39,7 @@ impl<'a> RulesCommand<'a> {
                 _ => return Err(CmdError::NotPositive),
             };
         }
-        let priority = c.next().map(priority).transpose()?;
+        let priority = c.next().map(super::priority).transpose()?;
         c.finish()?;
         Ok(Self {
             op,
@@ -71,7 +60,7 @@ impl<'a> RulesCommand<'a> {
 
     /// Answers it with the counts in memory, or returns the call to await when they are in
     /// Redis.
-    pub(crate) fn apply(&self, ctx: &super::Ctx<'_>, o: &mut Out<'_>) -> Option<RemoteCall> {
+    pub(crate) fn apply(&self, ctx: &super::Ctx<'_>, o: &mut Out<'_>) -> Option<RulesCall> {
         if ctx.checks.engine.is_none() {
             o.error_fmt(format_args!("ERR {}", check::NO_RULES));
             return None;
@@ -84,14 +73,14 @@ impl<'a> RulesCommand<'a> {
             }
         };
         if ctx.checks.redis().is_some() {
-            return Some(RemoteCall::Rules(RulesCall {
+            return Some(RulesCall {
                 op: self.op,
                 class: self.class.to_owned(),
                 key: self.key.to_owned(),
                 cost: self.cost,
                 priority: self.priority,
                 span: None,
-            }));
+            });
         }
         let t0 = ctx.metrics.now();
         let a = ctx.checks.local(self.op, &req);
@@ -101,74 +90,20 @@ impl<'a> RulesCommand<'a> {
     }
 }
 
-/// A command the connection cannot answer at once, which its driver awaits on a runtime
-/// ([`RemoteCall::run`]): owned, so that the connection's buffers are free while it is awaited
-/// (and a runtime without Redis's can send it to one that has).
-pub(crate) enum RemoteCall {
-    /// A rules command whose counts live in Redis.
-    Rules(RulesCall),
-    /// A `TURNSTILE.LIMITS`, run on a blocking thread (its source may wait for the network).
-    Limits(super::limits::LimitsCall),
-    /// A `TURNSTILE.SETTLE` whose counts live in Redis.
-    Settle(super::settle::SettleCall),
-}
-
-impl RemoteCall {
-    /// Awaits the answer (Redis's timeout and failure policy bound a rules call's wait).
-    pub(crate) async fn run(&self, checks: &Checks, metrics: &Metrics) -> Answer {
-        use tracing::Instrument;
-        match self {
-            RemoteCall::Rules(r) => match &r.span {
-                Some(s) => r.run(checks, metrics).instrument(s.clone()).await,
-                None => r.run(checks, metrics).await,
-            },
-            RemoteCall::Limits(l) => {
-                Answer::Limits(crate::limits::run(checks.engine.clone(), l.0.clone()).await)
-            }
-            RemoteCall::Settle(s) => s.run(checks, metrics).await,
-        }
-    }
-
-    /// Writes the answer of [`RemoteCall::run`].
-    pub(crate) fn reply(&self, metrics: &Metrics, a: Answer, o: &mut Out<'_>, _s: &mut Session) {
-        match (self, a) {
-            (_, Answer::Limits(r)) => super::limits::reply(r, o),
-            (_, Answer::Settled(r)) => super::settle::reply(metrics, r, o),
-            (RemoteCall::Rules(r), a) => {
-                let k = (r.class.as_str(), r.key.as_str());
-                match &r.span {
-                    Some(s) => s.in_scope(|| reply(metrics, r.op, k, a, o)),
-                    None => reply(metrics, r.op, k, a, o),
-                }
-            }
-            (RemoteCall::Limits(_), a) => reply(metrics, Op::Peek, ("", ""), a, o),
-            (RemoteCall::Settle(_), a) => reply(metrics, Op::Check, ("", ""), a, o),
-        }
-    }
-
-    /// Keeps the command's span (crate::spans) until the call is answered: the Redis calls
-    /// are its children, its decision is recorded on it.
-    pub(crate) fn carry(&mut self, span: tracing::Span) {
-        if let RemoteCall::Rules(r) = self {
-            r.span = Some(span);
-        }
-    }
-}
-
 /// A rules command to decide in Redis.
 pub(crate) struct RulesCall {
-    op: Op,
-    class: String,
-    key: String,
+    pub(super) op: Op,
+    pub(super) class: String,
+    pub(super) key: String,
     cost: u64,
     priority: Option<Priority>,
     /// The command's span, when the spans are on.
-    span: Option<tracing::Span>,
+    pub(super) span: Option<tracing::Span>,
 }
 
 impl RulesCall {
     /// Awaits Redis (its timeout and failure policy bound the wait).
-    async fn run(&self, checks: &Checks, metrics: &Metrics) -> Answer {
+    pub(super) async fn run(&self, checks: &Checks, metrics: &Metrics) -> Answer {
         let Some(redis) = checks.redis() else {
             // The backend went back to memory while this waited: answered there.
             return match check::request(&self.class, &self.key) {
@@ -196,7 +131,13 @@ impl RulesCall {
 /// An answer's reply: `[allowed, limit, remaining, retry_after_ms, reset_after_ms, rule]`
 /// for a check or peek, the number of limits refunded for a refund. A denied check's key
 /// (`(class, key)`, as sent) is recorded among the most denied.
-fn reply(metrics: &Metrics, op: Op, (class, key): (&str, &str), a: Answer, o: &mut Out<'_>) {
+pub(super) fn reply(
+    metrics: &Metrics,
+    op: Op,
+    (class, key): (&str, &str),
+    a: Answer,
+    o: &mut Out<'_>,
+) {
     match a {
         Answer::Failed(m) => o.error(&m),
         Answer::Limits(r) => super::limits::reply(r, o),

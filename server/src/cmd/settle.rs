@@ -11,9 +11,9 @@
 //! the window until it has been paid, and checks are denied until then.
 //!
 //! With the counts in Redis the settle cannot be answered at once: [`Settle::apply`] hands the
-//! connection a [`RemoteCall::Settle`] to await (every rule settled in one call on one node).
+//! connection a [`SettleCall`] to await (every rule settled in one call on one node).
 
-use super::rules::{priority, RemoteCall};
+use super::priority;
 use super::{ArgCursor, CmdError, Ctx};
 use crate::check::{self, count, ms_up, Answer, Checks, SettleError, Settled};
 use crate::metrics::{Metrics, C};
@@ -57,7 +57,7 @@ impl<'a> Settle<'a> {
 
     /// Settles it with the counts in memory, or returns the call to await when they are in
     /// Redis.
-    pub(crate) fn apply(&self, ctx: &Ctx<'_>, o: &mut Out<'_>) -> Option<RemoteCall> {
+    pub(crate) fn apply(&self, ctx: &Ctx<'_>, o: &mut Out<'_>) -> Option<SettleCall> {
         if ctx.checks.engine.is_none() {
             o.error_fmt(format_args!("ERR {}", check::NO_RULES));
             return None;
@@ -70,13 +70,13 @@ impl<'a> Settle<'a> {
             }
         };
         if ctx.checks.redis().is_some() {
-            return Some(RemoteCall::Settle(SettleCall {
+            return Some(SettleCall {
                 class: self.class.to_owned(),
                 key: self.key.to_owned(),
                 reserved: self.reserved,
                 actual: self.actual,
                 priority: self.priority,
-            }));
+            });
         }
         req.cost = self.reserved;
         req.priority = self.priority;

@@ -35,7 +35,7 @@
 //! store's table missing the cache; docs/service.md). Each command is parsed once.
 
 use crate::check::Answer;
-use crate::cmd::rules::RemoteCall;
+use crate::cmd::remote::RemoteCall;
 use crate::cmd::session::Effect;
 use crate::cmd::throttle::Throttle;
 use crate::cmd::{self, Args, Command};

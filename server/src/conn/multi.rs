@@ -2,7 +2,7 @@
 //! time.
 
 use super::{Connection, BUDGET_STEP, MAX_QUEUED, QUEUE_FREE};
-use crate::cmd::rules::RemoteCall;
+use crate::cmd::remote::RemoteCall;
 use crate::cmd::session::Effect;
 use crate::cmd::{self, Args, CmdError, Command};
 use crate::resp::Out;

@@ -202,21 +202,7 @@ impl Envoy {
         now: Nanos,
         quota: bool,
     ) -> (DescriptorStatus, DescriptorExplanation) {
-        let mut x = DescriptorExplanation {
-            entries,
-            matched: "none".into(),
-            limit: None,
-            mode: "none",
-            key: key_text(&c.key),
-            key_id: None,
-            hits,
-            counter: 0,
-            counter_after: 0,
-            remaining: 0,
-            reset_after_s: 0,
-            over: false,
-            code: "OK",
-        };
+        let mut x = unmatched(entries, c, hits);
         let (applied, counter) = match c.found {
             Found::None | Found::Unlimited(_) => {
                 let st = DescriptorStatus {
@@ -366,4 +352,23 @@ fn compile(
         rules.push((c, metrics.counters(&r.full_key)));
     }
     Ok(Compiled { matcher, rules })
+}
+
+/// A descriptor's explanation before its limit is known: none matched yet.
+fn unmatched(entries: String, c: &ToCheck, hits: u64) -> DescriptorExplanation {
+    DescriptorExplanation {
+        entries,
+        matched: "none".into(),
+        limit: None,
+        mode: "none",
+        key: key_text(&c.key),
+        key_id: None,
+        hits,
+        counter: 0,
+        counter_after: 0,
+        remaining: 0,
+        reset_after_s: 0,
+        over: false,
+        code: "OK",
+    }
 }

@@ -3,7 +3,7 @@
 //! released.
 
 use super::{token, Op, Worker, BUF_SIZE, MULTISHOT_LIMIT, SEND_KEEP, SEND_MAX};
-use crate::cmd::rules::RemoteCall;
+use crate::cmd::remote::RemoteCall;
 use crate::conn::serve::{DRAIN_ROUNDS, LAST_WRITE};
 use crate::conn::{Connection, Step};
 use crate::listen::Ticket;

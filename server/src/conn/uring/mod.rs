@@ -51,7 +51,7 @@ mod probe;
 pub(crate) use probe::available;
 
 use crate::check::Answer;
-use crate::cmd::rules::RemoteCall;
+use crate::cmd::remote::RemoteCall;
 use crate::state::Server;
 use bufring::BufRing;
 use conn::{Conn, State};
