@@ -146,15 +146,16 @@ fn agree(c: &mut Resp, class: &str, key: &str, cost: u64) -> Value {
 fn server(dir: &std::path::Path) -> (common::Running, u16, u16) {
     let rules = dir.join("rules.toml");
     std::fs::write(&rules, RULES).unwrap();
-    let (resp, http) = (free_port(), free_port());
-    let mut cmd = Command::new(BIN);
-    cmd.args(["serve", "--workers", "2", "--throttle-keys", "10000"])
-        .args(["--resp", &format!("127.0.0.1:{resp}")])
-        .args(["--http", &format!("127.0.0.1:{http}")])
-        .arg("--rules")
-        .arg(&rules)
-        .env("RUST_LOG", "warn");
-    (common::spawn_listening(&mut cmd, &[resp, http]), resp, http)
+    let rules = rules.to_str().unwrap();
+    let args = [
+        "--workers",
+        "2",
+        "--throttle-keys",
+        "10000",
+        "--rules",
+        rules,
+    ];
+    common::serve::with_args(BIN, &args)
 }
 
 #[test]

@@ -13,27 +13,12 @@ use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_turnstile");
 
-/// `turnstile serve` on free ports with `extra` flags, killed when dropped: (process, RESP
-/// port, HTTP port).
-/// `turnstile serve` with `extra` flags, once its RESP and HTTP ports answer and, given
-/// `--grpc 127.0.0.1:PORT`, its gRPC port too (bound after the others).
+/// `turnstile serve` with `extra` flags, once its listeners answer: (process, RESP port, HTTP
+/// port).
 fn serve(extra: &[&str]) -> (common::Running, u16, u16) {
-    let (resp, http) = (common::free_port(), common::free_port());
-    let grpc = extra
-        .iter()
-        .position(|a| *a == "--grpc")
-        .and_then(|i| extra.get(i + 1))
-        .and_then(|a| a.rsplit(':').next())
-        .and_then(|p| p.parse::<u16>().ok());
-    let mut cmd = Command::new(BIN);
-    cmd.args(["serve", "--workers", "1", "--throttle-keys", "1000"])
-        .args(["--resp", &format!("127.0.0.1:{resp}")])
-        .args(["--http", &format!("127.0.0.1:{http}")])
-        .args(extra)
-        .env("RUST_LOG", "warn");
-    let ports: Vec<u16> = [resp, http].into_iter().chain(grpc).collect();
-    let child = common::spawn_listening(&mut cmd, &ports);
-    (child, resp, http)
+    let mut args = vec!["--workers", "1", "--throttle-keys", "1000"];
+    args.extend_from_slice(extra);
+    common::serve::with_args(BIN, &args)
 }
 
 /// What HAProxy's stats page says of each server: (backend/server, status, check status).
@@ -199,6 +184,67 @@ fn grpc_health_answers_serving_for_the_server_and_the_rate_limit_service() {
     });
 }
 
+/// `turnstile serve` with one rule counted in the Redis at `url` (`[backend]` with a 200 ms
+/// timeout and `backend_extra` lines) and a gRPC listener: (process, RESP, HTTP, gRPC port).
+fn serve_on_redis(
+    dir: &std::path::Path,
+    url: &str,
+    backend_extra: &str,
+) -> (common::Running, u16, u16, u16) {
+    let rules = dir.join("rules.toml");
+    std::fs::write(
+        &rules,
+        format!(
+            "[backend]\nredis = \"{url}\"\ntimeout = \"200ms\"\n{backend_extra}\n[[rule]]\nname = \"per-customer\"\nkey = \"customer\"\n\
+             limits = [{{ algorithm = \"fixed_window\", limit = 100, window = \"1h\" }}]\n"
+        ),
+    )
+    .unwrap();
+    let config = envoy_config(dir);
+    let grpc = common::free_port();
+    let (serve, resp, http) = serve(&[
+        "--rules",
+        rules.to_str().unwrap(),
+        "--grpc",
+        &format!("127.0.0.1:{grpc}"),
+        "--envoy-config",
+        config.to_str().unwrap(),
+    ]);
+    (serve, resp, http, grpc)
+}
+
+/// `grpc.health.v1.Health/Check` of `service` at 127.0.0.1:`grpc`, on one connection: each
+/// call the status it answers.
+fn health_of(
+    grpc: u16,
+    service: &'static str,
+) -> impl FnMut() -> tonic_health::pb::health_check_response::ServingStatus {
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut c = rt.block_on(async {
+        let ch = tonic::transport::Channel::from_shared(format!("http://127.0.0.1:{grpc}"))
+            .unwrap()
+            .connect_timeout(Duration::from_secs(10))
+            .timeout(Duration::from_secs(10))
+            .connect()
+            .await
+            .expect("connects");
+        HealthClient::new(ch)
+    });
+    move || {
+        rt.block_on(c.check(HealthCheckRequest {
+            service: service.into(),
+        }))
+        .expect("Check answers")
+        .get_ref()
+        .status()
+    }
+}
+
 /// `GET path` on 127.0.0.1:`port`: (status, body).
 fn get(port: u16, path: &str) -> (u16, String) {
     let o = Command::new("curl")
@@ -218,60 +264,11 @@ fn get(port: u16, path: &str) -> (u16, String) {
 #[test]
 fn readiness_follows_the_redis_of_the_backend() {
     use tonic_health::pb::health_check_response::ServingStatus;
-    use tonic_health::pb::health_client::HealthClient;
-    use tonic_health::pb::HealthCheckRequest;
     let mut redis = redis_harness::Server::start();
     let dir = tempfile::tempdir().unwrap();
-    let rules = dir.path().join("rules.toml");
-    std::fs::write(
-        &rules,
-        format!(
-            "[backend]\nredis = \"{}\"\ntimeout = \"200ms\"\n\n[[rule]]\nname = \"per-customer\"\nkey = \"customer\"\n\
-             limits = [{{ algorithm = \"fixed_window\", limit = 100, window = \"1h\" }}]\n",
-            redis.url()
-        ),
-    )
-    .unwrap();
-    let config = envoy_config(dir.path());
-    let grpc = common::free_port();
-    let (_serve, resp, http) = serve(&[
-        "--rules",
-        rules.to_str().unwrap(),
-        "--grpc",
-        &format!("127.0.0.1:{grpc}"),
-        "--envoy-config",
-        config.to_str().unwrap(),
-    ]);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let mut c = rt.block_on(async {
-        let ch = tonic::transport::Channel::from_shared(format!("http://127.0.0.1:{grpc}"))
-            .unwrap()
-            .connect_timeout(Duration::from_secs(10))
-            .timeout(Duration::from_secs(10))
-            .connect()
-            .await
-            .expect("connects");
-        HealthClient::new(ch)
-    });
-    let mut health = || {
-        rt.block_on(c.check(HealthCheckRequest {
-            service: "envoy.service.ratelimit.v3.RateLimitService".into(),
-        }))
-        .expect("Check answers")
-        .get_ref()
-        .status()
-    };
+    let (_serve, resp, http, grpc) = serve_on_redis(dir.path(), &redis.url(), "");
+    let mut health = health_of(grpc, "envoy.service.ratelimit.v3.RateLimitService");
     // Bounded waits: the health service follows readiness once a second.
-    let until = |what: &str, ok: &mut dyn FnMut() -> bool| {
-        let t0 = Instant::now();
-        while !ok() {
-            assert!(t0.elapsed() < Duration::from_secs(20), "{what} after 20 s");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    };
     until("ready", &mut || get(http, "/readyz").0 == 200);
     assert_eq!(health(), ServingStatus::Serving);
     redis.kill();
@@ -342,53 +339,12 @@ fn until(what: &str, ok: &mut dyn FnMut() -> bool) {
 #[test]
 fn a_server_started_with_redis_down_becomes_ready_when_it_answers() {
     use tonic_health::pb::health_check_response::ServingStatus;
-    use tonic_health::pb::health_client::HealthClient;
-    use tonic_health::pb::HealthCheckRequest;
     let mut redis = redis_harness::Server::start();
     redis.kill();
     let dir = tempfile::tempdir().unwrap();
-    let rules = dir.path().join("rules.toml");
-    std::fs::write(
-        &rules,
-        format!(
-            "[backend]\nredis = \"{}\"\ntimeout = \"200ms\"\npolicy = \"closed\"\n\n[[rule]]\nname = \"per-customer\"\nkey = \"customer\"\n\
-             limits = [{{ algorithm = \"fixed_window\", limit = 100, window = \"1h\" }}]\n",
-            redis.url()
-        ),
-    )
-    .unwrap();
-    let config = envoy_config(dir.path());
-    let grpc = common::free_port();
-    let (_serve, resp, http) = serve(&[
-        "--rules",
-        rules.to_str().unwrap(),
-        "--grpc",
-        &format!("127.0.0.1:{grpc}"),
-        "--envoy-config",
-        config.to_str().unwrap(),
-    ]);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let mut c = rt.block_on(async {
-        let ch = tonic::transport::Channel::from_shared(format!("http://127.0.0.1:{grpc}"))
-            .unwrap()
-            .connect_timeout(Duration::from_secs(10))
-            .timeout(Duration::from_secs(10))
-            .connect()
-            .await
-            .expect("connects");
-        HealthClient::new(ch)
-    });
-    let mut health = || {
-        rt.block_on(c.check(HealthCheckRequest {
-            service: String::new(),
-        }))
-        .expect("Check answers")
-        .get_ref()
-        .status()
-    };
+    let (_serve, resp, http, grpc) =
+        serve_on_redis(dir.path(), &redis.url(), "policy = \"closed\"\n");
+    let mut health = health_of(grpc, "");
     // Not ready from the start, and why.
     let (code, body) = get(http, "/readyz");
     assert_eq!(code, 503, "{body}");

@@ -3,7 +3,6 @@
 //! process on free loopback ports, spoken to over RESP (pipelined, by hand) and with curl.
 
 mod common;
-use common::free_port;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
@@ -20,15 +19,10 @@ struct Server {
 
 /// `turnstile serve` with `extra` flags, once both listeners accept.
 fn serve(extra: &[&str]) -> Server {
-    let (resp, http) = (free_port(), free_port());
-    let mut cmd = Command::new(BIN);
-    cmd.args(["serve", "--workers", "1", "--throttle-keys", "262144"])
-        .args(["--resp", &format!("127.0.0.1:{resp}")])
-        .args(["--http", &format!("127.0.0.1:{http}")])
-        .args(["--snapshot-every", "0", "--watch-every", "0"])
-        .args(extra)
-        .env("RUST_LOG", "warn");
-    let child = common::spawn_listening(&mut cmd, &[resp, http]);
+    let mut args = vec!["--workers", "1", "--throttle-keys", "262144"];
+    args.extend_from_slice(&["--snapshot-every", "0", "--watch-every", "0"]);
+    args.extend_from_slice(extra);
+    let (child, resp, http) = common::serve::with_args(BIN, &args);
     Server {
         _child: child,
         resp,

@@ -84,6 +84,27 @@ pub fn start(bin: &str, l: Listeners<'_>, extra: &[&str]) -> Served {
     }
 }
 
+/// `bin serve` with `args` on free RESP and HTTP ports, once those and, given
+/// `--grpc 127.0.0.1:PORT` in `args`, that port accept (at most 30 s): (process, RESP port,
+/// HTTP port). The tests that need more than [`start`]'s example rules and one worker.
+pub fn with_args(bin: &str, args: &[&str]) -> (Running, u16, u16) {
+    let (resp, http) = (free_port(), free_port());
+    let grpc = args
+        .iter()
+        .position(|a| *a == "--grpc")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|a| a.rsplit(':').next())
+        .and_then(|p| p.parse::<u16>().ok());
+    let mut cmd = Command::new(bin);
+    cmd.arg("serve")
+        .args(["--resp", &format!("127.0.0.1:{resp}")])
+        .args(["--http", &format!("127.0.0.1:{http}")])
+        .args(args)
+        .env("RUST_LOG", "warn");
+    let ports: Vec<u16> = [resp, http].into_iter().chain(grpc).collect();
+    (spawn_listening(&mut cmd, &ports), resp, http)
+}
+
 /// curl at 127.0.0.1:`port` (at most 10 s), with a bearer token and a body (sent as JSON if
 /// `json`): the status (0 if none came) and the body.
 pub fn curl(
