@@ -296,6 +296,16 @@ descriptors:
     assert_eq!(hits("key=\"client\",", "total"), 4.0);
     assert_eq!(hits("key=\"client\",", "over_limit"), 0.0);
     assert_eq!(hits("key=\"route_api.user\",", "total"), 1.0);
+    // The one denial is among the top denied keys, by domain and entries.
+    let (code, body) = s.curl("GET", "/v1/top-denied", None);
+    assert_eq!(code, 200, "{body}");
+    let top: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        top["denied"],
+        serde_json::json!([{"source": "envoy", "domain": "edge", "key": "client_gold",
+            "count": 1, "error": 0}]),
+        "{body}"
+    );
     let all = s.samples();
     let ours: Vec<&String> = all
         .iter()

@@ -41,6 +41,9 @@ pub(crate) enum Source {
     /// A rules check (`TURNSTILE.CHECK`, `POST /v1/check`): the denying rule, the key class
     /// and the key as sent.
     Rules = 1,
+    /// Envoy's `ShouldRateLimit`: the descriptor's counter key (the domain and its entries, as
+    /// the Envoy rate limit service names it).
+    Envoy = 2,
 }
 
 /// Separates the parts of a rules key in a slot's text (never in a rule name: names are one
@@ -340,22 +343,54 @@ pub(crate) fn record_rules(rule: Option<&str>, class: &str, key: &str) {
     );
 }
 
+/// Records one denial of an Envoy descriptor in `domain` ([`Denied::record_envoy`]).
+pub(crate) fn record_envoy(domain: &str, entries: &[u8]) {
+    DENIED.record_envoy(domain, entries);
+}
+
+impl Denied {
+    /// Records one denial of an Envoy descriptor in `domain`: its entries as its counter key
+    /// holds them (each key and value after its length as four little-endian bytes), as many
+    /// as the 96 bytes kept of a key can show.
+    pub(crate) fn record_envoy(&self, domain: &str, entries: &[u8]) {
+        let mut parts: [&[u8]; 17] = [&[]; 17];
+        parts[0] = domain.as_bytes();
+        let (mut n, mut rest) = (1, entries);
+        while n < parts.len() {
+            let Some((len, tail)) = rest.split_first_chunk::<4>() else {
+                break;
+            };
+            let len = (u32::from_le_bytes(*len) as usize).min(tail.len());
+            (parts[n], rest) = tail.split_at(len);
+            n += 1;
+        }
+        self.record(Source::Envoy, &parts[..n]);
+    }
+}
+
 /// One key's JSON object.
 fn row(e: &Entry) -> serde_json::Value {
     let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
     let mut parts = e.text.split(|&b| b == SEP);
     let mut o = serde_json::Map::new();
-    if e.source == Source::Rules as u8 {
-        o.insert("source".into(), "rules".into());
-        o.insert("rule".into(), text(parts.next().unwrap_or_default()).into());
-        o.insert(
-            "key_class".into(),
-            text(parts.next().unwrap_or_default()).into(),
-        );
+    let mut take = |o: &mut serde_json::Map<_, _>, name: &str| {
+        o.insert(name.into(), text(parts.next().unwrap_or_default()).into());
+    };
+    // The key's parts: one as sent (a separator in it is its own byte), or an Envoy
+    // descriptor's entries as its service writes them, `key_value_...`.
+    let (source, join) = if e.source == Source::Rules as u8 {
+        take(&mut o, "rule");
+        take(&mut o, "key_class");
+        ("rules", "\u{1f}")
+    } else if e.source == Source::Envoy as u8 {
+        take(&mut o, "domain");
+        ("envoy", "_")
     } else {
-        o.insert("source".into(), "throttle".into());
-    }
-    o.insert("key".into(), text(parts.next().unwrap_or_default()).into());
+        ("throttle", "\u{1f}")
+    };
+    o.insert("source".into(), source.into());
+    let key: Vec<String> = parts.map(text).collect();
+    o.insert("key".into(), key.join(join).into());
     o.insert("count".into(), e.count.into());
     o.insert("error".into(), e.err.into());
     serde_json::Value::Object(o)
@@ -453,6 +488,26 @@ mod tests {
     /// Runs `f` on a new thread (its own thread-local sketch).
     fn on_thread(f: impl FnOnce() + Send + 'static) {
         std::thread::spawn(f).join().unwrap();
+    }
+
+    #[test]
+    fn envoy_denials_are_shown_by_domain_and_entries() {
+        let d: &'static Denied = Box::leak(Box::new(fresh(4)));
+        let mut key = Vec::new();
+        for part in ["client", "gold", "route", "api"] {
+            crate::envoy::matcher::push_part(&mut key, part);
+        }
+        on_thread(move || {
+            d.record_envoy("edge", &key);
+            d.record_envoy("edge", &key);
+            d.record_envoy("edge", &key[..key.len() - 2]); // cut: "ap"
+        });
+        let j = d.json();
+        assert_eq!(j["denied"][0]["source"], "envoy", "{j}");
+        assert_eq!(j["denied"][0]["domain"], "edge", "{j}");
+        assert_eq!(j["denied"][0]["key"], "client_gold_route_api", "{j}");
+        assert_eq!(j["denied"][0]["count"], 2, "{j}");
+        assert_eq!(j["denied"][1]["key"], "client_gold_route_a", "{j}");
     }
 
     #[test]

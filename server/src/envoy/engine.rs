@@ -116,6 +116,16 @@ impl Envoy {
         let m = &state.matcher;
         let checks = limits::limits_to_check(m, req);
         let statuses = self.do_limit(&state, req, &checks);
+        for (st, c) in statuses.iter().zip(&checks) {
+            if st.code == CODE_OVER_LIMIT {
+                // A rule's counter key is its entries; an override's starts with the domain.
+                let entries = match c.found {
+                    Found::Override(..) => after_first_part(&c.key),
+                    _ => &c.key,
+                };
+                crate::denied::record_envoy(&req.domain, entries);
+            }
+        }
         let rule = |i: usize| match checks[i].found {
             Found::Rule(r) => Some(&m.rules()[r]),
             _ => None,
@@ -370,5 +380,31 @@ fn unmatched(entries: String, c: &ToCheck, hits: u64) -> DescriptorExplanation {
         reset_after_s: 0,
         over: false,
         code: "OK",
+    }
+}
+
+/// A counter key without its first part (see [`super::matcher::push_part`]).
+fn after_first_part(key: &[u8]) -> &[u8] {
+    key.split_first_chunk::<4>()
+        .and_then(|(len, tail)| tail.get(u32::from_le_bytes(*len) as usize..))
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::envoy::matcher::push_part;
+
+    #[test]
+    fn an_override_key_without_its_domain_is_its_entries() {
+        let (mut with, mut entries) = (Vec::new(), Vec::new());
+        push_part(&mut with, "edge");
+        for part in ["client", "gold"] {
+            push_part(&mut with, part);
+            push_part(&mut entries, part);
+        }
+        assert_eq!(after_first_part(&with), &entries[..]);
+        assert_eq!(after_first_part(&with[..6]), b"");
+        assert_eq!(after_first_part(b"ab"), b"");
     }
 }
