@@ -28,6 +28,7 @@
 //!   (shutdown, reload) or when the store is dropped (in the background).
 //! * **Redis away**: leases are spent until they end, then the failure policy answers.
 
+mod batch;
 mod check;
 mod counters;
 mod listed;
@@ -256,6 +257,8 @@ pub(crate) struct Tier {
     pub(crate) cfg: Leases,
     /// The store was dropped: the sweeper gives everything back and stops.
     pub(crate) closed: AtomicBool,
+    /// One-by-one checks gathered into one call.
+    pub(crate) batch: batch::Batch,
 }
 
 impl Tier {
@@ -280,6 +283,7 @@ impl Tier {
             clock: DefaultClock::new(),
             cfg,
             closed: AtomicBool::new(false),
+            batch: batch::Batch::default(),
         })
     }
 
