@@ -26,6 +26,8 @@
 //! * **Given back**: unspent admissions go back to Redis (a refund, in the lease's own window)
 //!   when a key goes idle, when a lease ends, and all of them on [`crate::RedisStore::return_leases`]
 //!   (shutdown, reload) or when the store is dropped (in the background).
+//! * **One call for many checks**: the checks that go to Redis one by one share calls on
+//!   one server (batch.rs).
 //! * **Redis away**: leases are spent until they end, then the failure policy answers.
 
 mod batch;
