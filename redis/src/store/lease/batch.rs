@@ -49,8 +49,8 @@ pub(crate) struct Io {
 
 impl Batch {
     /// Queues a check of `cost` for the key named `keys` (its records, with `field` in the
-    /// packed layout) and answers it from the next call; `None`: the queue is full (check
-    /// alone).
+    /// packed layout) and answers it from the next call, or a timeout after `io_timeout`;
+    /// `None`: the queue is full (check alone).
     pub(crate) async fn check(
         &self,
         tier: &Arc<Tier>,
@@ -58,6 +58,7 @@ impl Batch {
         keys: Vec<String>,
         field: Vec<u8>,
         cost: u64,
+        io_timeout: std::time::Duration,
     ) -> Option<Result<Decision, Error>> {
         let (tx, rx) = oneshot::channel();
         {
@@ -77,9 +78,12 @@ impl Batch {
         if !self.busy.swap(true, Ordering::AcqRel) {
             tokio::spawn(run(Arc::clone(tier), io()));
         }
-        Some(match rx.await {
-            Ok(r) => r,
-            Err(_) => Err(Error::Reply("the batched call was dropped".into())),
+        // Within the per-call timeout from now, as a call of its own would be, though the
+        // call in flight may have to end first (the check, sent later, may still count).
+        Some(match tokio::time::timeout(io_timeout, rx).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => Err(Error::Reply("the batched call was dropped".into())),
+            Err(_) => Err(Error::Timeout(io_timeout)),
         })
     }
 }

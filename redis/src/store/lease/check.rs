@@ -154,7 +154,10 @@ impl RedisStore {
                     spec: self.spec.clone(),
                 };
                 let field = names.field.unwrap_or_default();
-                tier.batch.check(tier, io, names.keys, field, cost).await
+                let timeout = self.caller.timeout();
+                tier.batch
+                    .check(tier, io, names.keys, field, cost, timeout)
+                    .await
             } else {
                 None
             };
