@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 N=${N:-20000}
 ROWS=("$@")
 if [ ${#ROWS[@]} -eq 0 ]; then
-    ROWS=(incr fixed_window-plain sliding_window-plain fixed_window token_bucket fixed_window-packed token_bucket-packed
+    ROWS=(incr fixed_window-plain sliding_window-plain fixed_window token_bucket fixed_window-packed token_bucket-packed fixed_window-leased
         sliding_window leaky_bucket sliding_window-packed leaky_bucket-packed
         sliding_log window_ring concurrency rules-1 rules-3)
 fi

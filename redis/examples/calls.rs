@@ -5,14 +5,15 @@
 //! (concurrency, the rules engine). ROW: incr, an algorithm (fixed_window, token_bucket,
 //! sliding_window, leaky_bucket, sliding_log, window_ring, concurrency: an acquire and its
 //! release, two calls), the four packable ones with `-packed` (capacity 10 000),
-//! fixed_window-plain (plain commands, no function), rules-1 (one token_bucket rule), rules-3
+//! fixed_window-plain (plain commands, no function), fixed_window-leased (a leased store's
+//! checks of keys too rarely checked to lease, 16 in flight: batched calls), rules-1 (one token_bucket rule), rules-3
 //! (two rules and a shadow rule on one key).
 
 use std::sync::Arc;
 use std::time::Duration;
 use turnstile::rules::{Engine, Request, Rules};
 use turnstile::{Limit, Limits};
-use turnstile_redis::{Conn, RedisRules, RedisStore};
+use turnstile_redis::{Conn, Leases, RedisRules, RedisStore};
 
 const KEYS: u64 = 10_000;
 const PIPE: u64 = 16;
@@ -120,6 +121,10 @@ async fn main() {
         "rules-1" => rules(&url, n, RULE).await,
         "rules-3" => rules(&url, n, &format!("{RULE}{MORE}")).await,
         _ => {
+            let (row, leased) = match row.strip_suffix("-leased") {
+                Some(n) => (n.to_string(), true),
+                None => (row, false),
+            };
             let (name, packed) = match row.strip_suffix("-packed") {
                 Some(n) => (n, true),
                 None => (row.as_str(), false),
@@ -139,7 +144,22 @@ async fn main() {
             }
             // The library is loaded by the first call that finds it missing (the first pass):
             // a `FUNCTION LOAD` here would be counted in the measured pass (~10 M Ir).
+            if leased {
+                b = b.leases(Leases::auto().sweep_every(None));
+            }
             let store = Arc::new(b.plain_commands(plain).build(conn).expect("a store"));
+            if leased {
+                // Keys checked too rarely to lease: one by one, 16 in flight, which go to
+                // Redis together (a leased store's batched calls).
+                spread(16, n, move |i| {
+                    let s = store.clone();
+                    async move {
+                        s.try_check(&key(i), 1).await.expect("a call");
+                    }
+                })
+                .await;
+                return;
+            }
             if matches!(l, Limit::Concurrency(_)) {
                 // An acquire and its release: two calls a request.
                 spread(128, n / 2, move |i| {

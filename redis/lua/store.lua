@@ -19,9 +19,43 @@
 --        (outcome 0 allowed, 1 limited, 2 never fits; retry -1: none), or for an admission
 --        without delay "<limit> <remaining> <reset_after>"; acquire: the same and
 --        " <stamp>" when a lease was taken; refund: 0; release: the cells freed.
+-- "m" (many checks, one server, at its TIME: no explicit now): keys: each check's keys in turn (#limits each); args [3...]:
+--   per check its cost and field ("" but in layout "b"). Reply: an array of the checks' replies, in order.
 -- Several limits are all-or-nothing exactly as turnstile::Limits::decide (limits.lua).
+
+-- One check of `cost` on the records of keys[k...] (and `field`), at s, n.
+local function store_check(ls, keys, k, field, s, n, cost)
+  if ls[2] == nil then
+    local fast = FAST[ls[1].alg.code]
+    if fast then
+      local out = fast(keys[k], field, ls[1].p, s, n, cost)
+      if out then return out end
+    end
+  end
+  local b = bind(ls, keys, k, field)
+  local d = reply(decide(b, s, n, cost, true))
+  rec_flush_all(b)
+  return d
+end
+
+local function store_many(ls, keys, args)
+  local m = #keys / #ls
+  if m ~= math.floor(m) or #args ~= 2 + 2 * m then
+    return redis.error_reply('ERR turnstile: ' .. #keys .. ' keys and ' .. #args .. ' args for checks of ' .. #ls .. ' limits')
+  end
+  local s, n = call_time(args[2])
+  local out = {}
+  for j = 0, m - 1 do
+    local field = args[4 + 2 * j]
+    if field == '' then field = nil end
+    out[j + 1] = store_check(ls, keys, j * #ls + 1, field, s, n, args[3 + 2 * j] + 0)
+  end
+  return out
+end
+
 local function store_call(keys, args)
   local ls = cached(args[1], parse_store)
+  if args[2] == 'm' then return store_many(ls, keys, args) end
   if #keys ~= #ls then
     return redis.error_reply('ERR turnstile: ' .. #keys .. ' keys for ' .. #ls .. ' limits')
   end

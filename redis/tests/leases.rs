@@ -122,3 +122,61 @@ fn settles_on_a_leased_key_are_counted_once() {
         assert!(st.local > 400, "{st:?}");
     });
 }
+
+#[test]
+fn one_by_one_checks_go_in_shared_calls_and_decide_as_alone() {
+    // Keys checked too rarely to be leased (3 checks each; a lease needs 4) by 32 tasks at
+    // once on one leased store: their checks go to Redis together (op "m"), each decided as
+    // alone — every key admits exactly its limit of 2 — in fewer calls than checks. One
+    // limit, two (each check's keys in turn), and the packed layout (a field per check).
+    let server = common::Server::start();
+    let rt = common::runtime();
+    let hour = Duration::from_secs(3600);
+    let fw = Limit::fixed_window(2, hour).unwrap();
+    let sw = Limit::sliding_window(5, hour).unwrap();
+    let cases = [
+        ("one", vec![fw], None),
+        ("two", vec![sw, fw], None),
+        ("packed", vec![fw], Some(4096)),
+    ];
+    rt.block_on(async {
+        for (name, limits, capacity) in cases {
+            let mut b = RedisStore::builder(Limits::new(limits).unwrap())
+                .prefix(format!("batch-{name}:"))
+                .timeout(Duration::from_secs(5))
+                .leases(explicit());
+            if let Some(c) = capacity {
+                b = b.capacity(c);
+            }
+            let n = Arc::new(b.connect(&server.url()).await.unwrap());
+            const KEYS: usize = 300;
+            let mut tasks = Vec::new();
+            for t in 0..32usize {
+                let n = Arc::clone(&n);
+                tasks.push(tokio::spawn(async move {
+                    let mut admitted = vec![0u64; KEYS];
+                    // Each key three times over all tasks: task t checks keys t, t + 32, ...
+                    // in three rounds, offset so that tasks do not check one key at once.
+                    for round in 0..3 {
+                        for k in (0..KEYS).filter(|k| (k + round) % 32 == t) {
+                            admitted[k] += n.check(&format!("k{k}"), 1).await.allowed() as u64;
+                        }
+                    }
+                    admitted
+                }));
+            }
+            let mut admitted = vec![0u64; KEYS];
+            for t in tasks {
+                for (a, x) in admitted.iter_mut().zip(t.await.unwrap()) {
+                    *a += x;
+                }
+            }
+            let st = n.lease_stats().unwrap();
+            eprintln!("{name}: {st:?}");
+            assert_eq!(st.checks, 3 * KEYS as u64, "{name}");
+            assert_eq!(st.local, 0, "{name}: nothing leased");
+            assert!(admitted.iter().all(|&a| a == 2), "{name}: {admitted:?}");
+            assert!(st.round_trips < st.checks, "{name}: {st:?}");
+        }
+    });
+}

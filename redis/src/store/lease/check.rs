@@ -2,6 +2,7 @@
 //! when it holds one, else a lease call (a check that also reserves), else one check in
 //! Redis; and the lease call itself.
 
+use super::batch::Io;
 use super::record::{Spend, Spent};
 use super::settle::{Credit, Debit, Grant, Held, Settle, Unfetch};
 use super::{LeaseMode, Tier};
@@ -133,10 +134,11 @@ impl RedisStore {
         }
     }
 
-    /// One check in Redis (not leased), through the failure gate.
+    /// One check in Redis (not leased), through the failure gate: on one server at its time,
+    /// in the next batched call (batch.rs).
     async fn one_check(
         &self,
-        tier: &Tier,
+        tier: &Arc<Tier>,
         key: &str,
         cost: u64,
         explicit: Option<u64>,
@@ -144,8 +146,29 @@ impl RedisStore {
         if !self.gate.admit(1) {
             return Err(Error::Reply("the circuit is open".into()));
         }
-        tier.counters().call(false);
-        match self.decide(key, explicit, cost).await {
+        let batched =
+            if explicit.is_none() && self.plain.is_none() && !self.caller.conn().is_cluster() {
+                let names = self.layout.names(key);
+                let io = || Io {
+                    caller: self.caller.clone(),
+                    spec: self.spec.clone(),
+                };
+                let field = names.field.unwrap_or_default();
+                let timeout = self.caller.timeout();
+                tier.batch
+                    .check(tier, io, names.keys, field, cost, timeout)
+                    .await
+            } else {
+                None
+            };
+        let r = match batched {
+            Some(r) => r,
+            None => {
+                tier.counters().call(false);
+                self.decide(key, explicit, cost).await
+            }
+        };
+        match r {
             Ok(d) => {
                 self.gate.succeeded(1);
                 Ok(d)

@@ -26,8 +26,11 @@
 //! * **Given back**: unspent admissions go back to Redis (a refund, in the lease's own window)
 //!   when a key goes idle, when a lease ends, and all of them on [`crate::RedisStore::return_leases`]
 //!   (shutdown, reload) or when the store is dropped (in the background).
+//! * **One call for many checks**: the checks that go to Redis one by one share calls on
+//!   one server (batch.rs).
 //! * **Redis away**: leases are spent until they end, then the failure policy answers.
 
+mod batch;
 mod check;
 mod counters;
 mod listed;
@@ -147,9 +150,12 @@ impl Leases {
         self.longest = d;
         self
     }
-    /// A node denied while other nodes may hold leases of the key (before a window's final
-    /// share) asks Redis again after at most this long (default 1 s), to find what they gave
-    /// back; a denial in the final share holds until its retry time.
+    /// A node denied while Redis still had admissions left (fewer than the request) and other
+    /// nodes may hold leases of the key asks Redis again when their leases end (a window's
+    /// final share), or after at most this long (default 1 s), to find what they gave back.
+    /// A node Redis told a window is spent (a denial, or a grant of all that was left, spent)
+    /// asks again at its retry time (a fixed window's end), or after at most this long; a
+    /// denial in the final share holds until its retry time.
     pub fn recheck(mut self, d: Duration) -> Self {
         self.recheck = d;
         self
@@ -210,6 +216,15 @@ impl Leases {
         let mut horizon = u64::MAX;
         let mut shortest = u64::MAX;
         let mut bucket_t = Vec::with_capacity(ls.len());
+        // As lease.lua computes a window's final share: window × ppm / 10^6, rounded down.
+        let ppm = (self.strand * 1e6) as u64;
+        let finals = ls
+            .iter()
+            .map(|l| match l {
+                Limit::FixedWindow(p) => Some((p.window as u128 * ppm as u128 / 1_000_000) as u64),
+                _ => None,
+            })
+            .collect();
         for l in ls {
             let (len, t, _) = span(l);
             shortest = shortest.min(len);
@@ -227,6 +242,7 @@ impl Leases {
             stale: (2 * timeout.as_nanos() as u64).saturating_add(1_000_000),
             longest: (self.longest.as_nanos() as u64).clamp(1, 1 << 52),
             recheck: (self.recheck.as_nanos() as u64).max(1),
+            finals,
         }
     }
 }
@@ -243,6 +259,8 @@ pub(crate) struct Tier {
     pub(crate) cfg: Leases,
     /// The store was dropped: the sweeper gives everything back and stops.
     pub(crate) closed: AtomicBool,
+    /// One-by-one checks gathered into one call.
+    pub(crate) batch: batch::Batch,
 }
 
 impl Tier {
@@ -267,6 +285,7 @@ impl Tier {
             clock: DefaultClock::new(),
             cfg,
             closed: AtomicBool::new(false),
+            batch: batch::Batch::default(),
         })
     }
 

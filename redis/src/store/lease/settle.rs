@@ -84,12 +84,17 @@ impl RecordOp for Settle<'_> {
         c.set(PENDING, pending - self.pending_sent.min(pending));
         if g.granted < self.cost || g.granted == 0 {
             c.set(LEFT, 0);
-            // Deny locally until the retry, but look again when other nodes' leases end in
-            // this window (they may give admissions back).
+            // Deny locally until the retry. While Redis had admissions left (fewer than the
+            // request), look again when other nodes' leases end in this window (they may give
+            // admissions back); a window Redis found spent is spent here until its retry, or
+            // `recheck` (no call per node for the give-backs of its final share).
             // (Not in a final share: no node holds a lease there.)
             let mut wait = d.retry_after_ns.unwrap_or(0);
             if let (false, Some(w)) = (g.last, windows) {
-                wait = wait.min(w).min(sh.recheck);
+                if d.remaining > 0 {
+                    wait = wait.min(w);
+                }
+                wait = wait.min(sh.recheck);
             }
             if wait > 0 {
                 c.set(DENY_UNTIL, local_after(now, wait));
@@ -125,8 +130,7 @@ impl RecordOp for Settle<'_> {
                 c.set(GRANTED, extra);
                 if d.remaining == 0 {
                     c.set(FLAGS, c.get(FLAGS) | EXHAUSTED);
-                    let w = windows.unwrap_or_else(|| g.ends.iter().copied().min().unwrap_or(0));
-                    c.set(DRY_UNTIL, local_after(now, w.min(sh.recheck)));
+                    c.set(DRY_UNTIL, local_after(now, sh.dry(g).min(sh.recheck)));
                 }
                 self.counters.granted(extra);
             }
@@ -169,6 +173,12 @@ impl RecordOp for Unfetch {
     fn absent(&mut self) {}
 }
 
+/// What the record's reserve lease of `key` can spend at `now`; `None` when the record is
+/// another key's or the mode is delayed (a refund or a charge is then Redis's alone).
+fn leased<C: Cells + ?Sized>(sh: &Shape, c: &C, key: &[u8], now: u64) -> Option<u64> {
+    (sh.key_matches(c, key) && sh.mode == LeaseMode::Reserve).then(|| sh.usable(c, now))
+}
+
 /// A refund of `n` for the key: back into its lease while one is held (`None`: the amount
 /// for Redis).
 pub(crate) struct Credit<'a> {
@@ -184,13 +194,12 @@ impl RecordOp for Credit<'_> {
         false
     }
     fn apply<C: Cells + ?Sized>(&mut self, c: &mut C) -> u64 {
-        let sh = self.shape;
-        if !sh.key_matches(c, self.key) || sh.mode != LeaseMode::Reserve {
+        let Some(usable) = leased(self.shape, c, self.key, self.now) else {
             return self.n;
-        }
+        };
         // A denial remembered here may fit now.
         c.set(DENY_UNTIL, 0);
-        if sh.usable(c, self.now) == 0 {
+        if usable == 0 {
             return self.n;
         }
         // At most what the lease has spent goes back into it; the rest was not taken from it.
@@ -224,11 +233,9 @@ impl RecordOp for Debit<'_> {
         false
     }
     fn apply<C: Cells + ?Sized>(&mut self, c: &mut C) -> u64 {
-        let sh = self.shape;
-        if !sh.key_matches(c, self.key) || sh.mode != LeaseMode::Reserve {
+        let Some(usable) = leased(self.shape, c, self.key, self.now) else {
             return self.n;
-        }
-        let usable = sh.usable(c, self.now);
+        };
         if usable < self.n {
             return self.n;
         }

@@ -12,6 +12,7 @@ const MS: u64 = 1_000_000;
 const S: u64 = 1_000_000_000;
 
 fn shape(bucket_t: Vec<u64>) -> Shape {
+    let finals = vec![None; bucket_t.len()];
     Shape {
         mode: LeaseMode::Reserve,
         bucket_t,
@@ -21,6 +22,7 @@ fn shape(bucket_t: Vec<u64>) -> Shape {
         stale: 50 * MS,
         longest: S,
         recheck: S,
+        finals,
     }
 }
 
@@ -161,4 +163,75 @@ fn a_buckets_held_tokens_lapse_as_its_tat_comes_near() {
         Spent::Local(d) => assert!(!d.allowed(), "{d:?}"),
         s => panic!("{s:?}"),
     }
+}
+
+/// Settles `grant` for a request of cost 1 sent and answered at `t`.
+fn settle(sh: &Shape, c: &Counters, rec: &mut [u64], grant: &Grant, t: u64) -> Decision {
+    Settle {
+        shape: sh,
+        counters: c,
+        grant,
+        cost: 1,
+        pending_sent: 0,
+        sent: t,
+        now: t,
+        list: None,
+    }
+    .apply(rec)
+}
+
+#[test]
+fn a_fixed_window_redis_found_spent_is_spent_here_until_its_end() {
+    // A fixed window of 1 s, its final share 50 ms: a lease ends 50 ms before the window.
+    let mut sh = shape(vec![0]);
+    sh.finals = vec![Some(50 * MS)];
+    let c = Counters::default();
+    let t0 = 1_700_000_000 * S;
+    // A grant of all that was left, 600 ms before the window's end: once spent, the node
+    // denies until the window's end (not its lease's), without asking.
+    let mut rec = vec![0u64; sh.words()];
+    let grant = Grant {
+        granted: 3,
+        last: false,
+        epoch: t0,
+        ends: vec![550 * MS],
+        decision: admitted(0, 600 * MS),
+    };
+    assert!(settle(&sh, &c, &mut rec, &grant, t0).allowed());
+    for _ in 0..2 {
+        assert!(matches!(spend(&sh, &c, &mut rec, t0 + MS), Spent::Local(d) if d.allowed()));
+    }
+    match spend(&sh, &c, &mut rec, t0 + 560 * MS) {
+        Spent::Local(d) => assert!(!d.allowed() && d.retry_after_ns == Some(40 * MS), "{d:?}"),
+        s => panic!("{s:?}"),
+    }
+    // A denial that found the window spent holds until its retry (the window's end)...
+    let denied = |remaining, retry| Grant {
+        granted: 0,
+        last: false,
+        epoch: t0,
+        ends: vec![550 * MS],
+        decision: Decision {
+            outcome: Outcome::Limited,
+            limit: 100,
+            remaining,
+            reset_after_ns: 600 * MS,
+            retry_after_ns: Some(retry),
+            delay_ns: 0,
+        },
+    };
+    let mut rec = vec![0u64; sh.words()];
+    let _ = settle(&sh, &c, &mut rec, &denied(0, 600 * MS), t0);
+    match spend(&sh, &c, &mut rec, t0 + 560 * MS) {
+        Spent::Local(d) => assert!(!d.allowed(), "{d:?}"),
+        s => panic!("{s:?}"),
+    }
+    // ... and one that found some left (less than the request) looks again at the lease's end,
+    // where other nodes give back what they hold.
+    let mut rec = vec![0u64; sh.words()];
+    let _ = settle(&sh, &c, &mut rec, &denied(1, 600 * MS), t0);
+    assert!(!matches!(
+        spend(&sh, &c, &mut rec, t0 + 560 * MS),
+        Spent::Local(_)
+    ));
 }
