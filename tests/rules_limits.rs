@@ -386,3 +386,72 @@ fn the_example_loads() {
     assert_eq!(n(1, 3000), 2000, "its entry before its override");
     assert_eq!(n(7, 300), 5, "the rule's own");
 }
+
+/// One step of [`live_changes_match_the_model`].
+#[derive(Clone, Debug)]
+enum Step {
+    /// Key `k` on a plan (`free` 2, `pro` 10) or a limit of its own.
+    Set(u64, Option<&'static str>, u64),
+    Remove(u64),
+    Check(u64),
+}
+
+fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    prop_oneof![
+        (
+            0..4u64,
+            prop_oneof![Just(Some("free")), Just(Some("pro")), Just(None)],
+            1..8u64
+        )
+            .prop_map(|(k, p, n)| Step::Set(k, p, n)),
+        (0..4u64).prop_map(Step::Remove),
+        (0..4u64).prop_map(Step::Check),
+        (0..4u64).prop_map(Step::Check),
+    ]
+}
+
+proptest::proptest! {
+    /// Differential, against a model of one fixed window per key: entries set and removed
+    /// live decide the very next check of their key (the key's entry, else override 3 for
+    /// keys 7 and 8 — not drawn here — else the rule's 5), and the count carries over.
+    #[test]
+    fn live_changes_match_the_model(steps in proptest::collection::vec(step(), 1..60)) {
+        let (e, _) = engine(&rules(None));
+        let src = e.limits("customers").unwrap();
+        let mut entry = [None::<u64>; 4];
+        let mut count = [0u64; 4];
+        for s in steps {
+            match s {
+                Step::Set(k, plan, n) => {
+                    let id = e.limits_key_id("customers", &k.to_string()).unwrap();
+                    let (l, limit) = match plan {
+                        Some(p) => (KeyLimit::Plan(p.into()), if p == "free" { 2 } else { 10 }),
+                        None => {
+                            let w = Duration::from_secs(60);
+                            (KeyLimit::Limit(LimitSpec::new(Algorithm::FixedWindow, n, w)), n)
+                        }
+                    };
+                    src.set(id, &l).unwrap();
+                    entry[k as usize] = Some(limit);
+                }
+                Step::Remove(k) => {
+                    let id = e.limits_key_id("customers", &k.to_string()).unwrap();
+                    let had = src.remove(id).unwrap();
+                    proptest::prop_assert_eq!(had, entry[k as usize].is_some());
+                    entry[k as usize] = None;
+                }
+                Step::Check(k) => {
+                    let limit = entry[k as usize].unwrap_or(5);
+                    let d = e.check(&Request::new().customer(k));
+                    let fits = count[k as usize] < limit;
+                    proptest::prop_assert_eq!(d.allowed(), fits, "key {} limit {}", k, limit);
+                    proptest::prop_assert_eq!(d.limit, limit);
+                    if fits {
+                        count[k as usize] += 1;
+                    }
+                }
+            }
+        }
+    }
+}

@@ -83,6 +83,9 @@ pub fn run(mut args: BenchArgs) -> crate::Result<()> {
     if args.clocks {
         return clocks::run(&o.clock_options());
     }
+    if args.callgrind && args.own_limits {
+        return own_limits::callgrind(o.keys, o.checks);
+    }
     if args.callgrind {
         return clocks::callgrind(o.algorithm, o.keys, o.checks, o.batch.max(1));
     }

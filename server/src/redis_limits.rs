@@ -181,6 +181,16 @@ impl LimitsSource for Deferred {
         }
     }
 
+    fn get_fetching(&self, id: u64, fetch: &dyn Fn()) -> Lookup {
+        match &*self.source.load() {
+            Some(s) => s.get_fetching(id, fetch),
+            None => {
+                fetch();
+                Lookup::Unknown
+            }
+        }
+    }
+
     fn entry(&self, id: u64) -> Option<KeyLimit> {
         self.source.load().as_ref()?.entry(id)
     }

@@ -174,9 +174,8 @@ impl<C: Clock> CRule<C> {
     #[inline]
     pub(crate) fn target(&self, id: u64) -> Target<'_, C> {
         if let Some(src) = &self.own {
-            src.prefetch(id);
-            self.main.main.store.prefetch(&id);
-            if let Lookup::Own(limit) = src.get(id) {
+            let store = &self.main.main.store;
+            if let Lookup::Own(limit) = src.get_fetching(id, &|| store.prefetch(&id)) {
                 return Target {
                     slot: &self.main,
                     own: Some(limit),

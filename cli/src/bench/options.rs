@@ -11,7 +11,7 @@ use turnstile::Algorithm;
 /// Checks/s and latency of turnstile and governor 0.10, side by side, on the same quota and
 /// keys. Progress goes to stderr; the table (or --json) to stdout.
 #[derive(Args)]
-#[command(group(ArgGroup::new("mode").args(["clocks", "plot", "callgrind", "own_limits"])))]
+#[command(group(ArgGroup::new("mode").args(["clocks", "plot", "callgrind"])))]
 #[command(args_conflicts_with_subcommands = true)]
 pub struct BenchArgs {
     /// The service and the layer instead of the engine: `tower`, `serve`, `ab`.
@@ -71,8 +71,9 @@ pub struct BenchArgs {
     pub callgrind: bool,
     /// A rule whose keys have limits of their own (a limits class, from a file of --keys
     /// entries) against the same rule's own limit, side by side; with the file's load time
-    /// and the bytes per entry (see docs/rules.md).
-    #[arg(long)]
+    /// and the bytes per entry (see docs/rules.md). With --callgrind: instructions per check
+    /// of each rule.
+    #[arg(long, conflicts_with_all = ["clocks", "plot"])]
     pub own_limits: bool,
     /// Checks in the --callgrind workload.
     #[arg(long, value_name = "N", value_parser = parse_count, default_value = "1048576")]

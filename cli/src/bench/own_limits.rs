@@ -16,6 +16,7 @@ use super::text::progress;
 use std::io::Write;
 use std::time::{Duration, Instant};
 use turnstile::rules::{Engine, Request, Rules};
+use turnstile::Clock as _;
 
 /// The limit of every plan and rule: 1e9 per second, a burst of 1e9 (nothing is denied).
 const RATE: u64 = 1_000_000_000;
@@ -154,6 +155,61 @@ fn load(path: &std::path::Path, n: u64, file_bytes: u64) -> crate::Result<(Engin
         bytes,
     };
     Ok((engine, loaded))
+}
+
+/// `bench --callgrind --own-limits`: the engine of both rules over `n` keys, every key inserted
+/// in both, then `checks` uniform checks of each rule in its own `#[inline(never)]` function
+/// (`cg_engine_own`, `cg_engine_plain`) at one fixed time: their inclusive instruction counts
+/// over `checks` are instructions per check (docs/performance.md).
+pub fn callgrind(n: u64, checks: u64) -> crate::Result<()> {
+    let dir = std::env::temp_dir().join(format!("turnstile-own-limits-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let scratch = Scratch(dir);
+    let path = scratch.0.join("limits.csv");
+    let file_bytes = write_entries(&path, n)?;
+    let (engine, _) = load(&path, n, file_bytes)?;
+    let now = engine.clock().now();
+    for rank in 0..n {
+        let id = keys::key_id(rank);
+        for route in ["/own", "/plain"] {
+            engine.check_at(&Request::new().customer(id).route(route), now);
+        }
+    }
+    let seq = keys::sequence(Distribution::Uniform, n, checks as usize, SEED);
+    let own = cg_engine_own(&engine, &seq, now);
+    let plain = cg_engine_plain(&engine, &seq, now);
+    println!("# own limits: {n} keys, uniform");
+    println!("# function checks admitted");
+    println!("cg_engine_own {checks} {own}");
+    println!("cg_engine_plain {checks} {plain}");
+    println!("# instructions per check = inclusive Ir of the function / checks:");
+    println!("#   valgrind --tool=callgrind --callgrind-out-file=cg.out target/release/turnstile bench --callgrind --own-limits");
+    println!("#   callgrind_annotate --inclusive=yes cg.out | grep cg_");
+    Ok(())
+}
+
+/// Checks of rule `own` (the key's own limit) at `now`; how many were admitted.
+#[inline(never)]
+fn cg_engine_own(engine: &Engine, seq: &[u64], now: turnstile::Nanos) -> u64 {
+    cg_engine(engine, seq, "/own", now)
+}
+
+/// Checks of rule `plain` (the rule's own limit) at `now`; how many were admitted.
+#[inline(never)]
+fn cg_engine_plain(engine: &Engine, seq: &[u64], now: turnstile::Nanos) -> u64 {
+    cg_engine(engine, seq, "/plain", now)
+}
+
+#[inline(always)]
+fn cg_engine(engine: &Engine, seq: &[u64], route: &str, now: turnstile::Nanos) -> u64 {
+    seq.iter()
+        .filter(|&&k| {
+            let r = Request::new().customer(k).route(route);
+            engine
+                .check_at(&r, std::hint::black_box(now))
+                .allowed()
+        })
+        .count() as u64
 }
 
 /// Inserts every key in both rules, then times them interleaved `repeat` times: CPU-ns per

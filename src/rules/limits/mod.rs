@@ -60,6 +60,16 @@ pub trait LimitsSource: Send + Sync {
     fn get(&self, id: u64) -> Lookup;
     /// A hint that `id` is about to be looked up: fetch its line (default: nothing).
     fn prefetch(&self, _id: u64) {}
+    /// [`LimitsSource::get`] on the check path: starts the fetch of `id`'s line, calls `fetch`
+    /// (which starts the fetch of the key's record in the store), then looks `id` up, so
+    /// that both misses to memory are in flight together. Default: `prefetch`, `fetch`,
+    /// `get`; a source that reads a snapshot once per lookup takes it once here.
+    #[inline]
+    fn get_fetching(&self, id: u64, fetch: &dyn Fn()) -> Lookup {
+        self.prefetch(id);
+        fetch();
+        self.get(id)
+    }
     /// The key's entry as it was given (a plan's name, or its limit).
     fn entry(&self, id: u64) -> Option<KeyLimit>;
     /// Sets the key's entry, checked against the class (its algorithm, window and plans).
