@@ -12,7 +12,9 @@
 //! Subcommands measure the service and the layer with the programs their users run: `serve`
 //! (redis-benchmark and wrk against `turnstile serve`, beside redis-server and redis-cell),
 //! `ab` (turnstile builds against each other), `tower` (turnstile-tower's layer under wrk
-//! and callgrind) and `fleet` (nodes sharing limits through Redis, with and without leases). They drive those programs as child processes (`drive.rs`), read their output
+//! and callgrind) and `fleet` (nodes sharing limits through Redis, with and without leases); `scale`
+//! (the engine's cost from 1k to 100M keys) and `report` (the whole published suite, written
+//! to docs/benchmarks.md). They drive those programs as child processes (`drive.rs`), read their output
 //! (`wrk.rs`), and share this module's medians and number formats; `server/bench.sh`,
 //! `server/ab.sh` and `tower/bench.sh` only build and call them.
 
@@ -27,10 +29,13 @@ mod limits;
 mod options;
 mod own_limits;
 mod plot;
+mod published;
 mod redis;
 mod report;
 mod row;
 mod run;
+mod scale;
+mod scale_table;
 mod serve;
 mod suite;
 mod text;
@@ -65,6 +70,8 @@ pub fn run(mut args: BenchArgs) -> crate::Result<()> {
         Some(BenchCommand::Serve(a)) => return serve::run_serve(a),
         Some(BenchCommand::Ab(a)) => return serve::run_ab(a),
         Some(BenchCommand::Fleet(a)) => return fleet::run(a),
+        Some(BenchCommand::Scale(a)) => return scale::run(a),
+        Some(BenchCommand::Report(a)) => return published::run(a),
         None => {}
     }
     if args.atomics {

@@ -79,14 +79,14 @@ pub const APT: &[Apt] = &[
         probe: Probe::Program("redis-server"),
         programs: &["redis-server"],
         scope: Scope::Tests,
-        why: "turnstile-redis, turnstile-tower (redis), turnstile serve's [backend] redis tests (cli/tests/otel.rs's Redis spans among them) start their own redis-server",
+        why: "turnstile-redis, turnstile-tower (redis), turnstile serve's [backend] redis tests (cli/tests/otel.rs's Redis spans among them) start their own redis-server; so do turnstile bench serve, fleet and report (cli/tests/bench_drivers.rs, cli/tests/bench_report.rs)",
     },
     Apt {
         package: "redis-tools",
         probe: Probe::Program("redis-cli"),
         programs: &["redis-cli", "redis-benchmark"],
         scope: Scope::Tests,
-        why: "the server's RESP tests talk to it with redis-cli (also over TLS, cli/tests/tls.rs); the Redis Cluster tests create their cluster with it",
+        why: "the server's RESP tests talk to it with redis-cli (also over TLS, cli/tests/tls.rs); the Redis Cluster tests create their cluster with it; redis-benchmark is turnstile bench serve's RESP load (cli/tests/bench_drivers.rs, cli/tests/bench_report.rs)",
     },
     Apt {
         package: "curl",
@@ -100,7 +100,7 @@ pub const APT: &[Apt] = &[
         probe: Probe::Program("wrk"),
         programs: &["wrk"],
         scope: Scope::Tests,
-        why: "turnstile bench tower's HTTP load (cli/tests/bench_drivers.rs)",
+        why: "turnstile bench tower's and bench serve's HTTP load (cli/tests/bench_drivers.rs, cli/tests/bench_report.rs)",
     },
     Apt {
         package: "haproxy",
@@ -207,7 +207,7 @@ pub const BASE: &[(&str, &str)] = &[
     ),
     (
         "taskset",
-        "turnstile bench's drivers pin the server and the load to cores (util-linux)",
+        "turnstile bench's drivers pin the server and the load to cores (util-linux; cli/tests/bench_drivers.rs, cli/tests/bench_report.rs)",
     ),
     (
         "git",

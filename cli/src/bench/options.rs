@@ -98,6 +98,12 @@ pub enum BenchCommand {
     /// Nodes sharing limits through Redis (a server or a 3-master cluster it starts): the
     /// per-check path, leases and INCR, admissions against the exact limit per key and window.
     Fleet(super::fleet::FleetArgs),
+    /// The engine's cost per check from 1k to 100M keys (uniform, Zipf; single, batched),
+    /// bytes per key, governor and the floor at each size, and a plot (about 6 minutes).
+    Scale(super::scale::ScaleArgs),
+    /// The published suite in one run (engine, scale, service, layer, Redis), written to
+    /// docs/benchmarks.md with its plots, the machine and the commands.
+    Report(super::published::ReportArgs),
 }
 
 /// Which engines run.
