@@ -587,3 +587,77 @@ fn the_soft_descriptor_limit_is_raised_and_logged() {
         "{log}"
     );
 }
+
+/// `--body-memory` is shared: connections holding unfinished bodies — without credentials,
+/// or with them and as much as the budget takes — leave every other connection its own
+/// allowance, so that an honest check's body still gets in. Without credentials a connection
+/// holds nothing of the budget.
+#[test]
+fn bodies_held_by_some_connections_leave_others_their_own_allowance() {
+    let s = Server::start(
+        Opts {
+            password: true,
+            ..Opts::default()
+        },
+        &[
+            "--body-memory",
+            "1mb",
+            "--max-body",
+            "64kb",
+            "--max-http-connections",
+            "200",
+            "--max-grpc-connections",
+            "1",
+            "--max-admin-connections",
+            "1",
+            "--auth-timeout",
+            "60s",
+        ],
+    );
+    let held = r#"turnstile_body_bytes{state="held"}"#;
+    let budget = r#"turnstile_body_bytes{state="budget"}"#;
+    // An unfinished body: the head announces 60 000 bytes, `sent` of them come.
+    let hold = |auth: bool, sent: usize| {
+        let mut c = connect(s.http);
+        let bearer = if auth {
+            format!("Authorization: Bearer {PASSWORD}\r\n")
+        } else {
+            String::new()
+        };
+        let head =
+            format!("POST /v1/check HTTP/1.1\r\nHost: x\r\n{bearer}Content-Length: 60000\r\n\r\n");
+        c.write_all(head.as_bytes()).unwrap();
+        c.write_all(&vec![b' '; sent]).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        c
+    };
+    // 40 connections without credentials, 15 000 bytes each (600 000 in all).
+    let unauth: Vec<_> = (0..40).map(|_| hold(false, 15_000)).collect();
+    assert_eq!(
+        s.metric(held),
+        0.0,
+        "bodies before authentication hold nothing of --body-memory"
+    );
+    // With the password: bodies until the budget is spent to the byte (or takes no more).
+    let mut authed = Vec::new();
+    for _ in 0..60 {
+        let before = s.metric(held);
+        let rest = s.metric(budget) - before;
+        if rest <= 0.0 {
+            break;
+        }
+        authed.push(hold(true, (rest as usize).min(59_000)));
+        if s.metric(held) == before {
+            break;
+        }
+    }
+    let check = r#"{"key_class":"customer","key":"7"}"#;
+    for _ in 0..3 {
+        let (code, body) = s.curl(s.http, "POST", "/v1/check", Some(PASSWORD), Some(check));
+        assert_eq!(
+            code, 200,
+            "an honest check with the budget held by others: {body}"
+        );
+    }
+    drop((unauth, authed));
+}

@@ -4,6 +4,7 @@
 //! ([`crate::envoy::json_router`], whose own body limit applies). Errors are JSON
 //! `{"error": "..."}`; a body over `--max-body` gets 413.
 
+mod body;
 mod check;
 mod explain;
 mod limits;

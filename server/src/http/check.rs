@@ -118,27 +118,10 @@ fn one() -> u64 {
 /// `POST /v1/check` from [`Dispatch`](super::Dispatch): the body read up to `--max-body`
 /// (413 past it, as the router's `DefaultBodyLimit` answers), then decided.
 pub(super) async fn check_direct(s: Arc<Server>, body: Body) -> Response {
-    use http_body_util::BodyExt;
     s.metrics.add(C::HttpRequests, 1);
-    let limit = s.http.max_body;
-    let body = match http_body_util::Limited::new(body, limit).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) if crate::listen::budget::is_budget(&*e) => return super::busy(&s),
-        Err(e) => {
-            let (status, what) = if e.is::<http_body_util::LengthLimitError>() {
-                (
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "length limit exceeded".to_string(),
-                )
-            } else {
-                (StatusCode::BAD_REQUEST, e.to_string())
-            };
-            return error(
-                &s,
-                status,
-                format!("Failed to buffer the request body: {what} (the limit is {limit} bytes)"),
-            );
-        }
+    let body = match super::body::read_body(&s, body).await {
+        Ok(b) => b,
+        Err(r) => return r,
     };
     check_body(s, body).await
 }
@@ -146,15 +129,9 @@ pub(super) async fn check_direct(s: Arc<Server>, body: Body) -> Response {
 /// `POST /v1/check` with its body read: the request it asks for, decided, counted and
 /// answered.
 async fn check_body(s: Arc<Server>, body: Bytes) -> Response {
-    let b: CheckBody = match serde_json::from_slice(&body) {
+    let b: CheckBody = match super::body::parse_json(&s, &body, "") {
         Ok(b) => b,
-        Err(e) => {
-            return error(
-                &s,
-                StatusCode::BAD_REQUEST,
-                format!("invalid JSON body: {e}"),
-            )
-        }
+        Err(r) => return r,
     };
     let Some(engine) = &s.checks.engine else {
         return error(

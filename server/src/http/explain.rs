@@ -3,6 +3,7 @@
 //! (the explanation's `allowed` says that), counting nothing; 400 for a body that is not a
 //! check, 503 without rules, 501 with the counts in Redis.
 
+use super::body::{parse_json, read_body};
 use super::check::{request_of, CheckBody};
 use super::error;
 use crate::explain::{tree, ExplainError};
@@ -16,27 +17,13 @@ use std::sync::Arc;
 /// Explains the check `body` asks for.
 pub(super) async fn explain(s: Arc<Server>, body: Body) -> Response {
     s.metrics.add(C::HttpRequests, 1);
-    let limit = s.http.max_body;
-    let bytes = match axum::body::to_bytes(body, limit).await {
+    let bytes = match read_body(&s, body).await {
         Ok(b) => b,
-        Err(e) if crate::listen::budget::is_budget(&e) => return super::busy(&s),
-        Err(_) => {
-            return error(
-                &s,
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("the body is over {limit} bytes (--max-body)"),
-            )
-        }
+        Err(r) => return r,
     };
-    let b: CheckBody = match serde_json::from_slice(&bytes) {
+    let b: CheckBody = match parse_json(&s, &bytes, "") {
         Ok(b) => b,
-        Err(e) => {
-            return error(
-                &s,
-                StatusCode::BAD_REQUEST,
-                format!("invalid JSON body: {e}"),
-            )
-        }
+        Err(r) => return r,
     };
     let req = match request_of(&b) {
         Ok(r) => r,

@@ -40,16 +40,9 @@ pub(super) async fn put(
     body: Body,
 ) -> Response {
     s.metrics.add(C::HttpRequests, 1);
-    let bytes = match axum::body::to_bytes(body, s.http.max_body).await {
+    let bytes = match super::body::read_body(&s, body).await {
         Ok(b) => b,
-        Err(e) if crate::listen::budget::is_budget(&e) => return super::busy(&s),
-        Err(_) => {
-            return error(
-                &s,
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("the body is over {} bytes (--max-body)", s.http.max_body),
-            )
-        }
+        Err(r) => return r,
     };
     let Ok(text) = std::str::from_utf8(&bytes) else {
         return error(&s, StatusCode::BAD_REQUEST, "the body must be UTF-8 text");

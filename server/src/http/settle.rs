@@ -3,6 +3,7 @@
 //! `reserved` (the check's `cost`) and `actual` in place of `cost`: send the same key, route,
 //! method and priority as the check, so that the same rules are settled.
 
+use super::body::read_json;
 use super::error;
 use crate::check::{count, ms_up, request, SettleError};
 use crate::metrics::C;
@@ -59,29 +60,10 @@ struct SettleReply {
 /// settled there).
 pub(super) async fn settle(State(s): State<Arc<Server>>, body: Body) -> Response {
     s.metrics.add(C::HttpRequests, 1);
-    let limit = s.http.max_body;
-    let bytes = match axum::body::to_bytes(body, limit).await {
+    let expected = "; expected {\"key_class\", \"key\", \"reserved\", \"actual\", \"priority\"?, \"route\"?, \"method\"?}";
+    let b: SettleBody = match read_json(&s, body, expected).await {
         Ok(b) => b,
-        Err(e) if crate::listen::budget::is_budget(&e) => return super::busy(&s),
-        Err(_) => {
-            return error(
-                &s,
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("the body is over {limit} bytes (--max-body)"),
-            )
-        }
-    };
-    let b: SettleBody = match serde_json::from_slice(&bytes) {
-        Ok(b) => b,
-        Err(e) => {
-            return error(
-                &s,
-                StatusCode::BAD_REQUEST,
-                format!(
-                    "invalid settle body: {e}; expected {{\"key_class\", \"key\", \"reserved\", \"actual\", \"priority\"?, \"route\"?, \"method\"?}}"
-                ),
-            )
-        }
+        Err(r) => return r,
     };
     let mut req = match request(&b.key_class, &b.key) {
         Ok(r) => r,

@@ -1,5 +1,15 @@
 //! The server-wide budget of request bodies (`--body-memory`): what every connection's
-//! [`Metered`](super::body::Metered) bodies hold at once, and the refusal past it.
+//! [`Metered`](super::body::Metered) bodies hold at once, how it is shared, and the refusal
+//! past it.
+//!
+//! Half of the budget is set aside in equal parts for every connection the HTTP, admin and
+//! gRPC listeners may hold at once (`--max-*-connections`): a connection's *own* allowance
+//! (at most `--max-body`), which no other connection can take. What a connection holds past
+//! its own allowance it draws on the other half, the *shared* [`Budget`], and it may hold at
+//! most its *share* in all (a sixteenth of the shared half, at least `--max-body`). So a
+//! client whose bodies fit in its own allowance (a check's body is a few dozen bytes) gets
+//! them in however many connections hold the rest. Before authentication a connection may
+//! hold a small fixed allowance ([`PRE_AUTH_BODY`](super::PRE_AUTH_BODY)), never the budget.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -47,16 +57,28 @@ impl Budget {
     }
 }
 
-/// The server-wide budget of request bodies, and its refusals.
+/// The server-wide budget of request bodies, how it is shared, and its refusals: see the
+/// module doc.
 pub(crate) struct Bodies {
+    /// What connections hold past their own allowance, every connection's together.
     pub(crate) budget: Budget,
+    /// What one connection may hold without drawing on `budget`.
+    pub(crate) own: usize,
+    /// The most one connection may hold (authenticated), its own allowance included.
+    pub(crate) share: usize,
     refused: std::sync::atomic::AtomicU64,
 }
 
 impl Bodies {
-    pub(crate) fn new(max: usize) -> Self {
+    /// `memory` (`--body-memory`, at least `max_body`) shared by at most `connections`
+    /// connections at once, whose bodies are at most `max_body` each.
+    pub(crate) fn new(memory: usize, max_body: usize, connections: usize) -> Self {
+        let own = (memory / 2 / connections.max(1)).min(max_body);
+        let shared = memory - own * connections.max(1);
         Self {
-            budget: Budget::new(max),
+            budget: Budget::new(shared),
+            own,
+            share: (shared / 16).max(max_body),
             refused: Default::default(),
         }
     }

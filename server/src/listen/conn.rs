@@ -4,7 +4,7 @@
 //! updates, a body frame one.
 
 use super::limits::Seen;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// One connection's state, shared by the connection and the sweeper.
@@ -32,6 +32,8 @@ pub(crate) struct Conn {
     body_since: AtomicU64,
     /// Bytes of bodies received since `body_since`.
     body_bytes: AtomicU64,
+    /// Bytes of bodies it holds now (read, not yet answered).
+    held: AtomicUsize,
     /// The password this connection last had accepted: a keyed hash of it (the top 56
     /// bits) and the grant's tag (the low byte, never 0); 0 if none. See [`Conn::accepted`].
     accepted: AtomicU64,
@@ -67,6 +69,7 @@ impl Conn {
             bodies: AtomicU32::new(0),
             body_since: AtomicU64::new(now),
             body_bytes: AtomicU64::new(0),
+            held: AtomicUsize::new(0),
             accepted: AtomicU64::new(0),
         }
     }
@@ -135,6 +138,40 @@ impl Conn {
         self.body_bytes.fetch_add(n as u64, Ordering::Relaxed);
     }
 
+    /// Holds `n` more bytes of a body (see [`Bodies`](super::budget::Bodies)): how many of
+    /// them it drew on the shared budget, or `None` (counted as a refusal): past this
+    /// connection's share, the shared budget spent, or, before authentication, past
+    /// [`PRE_AUTH_BODY`](super::PRE_AUTH_BODY). Give them back with [`Conn::unhold`].
+    pub(crate) fn hold(&self, n: usize) -> Option<usize> {
+        let b = &*self.budget;
+        let before = self.held.fetch_add(n, Ordering::Relaxed);
+        let after = before + n;
+        let drawn = if !self.authed.load(Ordering::Relaxed) {
+            // A fixed allowance, never the shared budget.
+            (after <= super::PRE_AUTH_BODY).then_some(0)
+        } else if after > b.share {
+            None
+        } else {
+            // The part of [before, after) past the connection's own allowance. A body gives
+            // back what it drew: what the connection holds undrawn never exceeds `own`.
+            let drawn = after.saturating_sub(b.own) - before.saturating_sub(b.own);
+            (drawn == 0 || b.budget.reserve(drawn)).then_some(drawn)
+        };
+        if drawn.is_none() {
+            self.held.fetch_sub(n, Ordering::Relaxed);
+            b.refuse();
+        }
+        drawn
+    }
+
+    /// Gives back `n` bytes held, `drawn` of them on the shared budget.
+    pub(crate) fn unhold(&self, n: usize, drawn: usize) {
+        if n > 0 {
+            self.held.fetch_sub(n, Ordering::Relaxed);
+            self.budget.budget.release(drawn);
+        }
+    }
+
     /// A body ended (received whole, refused or dropped).
     pub(crate) fn body_ends(&self) {
         self.bodies.fetch_sub(1, Ordering::Relaxed);
@@ -179,7 +216,7 @@ mod tests {
     #[test]
     fn requests_and_bodies_are_seen_as_they_happen() {
         let clock = Arc::new(AtomicU64::new(100));
-        let bodies = Arc::new(super::super::budget::Bodies::new(1 << 20));
+        let bodies = Arc::new(super::super::budget::Bodies::new(1 << 20, 64 << 10, 8));
         let c = Arc::new(Conn::new(
             super::super::Kind::Http,
             clock.clone(),

@@ -55,7 +55,14 @@ impl Guard {
     pub(crate) fn new(limits: Limits, auth_required: bool, nofile: usize) -> Arc<Self> {
         let sweeper = Sweeper::new();
         Arc::new(Self {
-            bodies: Arc::new(Bodies::new(limits.body_memory)),
+            bodies: Arc::new(Bodies::new(
+                limits.body_memory,
+                limits.max_body,
+                [Kind::Http, Kind::Admin, Kind::Grpc]
+                    .iter()
+                    .map(|&k| limits.max(k))
+                    .sum(),
+            )),
             limits,
             auth_required,
             open: Default::default(),
@@ -218,7 +225,7 @@ impl Guard {
         );
         let _ = writeln!(
             out,
-            "# HELP turnstile_body_bytes Request bodies held (read, not yet answered), and the budget.\n# TYPE turnstile_body_bytes gauge\nturnstile_body_bytes{{state=\"held\"}} {}\nturnstile_body_bytes{{state=\"budget\"}} {}\n# HELP turnstile_bodies_refused_total Request bodies refused for the budget (503).\n# TYPE turnstile_bodies_refused_total counter\nturnstile_bodies_refused_total {}",
+            "# HELP turnstile_body_bytes Request bodies held (read, not yet answered) past each connection's own allowance, and the budget they share (half of --body-memory).\n# TYPE turnstile_body_bytes gauge\nturnstile_body_bytes{{state=\"held\"}} {}\nturnstile_body_bytes{{state=\"budget\"}} {}\n# HELP turnstile_bodies_refused_total Request bodies refused for the budget (503).\n# TYPE turnstile_bodies_refused_total counter\nturnstile_bodies_refused_total {}",
             self.bodies.budget.used(),
             self.bodies.budget.max(),
             self.bodies.refused()
