@@ -205,9 +205,7 @@ fn cg_engine(engine: &Engine, seq: &[u64], route: &str, now: turnstile::Nanos) -
     seq.iter()
         .filter(|&&k| {
             let r = Request::new().customer(k).route(route);
-            engine
-                .check_at(&r, std::hint::black_box(now))
-                .allowed()
+            engine.check_at(&r, std::hint::black_box(now)).allowed()
         })
         .count() as u64
 }
