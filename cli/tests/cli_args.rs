@@ -94,10 +94,6 @@ fn bad_input_exits_2_naming_the_option() {
             ][..],
             "--log-format",
         ),
-        (
-            &["bench", "--own-limits", "--callgrind"][..],
-            "--own-limits",
-        ),
     ] {
         let o = turnstile(args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o.stderr));
