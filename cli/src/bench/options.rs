@@ -98,7 +98,7 @@ pub enum BenchCommand {
     /// per-check path, leases and INCR, admissions against the exact limit per key and window.
     Fleet(super::fleet::FleetArgs),
     /// The engine's cost per check from 1k to 100M keys (uniform, Zipf; single, batched),
-    /// bytes per key, governor and the floor at each size, and a plot (about 6 minutes).
+    /// bytes per key, governor and the floor at each size, and a plot (about 11 minutes to 100M).
     Scale(super::scale::ScaleArgs),
     /// The published suite in one run (engine, scale, service, layer, Redis), written to
     /// docs/benchmarks.md with its plots, the machine and the commands.
