@@ -256,84 +256,63 @@ fn engine_of(s: Subject) -> &'static str {
     }
 }
 
-/// Measures `s` in two child processes ([`child_row`]), with transparent huge pages off, then
-/// on; in this process, once, if no child can be started.
+/// Measures `s` in two child processes: first with transparent huge pages off (resident
+/// memory counted in 4 KiB pages: what the users cost), then as the binary
+/// normally runs (mimalloc asks for huge pages: memory comes in 2 MiB pieces). In this
+/// process, once, if no child can be started.
 fn in_child(s: Subject, users: u64) -> crate::Result<Row> {
     let Ok(exe) = std::env::current_exe() else {
         return measure(s, users, false);
     };
-    let Some(mut row) = child_row(&exe, s, users, false)? else {
+    let child = |thp: bool| -> crate::Result<Option<Row>> {
+        let mut cmd = Command::new(&exe);
+        cmd.args(["memory", "--one", &s.id(), "--users", &users.to_string()]);
+        if !thp {
+            // mimalloc asks for no huge pages, and the kernel gives the child none even where
+            // transparent huge pages are on for every mapping (the flag survives exec).
+            cmd.env("MIMALLOC_ALLOW_THP", "0");
+            #[cfg(target_os = "linux")]
+            {
+                use std::os::unix::process::CommandExt;
+                // SAFETY: the hook runs in the forked child before exec and only makes one
+                // system call (prctl is async-signal-safe); it touches no memory of ours.
+                unsafe {
+                    cmd.pre_exec(|| {
+                        libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
+                        Ok(())
+                    });
+                }
+            }
+        }
+        let Ok(out) = cmd.output() else {
+            return Ok(None);
+        };
+        if !out.status.success() {
+            return Err(format!(
+                "measuring {} in a child process failed ({}): {}",
+                s.id(),
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )
+            .into());
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        serde_json::from_str(text.trim()).map(Some).map_err(|e| {
+            format!(
+                "measuring {}: unreadable child answer `{text}`: {e}",
+                s.id()
+            )
+            .into()
+        })
+    };
+    let Some(mut row) = child(false)? else {
         return measure(s, users, false);
     };
-    if let Some(t) = child_row(&exe, s, users, true)? {
+    if let Some(t) = child(true)? {
         row.rss_bytes_thp = Some(t.rss_bytes);
         row.bytes_per_user_thp = Some(t.bytes_per_user);
     }
     Ok(row)
-}
-
-/// Resident bytes per key of `subject` (an algorithm's name, or `governor`) holding `users`
-/// distinct keys, measured in a fresh child process with transparent huge pages off (the
-/// figure of the table's "measured B/user" column): the growth of anonymous resident memory
-/// over the keys held, and the keys held. What `bench scale` reports at each size.
-pub(crate) fn resident_per_key(subject: &str, users: u64) -> crate::Result<(f64, u64)> {
-    let s = Subject::parse(subject)?;
-    let exe = std::env::current_exe()
-        .map_err(|e| format!("cannot find this program to measure memory in a child: {e}"))?;
-    match child_row(&exe, s, users, false)? {
-        Some(r) => Ok((r.bytes_per_user, r.stored)),
-        None => Err(format!("cannot start {} for `memory --one`", exe.display()).into()),
-    }
-}
-
-/// One child process measuring `s` (`None` if it cannot be started): with transparent huge
-/// pages off (resident memory counted in 4 KiB pages: what the users cost), or as the binary
-/// normally runs (`thp`: mimalloc asks for huge pages, memory comes in 2 MiB pieces).
-fn child_row(
-    exe: &std::path::Path,
-    s: Subject,
-    users: u64,
-    thp: bool,
-) -> crate::Result<Option<Row>> {
-    let mut cmd = Command::new(exe);
-    cmd.args(["memory", "--one", &s.id(), "--users", &users.to_string()]);
-    if !thp {
-        // mimalloc asks for no huge pages, and the kernel gives the child none even where
-        // transparent huge pages are on for every mapping (the flag survives exec).
-        cmd.env("MIMALLOC_ALLOW_THP", "0");
-        #[cfg(target_os = "linux")]
-        {
-            use std::os::unix::process::CommandExt;
-            // SAFETY: the hook runs in the forked child before exec and only makes one
-            // system call (prctl is async-signal-safe); it touches no memory of ours.
-            unsafe {
-                cmd.pre_exec(|| {
-                    libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
-                    Ok(())
-                });
-            }
-        }
-    }
-    let Ok(out) = cmd.output() else {
-        return Ok(None);
-    };
-    if !out.status.success() {
-        return Err(format!(
-            "measuring {} in a child process failed ({}): {}",
-            s.id(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        )
-        .into());
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(text.trim()).map(Some).map_err(|e| {
-        format!(
-            "measuring {}: unreadable child answer `{text}`: {e}",
-            s.id()
-        )
-        .into()
-    })
 }
 
 /// Anonymous resident bytes of this process: statm's resident − shared pages.

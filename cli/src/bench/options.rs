@@ -99,8 +99,8 @@ pub enum BenchCommand {
     /// per-check path, leases and INCR, admissions against the exact limit per key and window.
     Fleet(super::fleet::FleetArgs),
     /// The engine's cost per check from 1k to 100M keys (uniform, Zipf; single, batched),
-    /// bytes per key, governor and the floor at each size, and a plot (about 6 minutes).
-    Scale(super::scale::ScaleArgs),
+    /// bytes per key, governor and the floor at each size, and a plot (about 11 minutes to 100M).
+    Scale(ScaleArgs),
     /// The published suite in one run (engine, scale, service, layer, Redis), written to
     /// docs/benchmarks.md with its plots, the machine and the commands.
     Report(super::published::ReportArgs),
@@ -243,4 +243,28 @@ pub struct ClockOptions {
     pub keys: u64,
     pub seconds: f64,
     pub json: bool,
+}
+
+/// Cost per check from 1k to 100M keys (uniform and Zipf; single and batched), bytes per key,
+/// governor and the floor at each size, and the plot of ns/check against keys.
+#[derive(Args)]
+pub struct ScaleArgs {
+    /// The largest size: 1k, 10k, 100k, 1M, 10M or 100M (the sizes up to it run).
+    #[arg(long, value_name = "N", value_parser = parse_count, default_value = "100M")]
+    pub(crate) max_keys: u64,
+    /// Measured seconds per row (plus a tenth as warm-up).
+    #[arg(long, value_name = "S", default_value_t = 1.0)]
+    pub(crate) seconds: f64,
+    /// A smoke run: 0.1 s per row.
+    #[arg(long)]
+    pub(crate) quick: bool,
+    /// Leave governor out.
+    #[arg(long)]
+    pub(crate) no_governor: bool,
+    /// Write the plot of CPU-ns per check against keys (log scale) as an SVG to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) plot: Option<String>,
+    /// One JSON document on stdout instead of the table.
+    #[arg(long)]
+    pub(crate) json: bool,
 }

@@ -12,14 +12,13 @@
 use super::floor::{self, FloorRow};
 use super::keys::{self, Distribution};
 use super::limits::{governor_quota, store_capacity, throughput_limit};
+use super::options::ScaleArgs;
 use super::plot;
 use super::row::{attach_floors, Row, RowSpec};
 use super::run::{GovernorKeyed, Mode, Timer, TurnstileKeyed};
 use super::scale_table::{self, Footprint};
 use super::suite::{sequences, Runner, SEQ_LEN};
 use super::text::{fmt_count, load_warning, progress, progress_done};
-use crate::args::parse_count;
-use clap::Args;
 use std::time::{Duration, Instant};
 use turnstile::keyed::Store;
 use turnstile::{Algorithm, Limits};
@@ -36,30 +35,6 @@ const BATCH: usize = 32;
 /// cores shards): while one doubles, its old and new tables live together; 1.5 covers that
 /// with room for the allocator's slack.
 const GOVERNOR_MEMORY_SHARE: f64 = 0.7;
-
-/// Cost per check from 1k to 100M keys (uniform and Zipf; single and batched), bytes per key,
-/// governor and the floor at each size, and the plot of ns/check against keys.
-#[derive(Args)]
-pub struct ScaleArgs {
-    /// The largest size: 1k, 10k, 100k, 1M, 10M or 100M (the sizes up to it run).
-    #[arg(long, value_name = "N", value_parser = parse_count, default_value = "100M")]
-    max_keys: u64,
-    /// Measured seconds per row (plus a tenth as warm-up).
-    #[arg(long, value_name = "S", default_value_t = 1.0)]
-    seconds: f64,
-    /// A smoke run: 0.1 s per row.
-    #[arg(long)]
-    quick: bool,
-    /// Leave governor out.
-    #[arg(long)]
-    no_governor: bool,
-    /// Write the plot of CPU-ns per check against keys (log scale) as an SVG to FILE.
-    #[arg(long, value_name = "FILE")]
-    plot: Option<String>,
-    /// One JSON document on stdout instead of the table.
-    #[arg(long)]
-    json: bool,
-}
 
 /// The machine's data caches: (level, bytes per instance, CPUs sharing one).
 fn caches() -> Vec<(u32, u64, u32)> {
@@ -99,6 +74,50 @@ fn cpu_count(list: &str) -> u32 {
             None => 1,
         })
         .sum()
+}
+
+/// Resident bytes per key of `subject` (an algorithm's name, or `governor`) holding `keys`
+/// distinct keys: `turnstile memory --one SUBJECT --users N` in a fresh child process, with
+/// transparent huge pages off (resident growth in 4 KiB pages over the keys held, the figure
+/// of `memory`'s "measured B/user" column).
+fn resident_per_key(subject: &str, keys: u64) -> crate::Result<f64> {
+    let exe = std::env::current_exe()
+        .map_err(|e| format!("cannot find this program to measure memory in a child: {e}"))?;
+    let mut cmd = std::process::Command::new(&exe);
+    cmd.args(["memory", "--one", subject, "--users", &keys.to_string()]);
+    // mimalloc asks for no huge pages, and the kernel gives the child none (the flag
+    // survives exec): memory counted in 4 KiB pages.
+    cmd.env("MIMALLOC_ALLOW_THP", "0");
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: the hook runs in the forked child before exec and only makes one system
+        // call (prctl is async-signal-safe); it touches no memory of ours.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
+                Ok(())
+            });
+        }
+    }
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot start {} to measure memory: {e}", exe.display()))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        return Err(format!(
+            "memory --one {subject} --users {keys} failed ({}): {}",
+            out.status,
+            err.trim()
+        )
+        .into());
+    }
+    let row: serde_json::Value = serde_json::from_str(text.trim())
+        .map_err(|e| format!("memory --one {subject}: unreadable answer `{text}`: {e}"))?;
+    row["bytes_per_user"]
+        .as_f64()
+        .ok_or_else(|| format!("memory --one {subject}: no bytes_per_user in `{text}`").into())
 }
 
 /// Bytes of memory available (/proc/meminfo's MemAvailable).
@@ -192,7 +211,7 @@ impl Size<'_> {
             "{}: resident bytes per key (child process)",
             fmt_count(n)
         ));
-        let (tbpk, _) = crate::memory::resident_per_key("token_bucket", n)?;
+        let tbpk = resident_per_key("token_bucket", n)?;
         let gov_skip = if governor {
             self.governor_fits(*governor_bpk)
         } else {
@@ -200,7 +219,7 @@ impl Size<'_> {
         };
         let gbpk = match &gov_skip {
             None => {
-                let (g, _) = crate::memory::resident_per_key("governor", n)?;
+                let g = resident_per_key("governor", n)?;
                 *governor_bpk = Some(g);
                 Some(g)
             }
