@@ -4,8 +4,9 @@
 //! quiet after a thousand connections have come and gone would hold their buffers for as long
 //! as it stays quiet. The binary sets a hook that asks its allocator to return what it no longer
 //! uses (`turnstile` runs on mimalloc: `mi_collect`); each worker calls [`idle`] when it goes
-//! idle (a tokio worker parking, an io_uring worker's tick after connections closed), and the
-//! hook runs at most once per [`EVERY`] per thread — never on the path of a request.
+//! idle or between rounds (a tokio worker parking; an io_uring worker at the end of a round,
+//! its replies sent, once its tick found connections closed), and the hook runs at most once
+//! per [`EVERY`] per thread — never in the middle of a request.
 //!
 //! A tokio thread that parks less than [`EVERY`] after its last run of the hook leaves a timer
 //! behind ([`park`]), so that what it freed since is given back once the hook is due even if

@@ -30,20 +30,18 @@ pub(super) async fn read_body(s: &Server, body: Body) -> Result<Bytes, Response>
     }
 }
 
-/// `bytes` as a `T` (which may borrow from them), or 400 with serde's reason and `expected`
-/// (what such a body is; may be empty).
+/// `bytes` as a `T` (which may borrow from them), or the message of the 400 that refuses
+/// them ([`bad_json`]): serde's reason and `expected` (what such a body is; may be empty).
 pub(super) fn parse_json<'a, T: Deserialize<'a>>(
-    s: &Server,
     bytes: &'a [u8],
     expected: &str,
-) -> Result<T, Response> {
-    serde_json::from_slice(bytes).map_err(|e| {
-        error(
-            s,
-            StatusCode::BAD_REQUEST,
-            format!("invalid JSON body: {e}{expected}"),
-        )
-    })
+) -> Result<T, String> {
+    serde_json::from_slice(bytes).map_err(|e| format!("invalid JSON body: {e}{expected}"))
+}
+
+/// The 400 of a body [`parse_json`] refused with `msg`.
+pub(super) fn bad_json(s: &Server, msg: String) -> Response {
+    error(s, StatusCode::BAD_REQUEST, msg)
 }
 
 /// [`read_body`], then [`parse_json`], for a `T` that owns its strings.
@@ -53,5 +51,5 @@ pub(super) async fn read_json<T: serde::de::DeserializeOwned>(
     expected: &str,
 ) -> Result<T, Response> {
     let bytes = read_body(s, body).await?;
-    parse_json(s, &bytes, expected)
+    parse_json(&bytes, expected).map_err(|m| bad_json(s, m))
 }

@@ -129,9 +129,9 @@ pub(super) async fn check_direct(s: Arc<Server>, body: Body) -> Response {
 /// `POST /v1/check` with its body read: the request it asks for, decided, counted and
 /// answered.
 async fn check_body(s: Arc<Server>, body: Bytes) -> Response {
-    let b: CheckBody = match super::body::parse_json(&s, &body, "") {
+    let b: CheckBody = match super::body::parse_json(&body, "") {
         Ok(b) => b,
-        Err(r) => return r,
+        Err(m) => return super::body::bad_json(&s, m),
     };
     let Some(engine) = &s.checks.engine else {
         return error(

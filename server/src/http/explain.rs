@@ -3,7 +3,7 @@
 //! (the explanation's `allowed` says that), counting nothing; 400 for a body that is not a
 //! check, 503 without rules, 501 with the counts in Redis.
 
-use super::body::{parse_json, read_body};
+use super::body::{bad_json, parse_json, read_body};
 use super::check::{request_of, CheckBody};
 use super::error;
 use crate::explain::{tree, ExplainError};
@@ -21,9 +21,9 @@ pub(super) async fn explain(s: Arc<Server>, body: Body) -> Response {
         Ok(b) => b,
         Err(r) => return r,
     };
-    let b: CheckBody = match parse_json(&s, &bytes, "") {
+    let b: CheckBody = match parse_json(&bytes, "") {
         Ok(b) => b,
-        Err(r) => return r,
+        Err(m) => return bad_json(&s, m),
     };
     let req = match request_of(&b) {
         Ok(r) => r,

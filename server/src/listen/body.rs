@@ -120,14 +120,16 @@ mod tests {
     use crate::listen::{Guard, Kind, PRE_AUTH_BODY};
     use http_body_util::{BodyExt, Full};
 
+    type Held = Pin<Box<Metered<Full<bytes::Bytes>>>>;
+    type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
     /// A body of `n` bytes on `t`'s connection, its one frame received: held until dropped;
     /// or the refusal.
     fn body(
         rt: &tokio::runtime::Runtime,
         t: &crate::listen::Ticket,
         n: usize,
-    ) -> Result<Pin<Box<Metered<Full<bytes::Bytes>>>>, Box<dyn std::error::Error + Send + Sync>>
-    {
+    ) -> Result<Held, BoxError> {
         let mut b = Box::pin(Metered::new(
             Full::new(bytes::Bytes::from(vec![7u8; n])),
             t.conn().clone(),

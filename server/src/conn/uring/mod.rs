@@ -167,6 +167,8 @@ struct Worker {
     next_tick: Instant,
     /// Connections were released since the allocator was last asked to give memory back.
     trim: bool,
+    /// A tick found `trim` set: the hook is tried at the end of this round.
+    trim_due: bool,
     /// When the receive buffers are next looked at, and how many the kernel had taken then.
     next_release: Instant,
     taken_then: u32,
@@ -253,6 +255,7 @@ pub(crate) fn serve(
         now,
         next_tick: now + TICK,
         trim: false,
+        trim_due: false,
         next_release: now + RELEASE_EVERY,
         taken_then: 0,
         stopping: None,
@@ -320,6 +323,17 @@ impl Worker {
             }
             self.later = later;
             self.later.clear();
+            if std::mem::take(&mut self.trim_due) {
+                // Not only when a round found nothing to do: with honest clients sending every
+                // few milliseconds a tick almost never comes with an empty round, and the
+                // memory of a burst stayed for as long as they did. The round's replies go out
+                // first; a request that comes meanwhile waits for the hook (at most once a
+                // second, and only after connections closed).
+                self.submit(false, 0)?;
+                if crate::trim::idle() {
+                    self.trim = false;
+                }
+            }
             if let Some(since) = self.stopping {
                 let live = self.conns.iter().flatten().count();
                 if (live == 0 && !self.accepting) || self.now >= since + GRACE {
@@ -479,9 +493,7 @@ impl Worker {
     /// Every tick: the shutdown signal, idle connections, closing deadlines, and memory given
     /// back once connections have gone (`trim`: at most once a second).
     fn tick(&mut self) {
-        if self.trim && self.dirty.is_empty() && crate::trim::idle() {
-            self.trim = false;
-        }
+        self.trim_due = self.trim;
         if self.now >= self.next_release && self.dirty.is_empty() {
             self.release_buffers();
         }
