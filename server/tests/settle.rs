@@ -479,7 +479,7 @@ fn settle_over_http() {
     );
     assert_eq!(status, 429, "{body}");
     for (bad, want) in [
-        ("not json", "invalid settle body"),
+        ("not json", "invalid JSON body"),
         (
             r#"{"key_class":"customer","key":"7","reserved":1}"#,
             "missing field `actual`",
