@@ -145,23 +145,25 @@ impl Shape {
         seen >= want && rate as u128 * self.horizon as u128 >= want as u128 * 1_000_000_000_000
     }
 
-    /// How long after a grant that emptied Redis (`g`) nothing is left (ns from the answer):
-    /// with fixed windows only, until the earliest window's end (nothing comes back to a
-    /// spent fixed window but what a node gives back); else until the earliest window
-    /// lease's end (a sliding window frees some as it slides), or a bucket's TAT.
-    pub(super) fn dry(&self, g: &super::settle::Grant) -> u64 {
-        let ends = g.ends.iter().zip(&self.finals);
+    /// How long after a grant that emptied Redis nothing is left (ns from the answer; `ends`
+    /// the grant's, per limit): with fixed windows only, until the earliest window's end
+    /// (nothing comes back to a spent fixed window but what a node gives back); else until
+    /// the earliest window lease's end (a sliding window frees some as it slides), or a
+    /// bucket's TAT.
+    pub(super) fn dry(&self, ends: &[u64]) -> u64 {
+        let all = ends;
+        let ends = all.iter().zip(&self.finals);
         if self.finals.iter().all(Option::is_some) {
             return ends
                 .map(|(&e, f)| e.saturating_add(f.unwrap_or(0)))
                 .min()
                 .unwrap_or(0);
         }
-        (g.ends.iter().zip(&self.bucket_t))
+        (all.iter().zip(&self.bucket_t))
             .filter(|(_, &t)| t == 0)
             .map(|(&e, _)| e)
             .min()
-            .unwrap_or_else(|| g.ends.iter().copied().min().unwrap_or(0))
+            .unwrap_or_else(|| all.iter().copied().min().unwrap_or(0))
     }
 
     /// Held admissions spendable at `now`: 0 after the lease's end; a bucket's only while

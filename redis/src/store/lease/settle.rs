@@ -130,7 +130,7 @@ impl RecordOp for Settle<'_> {
                 c.set(GRANTED, extra);
                 if d.remaining == 0 {
                     c.set(FLAGS, c.get(FLAGS) | EXHAUSTED);
-                    c.set(DRY_UNTIL, local_after(now, sh.dry(g).min(sh.recheck)));
+                    c.set(DRY_UNTIL, local_after(now, sh.dry(&g.ends).min(sh.recheck)));
                 }
                 self.counters.granted(extra);
             }
