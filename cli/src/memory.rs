@@ -268,21 +268,7 @@ fn in_child(s: Subject, users: u64) -> crate::Result<Row> {
         let mut cmd = Command::new(&exe);
         cmd.args(["memory", "--one", &s.id(), "--users", &users.to_string()]);
         if !thp {
-            // mimalloc asks for no huge pages, and the kernel gives the child none even where
-            // transparent huge pages are on for every mapping (the flag survives exec).
-            cmd.env("MIMALLOC_ALLOW_THP", "0");
-            #[cfg(target_os = "linux")]
-            {
-                use std::os::unix::process::CommandExt;
-                // SAFETY: the hook runs in the forked child before exec and only makes one
-                // system call (prctl is async-signal-safe); it touches no memory of ours.
-                unsafe {
-                    cmd.pre_exec(|| {
-                        libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
-                        Ok(())
-                    });
-                }
-            }
+            crate::alloc::without_huge_pages(&mut cmd);
         }
         let Ok(out) = cmd.output() else {
             return Ok(None);

@@ -85,21 +85,7 @@ fn resident_per_key(subject: &str, keys: u64) -> crate::Result<f64> {
         .map_err(|e| format!("cannot find this program to measure memory in a child: {e}"))?;
     let mut cmd = std::process::Command::new(&exe);
     cmd.args(["memory", "--one", subject, "--users", &keys.to_string()]);
-    // mimalloc asks for no huge pages, and the kernel gives the child none (the flag
-    // survives exec): memory counted in 4 KiB pages.
-    cmd.env("MIMALLOC_ALLOW_THP", "0");
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::unix::process::CommandExt;
-        // SAFETY: the hook runs in the forked child before exec and only makes one system
-        // call (prctl is async-signal-safe); it touches no memory of ours.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
-                Ok(())
-            });
-        }
-    }
+    crate::alloc::without_huge_pages(&mut cmd);
     let out = cmd
         .output()
         .map_err(|e| format!("cannot start {} to measure memory: {e}", exe.display()))?;
