@@ -118,6 +118,25 @@ unsafe impl GlobalAlloc for Alloc {
     }
 }
 
+/// Has the child `cmd` starts hold its memory in 4 KiB pages: mimalloc asks for no huge pages,
+/// and the kernel gives the child none even where transparent huge pages are on for every
+/// mapping (the flag survives exec). What a measurement of resident bytes per key wants.
+pub fn without_huge_pages(cmd: &mut std::process::Command) {
+    cmd.env("MIMALLOC_ALLOW_THP", "0");
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: the hook runs in the forked child before exec and only makes one system
+        // call (prctl is async-signal-safe); it touches no memory of ours.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
+                Ok(())
+            });
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -201,25 +220,6 @@ mod tests {
                 Alloc.dealloc(d, Layout::from_size_align(8 * 1024, 8).unwrap());
                 Alloc.dealloc(e, Layout::from_size_align(128 * 1024, 8).unwrap());
             }
-        }
-    }
-}
-
-/// Has the child `cmd` starts hold its memory in 4 KiB pages: mimalloc asks for no huge pages,
-/// and the kernel gives the child none even where transparent huge pages are on for every
-/// mapping (the flag survives exec). What a measurement of resident bytes per key wants.
-pub fn without_huge_pages(cmd: &mut std::process::Command) {
-    cmd.env("MIMALLOC_ALLOW_THP", "0");
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::unix::process::CommandExt;
-        // SAFETY: the hook runs in the forked child before exec and only makes one system
-        // call (prctl is async-signal-safe); it touches no memory of ours.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
-                Ok(())
-            });
         }
     }
 }
